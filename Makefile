@@ -1,0 +1,33 @@
+# Everything runs from a project-local virtual environment created from nothing and reused while current.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The stamp names a hash of pyproject.toml: editing the dependencies rebuilds the environment.
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+
+.PHONY: venv test test-fast demo bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[eval,test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+# The whole suite; on a machine without CUDA the Triton kernels run under TRITON_INTERPRET=1 (conftest.py).
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+demo: $(STAMP)
+	$(PY) -m sagegen.demo
+
+bench: $(STAMP)
+	$(PY) bench/bench_attention.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,213 @@
+"""The public attention call: `sagegen.sageattn`.
+
+Validates input, normalises layouts and masks, picks a backend and runs it through a `torch.library`
+custom op (so `torch.compile(fullgraph=True)` traces through it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import warnings
+
+import torch
+
+from .config import SUPPORTED_HEAD_DIMS, SageConfig
+from .kernels import backends
+from .kernels.spec import MaskSpec
+
+_LAYOUTS = ("HND", "NHD")
+_BACKENDS = ("auto", "triton", "reference")
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def sageattn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: float | None = None,
+    attn_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+    config: SageConfig | None = None,
+    backend: str = "auto",
+):
+    """SageAttention2-style quantized attention (INT8 Q·Kᵀ, FP8 P·V, two-level accumulation).
+
+    Args:
+        q: [B, Hq, Nq, D] for ``tensor_layout="HND"`` or [B, Nq, Hq, D] for ``"NHD"``; fp16 or bf16.
+        k, v: [B, Hkv, Nk, D] (``"HND"``) or [B, Nk, Hkv, D] (``"NHD"``); same dtype and device as q;
+            Hq must be a multiple of Hkv (grouped-query attention). D in (32, 64, 96, 128).
+            Any strides (non-contiguous views are read in place).
+        tensor_layout: ``"HND"`` or ``"NHD"``.
+        is_causal: top-left aligned causal mask (query i sees keys j <= i), as PyTorch SDPA.
+        sm_scale: softmax scale, default 1/sqrt(D).
+        attn_mask: optional mask broadcastable to [B, Hq, Nq, Nk] (always in this order, whatever the
+            layout), as in PyTorch SDPA: bool (True = attend) or float (added to the scaled scores).
+            A key-padding mask of shape [B, 1, 1, Nk] is applied per key inside the kernel.
+            Rows with every key masked give zeros (and lse = -inf).
+        return_lse: also return the natural-log log-sum-exp of each query row, [B, Hq, Nq] fp32.
+        config: `SageConfig` (numerics and fallback policy); default `SageConfig()`.
+        backend: ``"triton"``, ``"reference"`` (the PyTorch emulation of the same numerics) or ``"auto"``
+            (Triton on a supported CUDA GPU, the emulation on CPU). With ``TRITON_INTERPRET=1`` the Triton
+            backend also runs on CPU tensors.
+
+    Returns:
+        out in q's layout and dtype, or ``(out, lse)`` when ``return_lse``.
+    """
+    config = _check_config(config)
+    _validate(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, return_lse, backend)
+    d = q.shape[-1]
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(d)
+    out, lse = torch.ops.sagegen.sageattn(
+        q, k, v, attn_mask, is_causal, scale, tensor_layout, return_lse, backend, *_config_args(config)
+    )
+    return (out, lse) if return_lse else out
+
+
+def _check_config(config) -> SageConfig:
+    if config is None:
+        return SageConfig()
+    if not isinstance(config, SageConfig):
+        raise TypeError(f"config must be a sagegen.SageConfig or None, got {type(config).__name__}")
+    return config
+
+
+def _config_args(c: SageConfig) -> tuple:
+    return (c.q_granularity, c.k_granularity, c.smooth_k, c.smooth_q, c.smooth_v, c.pv_precision,
+            c.pv_accum, c.fallback, c.block_q or 0, c.block_k or 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _config_from_args(*args) -> SageConfig:
+    names = ("q_granularity", "k_granularity", "smooth_k", "smooth_q", "smooth_v", "pv_precision",
+             "pv_accum", "fallback", "block_q", "block_k")
+    fields = dict(zip(names, args))
+    fields["block_q"] = fields["block_q"] or None
+    fields["block_k"] = fields["block_k"] or None
+    return SageConfig(**fields)
+
+
+def _validate(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, backend) -> None:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"tensor_layout={layout!r} is not supported; use one of {_LAYOUTS}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported; use one of {_BACKENDS}")
+    shape_doc = "[B, H, N, D]" if layout == "HND" else "[B, N, H, D]"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D {shape_doc} for tensor_layout={layout!r}, got shape "
+                             f"{tuple(t.shape)}")
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"{name}.dtype={t.dtype} is not supported; use torch.float16 or torch.bfloat16")
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be >= 1")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    h_dim, n_dim = (1, 2) if layout == "HND" else (2, 1)
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"batch sizes differ: q has {q.shape[0]}, k has {k.shape[0]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"head dims differ: q has {q.shape[-1]}, k has {k.shape[-1]}")
+    if q.shape[h_dim] % k.shape[h_dim]:
+        raise ValueError(f"q's head count ({q.shape[h_dim]}) must be a multiple of k's ({k.shape[h_dim]}) "
+                         f"with tensor_layout={layout!r}; is the layout right?")
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dim {q.shape[-1]} is not supported; use one of {SUPPORTED_HEAD_DIMS} "
+                         "(or torch.nn.functional.scaled_dot_product_attention)")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
+                                     and sm_scale > 0):
+        raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("sageattn is inference-only (no backward); call it under torch.no_grad() or "
+                           "torch.inference_mode()")
+    if attn_mask is not None:
+        _validate_mask(attn_mask, q, k, h_dim, n_dim)
+
+
+def _validate_mask(mask, q, k, h_dim, n_dim) -> None:
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"attn_mask.dtype={mask.dtype}: use torch.bool (True = attend) or a float dtype "
+                        "(added to the scores)")
+    if mask.device != q.device:
+        raise ValueError(f"attn_mask is on {mask.device} but q is on {q.device}")
+    target = (q.shape[0], q.shape[h_dim], q.shape[n_dim], k.shape[n_dim])
+    ok = mask.dim() <= 4 and all(m in (1, t) for m, t in zip(reversed(mask.shape), reversed(target)))
+    if not ok:
+        raise ValueError(f"attn_mask of shape {tuple(mask.shape)} does not broadcast to [B, H, Nq, Nk] = "
+                         f"{list(target)}")
+
+
+def normalize_mask(mask: torch.Tensor | None, batch: int) -> MaskSpec:
+    """Turn a user mask (validated) into the kernels' `MaskSpec`."""
+    if mask is None:
+        return MaskSpec()
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    if mask.shape[1] == 1 and mask.shape[2] == 1:  # key padding: one bias per key
+        row = mask[:, 0, 0, :]
+        if mask.dtype == torch.bool:
+            bias = torch.zeros(row.shape, dtype=torch.float32, device=row.device).masked_fill(~row, -math.inf)
+        else:
+            bias = row.float()
+        return MaskSpec("key", bias.expand(batch, -1).contiguous())
+    return MaskSpec("bool" if mask.dtype == torch.bool else "additive", mask)
+
+
+def triton_interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+_warned: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+@torch.library.custom_op("sagegen::sageattn", mutates_args=())
+def _sageattn_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
+    sm_scale: float, tensor_layout: str, return_lse: bool, backend: str,
+    q_granularity: str, k_granularity: str, smooth_k: bool, smooth_q: bool, smooth_v: bool,
+    pv_precision: str, pv_accum: str, fallback: str, block_q: int, block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    config = _config_from_args(q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision,
+                               pv_accum, fallback, block_q, block_k)
+    hnd = (lambda t: t) if tensor_layout == "HND" else (lambda t: t.transpose(1, 2))
+    qh, kh, vh = hnd(q), hnd(k), hnd(v)
+    mask = normalize_mask(attn_mask, qh.shape[0])
+    choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = backends.run(choice, qh, kh, vh, hnd(out), sm_scale=sm_scale, is_causal=is_causal, mask=mask,
+                       attn_mask=attn_mask, config=config, return_lse=return_lse)
+    if lse is None:
+        lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+@_sageattn_op.register_fake
+def _(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend, *config_args):
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if not return_lse:
+        return out, q.new_empty(0, dtype=torch.float32)
+    b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if tensor_layout == "HND" else (q.shape[0], q.shape[2],
+                                                                                   q.shape[1])
+    return out, q.new_empty((b, h, n), dtype=torch.float32)

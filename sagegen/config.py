@@ -1,0 +1,102 @@
+"""`SageConfig`: the numerics of one `sageattn` call, as a small frozen object.
+
+Both implementations (the PyTorch emulation in `kernels/reference.py` and the Triton kernels in
+`kernels/triton_*.py`) read their numerics from here and nowhere else, so the emulation can be an exact
+oracle for the kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+Granularity = Literal["per_token", "per_block"]
+PVPrecision = Literal["fp8", "fp16"]
+PVAccum = Literal["fp32", "fp22"]
+Fallback = Literal["sdpa", "reference", "error"]
+
+# Tile sizes are part of the numerics: per-block K scales, the smooth-Q blocks and the per-block rescaling
+# of P all follow them, so the emulation must use the same ones as the kernel.
+DEFAULT_BLOCKS: dict[int, tuple[int, int]] = {32: (128, 64), 64: (128, 128), 96: (128, 64), 128: (128, 64)}
+SUPPORTED_HEAD_DIMS = tuple(sorted(DEFAULT_BLOCKS))
+
+_CHOICES = {
+    "q_granularity": ("per_token", "per_block"),
+    "k_granularity": ("per_token", "per_block"),
+    "pv_precision": ("fp8", "fp16"),
+    "pv_accum": ("fp32", "fp22"),
+    "fallback": ("sdpa", "reference", "error"),
+}
+
+
+@dataclass(frozen=True)
+class SageConfig:
+    """Numerics of SageAttention2-style quantized attention.
+
+    Fields:
+        q_granularity: INT8 scale granularity of Q. ``"per_token"`` (default) gives every query row its own
+            scale; it costs nothing in the kernel because it folds into the per-row softmax scale.
+            ``"per_block"`` shares one scale per ``block_q`` rows (upstream SageAttention's coarsest mode).
+        k_granularity: INT8 scale granularity of K. ``"per_block"`` (default): one scale per ``block_k`` keys
+            of the smoothed K (smoothing makes K's rows similar, so this is nearly as accurate as per-token).
+            ``"per_token"`` gives each key its own scale at one extra multiply per score.
+        smooth_k: subtract K's per-channel mean over tokens before quantizing (default True). Softmax is
+            invariant to it; the log-sum-exp gets the exact correction added back.
+        smooth_q: subtract the per-block mean of Q before quantizing and add the exact correction
+            ``mean(Q_block) · Kᵀ`` back to the scores (default False: costs an extra GEMV per block).
+        smooth_v: subtract V's per-channel mean before the FP8 cast and add it back to the output
+            (default False here; the diffusion patcher turns it on). Cuts the error when V carries a bias.
+        pv_precision: ``"fp8"`` (default; e4m3 P and V, needs sm89+) or ``"fp16"`` (P·V in fp16 with an fp32
+            accumulator, for Ampere).
+        pv_accum: ``"fp32"`` (default): two-level accumulation, each block's P·V starts from zero and is
+            added into an FP32 accumulator, so the FP8 tensor cores' ~22-bit accumulator never spans more
+            than one block. ``"fp22"`` emulates single-level FP22 accumulation over the whole sequence; it
+            exists only in the emulation, to show what two-level accumulation buys.
+        fallback: what to do when the Triton kernel cannot run the call (no supported GPU, Triton missing):
+            ``"sdpa"`` (default): PyTorch SDPA with a one-time warning; ``"reference"``: the emulation;
+            ``"error"``: raise.
+        block_q, block_k: tile sizes (rows of Q, keys of K) the numerics follow. ``None`` picks the
+            default for the head dim (see ``DEFAULT_BLOCKS``).
+    """
+
+    q_granularity: Granularity = "per_token"
+    k_granularity: Granularity = "per_block"
+    smooth_k: bool = True
+    smooth_q: bool = False
+    smooth_v: bool = False
+    pv_precision: PVPrecision = "fp8"
+    pv_accum: PVAccum = "fp32"
+    fallback: Fallback = "sdpa"
+    block_q: int | None = None
+    block_k: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"SageConfig.{name}={value!r} is not allowed; choose one of {allowed}")
+        for name in ("smooth_k", "smooth_q", "smooth_v"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SageConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("block_q", "block_k"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value not in (16, 32, 64, 128, 256)):
+                raise ValueError(f"SageConfig.{name}={value!r}: use None or one of 16, 32, 64, 128, 256")
+
+    def blocks(self, head_dim: int) -> tuple[int, int]:
+        """The (block_q, block_k) tile sizes used for ``head_dim``."""
+        default_q, default_k = DEFAULT_BLOCKS.get(head_dim, (128, 64))
+        return (self.block_q or default_q, self.block_k or default_k)
+
+    def replace(self, **changes) -> "SageConfig":
+        """A copy with some fields changed (the config is frozen)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+DEFAULT_CONFIG = SageConfig()
+# What the diffusion patcher uses by default: V-smoothing on (diffusion models' V carries large biases).
+DIFFUSION_CONFIG = SageConfig(smooth_v=True)

@@ -1,0 +1,117 @@
+"""Backend choice and dispatch for `sageattn`: Triton kernels, the PyTorch emulation, or SDPA fallback.
+
+The two implementations are imported lazily and never import each other.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..config import SageConfig
+from .spec import MaskSpec
+
+MIN_CAPABILITY = (8, 0)  # Ampere: INT8 tensor cores
+FP8_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def describe_cuda(device: torch.device) -> tuple[bool, str]:
+    """Whether the Triton kernels support `device`, and why (for `sagegen env` and warnings)."""
+    if device.type != "cuda":
+        return False, f"device {device} is not a CUDA GPU"
+    if not triton_available():
+        return False, "Triton is not installed"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < MIN_CAPABILITY:
+        return False, f"compute capability {cap[0]}.{cap[1]} < 8.0 (no INT8 tensor-core path)"
+    return True, f"compute capability {cap[0]}.{cap[1]}"
+
+
+def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool,
+           warn: Callable[[str], None]) -> tuple[str, SageConfig]:
+    """Pick "triton", "reference" or "sdpa" for a call, and the config it runs with."""
+    if backend == "reference" or config.pv_accum == "fp22":
+        return "reference", config  # fp22 accumulation is an analysis mode of the emulation only
+    if q.device.type == "cpu":
+        if backend == "triton" and not interpret:
+            raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the Triton "
+                             "kernels on CPU for testing); use backend='auto' or 'reference' on CPU")
+        return ("triton" if backend == "triton" else "reference"), config
+    ok, why = describe_cuda(q.device)
+    if not ok:
+        if config.fallback == "error":
+            raise RuntimeError(f"sagegen's Triton kernels cannot run here: {why} (SageConfig.fallback='error')")
+        warn(f"sagegen: Triton kernels unavailable ({why}); falling back to {config.fallback}")
+        return config.fallback, config
+    if config.pv_precision == "fp8" and torch.cuda.get_device_capability(q.device) < FP8_CAPABILITY:
+        warn("sagegen: this GPU has no FP8 tensor cores; using fp16 P·V (SageConfig.pv_precision='fp16')")
+        config = config.replace(pv_precision="fp16")
+    return "triton", config
+
+
+def run(choice: str, q, k, v, out, *, sm_scale: float, is_causal: bool, mask: MaskSpec,
+        attn_mask: torch.Tensor | None, config: SageConfig, return_lse: bool) -> torch.Tensor | None:
+    """Run the chosen backend on [B, H, N, D] views; writes `out` (a view of the caller's output)."""
+    if choice == "triton":
+        from . import triton_attn
+
+        return triton_attn.sage_attention(q, k, v, out, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
+                                          config=config, return_lse=return_lse)
+    if choice == "reference":
+        from . import reference
+
+        o, lse = reference.sage_attention(q, k, v, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
+                                          config=config, return_lse=return_lse)
+        out.copy_(o)
+        return lse
+    return sdpa_attention(q, k, v, out, sm_scale=sm_scale, is_causal=is_causal, attn_mask=attn_mask,
+                          return_lse=return_lse)
+
+
+def _full_mask(attn_mask, is_causal, nq, nk, device):
+    """SDPA cannot take a mask and is_causal together: fold causality into the mask."""
+    if not is_causal:
+        return attn_mask
+    causal = torch.ones(nq, nk, dtype=torch.bool, device=device).tril()
+    if attn_mask is None:
+        return causal
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & causal
+    return attn_mask.masked_fill(~causal, -math.inf)
+
+
+def sdpa_attention(q, k, v, out, *, sm_scale, is_causal, attn_mask, return_lse):
+    """PyTorch SDPA in full precision (the fallback), with zeros for fully masked rows."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    nq, nk = q.shape[2], k.shape[2]
+    if attn_mask is None:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=sm_scale)
+        mask = _full_mask(None, is_causal, nq, nk, q.device) if return_lse else None
+    else:
+        mask = _full_mask(attn_mask, is_causal, nq, nk, q.device)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm_scale)
+    out.copy_(torch.nan_to_num(o, nan=0.0))
+    if not return_lse:
+        return None
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    step = max(1, (1 << 26) // max(1, q.shape[0] * q.shape[1] * nk))
+    for i in range(0, nq, step):
+        s = (q[:, :, i:i + step].float() @ k.float().transpose(-1, -2)) * sm_scale
+        if mask is not None:
+            m = mask[..., i:i + step, :] if mask.dim() >= 2 and mask.shape[-2] != 1 else mask
+            s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
+        lse[:, :, i:i + step] = torch.logsumexp(s, dim=-1)
+    return lse

@@ -1,0 +1,215 @@
+"""PyTorch emulation of sagegen's quantized attention: the oracle for the Triton kernels and the CPU path.
+
+It reproduces the kernel's math step by step: the same smoothing, the same INT8 scales and rounding, the same
+per-block rescaling of P before its FP8 cast, the same FP8 V scales, and the same order of the scale
+multiplications. Only fp32 summation order and `exp2` rounding differ from the GPU.
+
+All tensors here are in the canonical layout [B, H, N, D]; `sagegen.api` normalises layouts and masks.
+This module imports nothing from the Triton implementation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..config import SageConfig
+from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2E, MaskSpec
+
+_CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
+
+
+def round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """Round to nearest, ties away from zero (the kernel's float -> int8 rounding)."""
+    return torch.trunc(x + 0.5 * torch.sign(x))
+
+
+def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT8-quantize x [B, H, N, D] (fp32) with one scale per token or per `block` tokens.
+
+    Returns the int8 values (as fp32, for exact fp32 matmuls) and a per-token scale [B, H, N].
+    """
+    B, H, N, D = x.shape
+    if per_token:
+        amax = x.abs().amax(dim=-1)
+    else:
+        n_blocks = -(-N // block)
+        padded = torch.nn.functional.pad(x.abs(), (0, 0, 0, n_blocks * block - N))
+        amax = padded.view(B, H, n_blocks, block * D).amax(dim=-1)
+        amax = amax.repeat_interleave(block, dim=-1)[..., :N]
+    scale = torch.clamp(amax, min=EPS) / INT8_MAX
+    q = round_half_away(x / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX)
+    return q, scale
+
+
+def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Per-block mean over tokens of x [B, H, N, D], broadcast back to every token (last block partial)."""
+    B, H, N, D = x.shape
+    n_blocks = -(-N // block)
+    pad = n_blocks * block - N
+    sums = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(B, H, n_blocks, block, D).sum(dim=3)
+    counts = torch.full((n_blocks,), float(block), device=x.device)
+    counts[-1] = block - pad
+    means = sums / counts[:, None]
+    return means.repeat_interleave(block, dim=2)[:, :, :N]
+
+
+def truncate_fp22(x: torch.Tensor) -> torch.Tensor:
+    """Truncate fp32 to 13 mantissa bits: the FP8 tensor-core accumulator's precision."""
+    bits = x.contiguous().view(torch.int32) & ~((1 << 10) - 1)
+    return bits.view(torch.float32)
+
+
+def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+def _mask_chunk(mask: MaskSpec, B: int, H: int, rows: slice, Nk: int) -> torch.Tensor | None:
+    """The chunk's mask as an additive bias in log2 units, broadcastable to [B, H, rows, Nk]."""
+    if mask.kind == "none":
+        return None
+    t = mask.tensor
+    if mask.kind == "key":
+        return (t.float() * LOG2E)[:, None, None, :]
+    t = t[..., rows, :] if t.shape[-2] != 1 else t
+    if mask.kind == "bool":
+        zero = torch.zeros((), device=t.device)
+        return torch.where(t, zero, torch.tensor(-math.inf, device=t.device))
+    return t.float() * LOG2E
+
+
+def sage_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    sm_scale: float,
+    is_causal: bool = False,
+    mask: MaskSpec | None = None,
+    config: SageConfig | None = None,
+    return_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Emulated quantized attention.
+
+    Args:
+        q: [B, Hq, Nq, D]; k, v: [B, Hkv, Nk, D] with Hq % Hkv == 0; fp16/bf16/fp32.
+        sm_scale: softmax scale (1/sqrt(D) usually).
+        is_causal: top-left aligned causal mask (query i attends keys j <= i), as in PyTorch SDPA.
+        mask: a `MaskSpec` (see there).
+        config: numerics; defaults to `SageConfig()`.
+        return_lse: also return the natural-log log-sum-exp per query row [B, Hq, Nq] (fp32).
+
+    Returns:
+        (out [B, Hq, Nq, D] in q's dtype, lse or None). Fully masked rows give 0 and lse = -inf.
+    """
+    config = config or SageConfig()
+    mask = mask or MaskSpec()
+    B, H, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    block_q, block_k = config.blocks(D)
+    c = torch.tensor(sm_scale * LOG2E, dtype=torch.float32)
+
+    qf, kf, vf = q.float(), k.float(), v.float()
+    k_mean = kf.mean(dim=2, keepdim=True) if config.smooth_k else None
+    ks = kf - k_mean if config.smooth_k else kf
+    q_mean = block_means(qf, block_q) if config.smooth_q else None
+    qs = qf - q_mean if config.smooth_q else qf
+
+    q8, q_scale = quantize_int8(qs, block_q, config.q_granularity == "per_token")
+    k8, k_scale = quantize_int8(ks, block_k, config.k_granularity == "per_token")
+
+    v_mean = vf.mean(dim=2, keepdim=True) if config.smooth_v else None
+    vs = vf - v_mean if config.smooth_v else vf
+    if config.pv_precision == "fp8":
+        v_scale = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS) / FP8_MAX  # [B, Hkv, 1, D]
+        vq = (vs / v_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+        v_dequant = v_scale / FP8_MAX
+    else:
+        vq = vs.to(torch.float16).float()
+        v_dequant = None
+
+    k8, k_scale, ks_e, vq = (_expand_kv(t, group) for t in (k8, k_scale, ks, vq))
+    if v_dequant is not None:
+        v_dequant = _expand_kv(v_dequant, group)
+    if v_mean is not None:
+        v_mean = _expand_kv(v_mean, group)
+
+    n_blocks = -(-Nk // block_k)
+    pad_k = n_blocks * block_k - Nk
+    vq_blocks = torch.nn.functional.pad(vq, (0, 0, 0, pad_k)).view(B, H, n_blocks, block_k, D)
+    q_scale_log2 = q_scale * c
+
+    out = torch.empty(B, H, Nq, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
+    chunk = max(block_q, (_CHUNK_ELEMS // max(1, B * H * Nk)) // block_q * block_q)
+    for start in range(0, Nq, chunk):
+        rows = slice(start, min(Nq, start + chunk))
+        s_int = q8[:, :, rows] @ k8.transpose(-1, -2)  # exact: |sum| < 2^24
+        if config.k_granularity == "per_token":
+            s = (s_int * q_scale_log2[:, :, rows, None]) * k_scale[:, :, None, :]
+        else:
+            s = s_int * (q_scale_log2[:, :, rows, None] * k_scale[:, :, None, :])
+        if config.smooth_q:
+            s = s + (q_mean[:, :, rows] @ ks_e.transpose(-1, -2)) * c
+        bias = _mask_chunk(mask, B, H, rows, Nk)
+        if bias is not None:
+            s = s + bias
+        if is_causal:
+            i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
+            j = torch.arange(Nk, device=q.device)[None, :]
+            s = s.masked_fill(j > i, -math.inf)
+        o, m, l = _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, config.pv_accum, config.pv_precision == "fp8")
+        safe_l = torch.where(l > 0, l, torch.ones_like(l))
+        o = o * torch.where(l > 0, 1.0 / safe_l, torch.zeros_like(l))[..., None]
+        if v_dequant is not None:
+            o = o * v_dequant
+        if v_mean is not None:
+            o = torch.where(l[..., None] > 0, o + v_mean, torch.zeros_like(o))
+        out[:, :, rows] = o.to(q.dtype)
+        if lse is not None:
+            lse_rows = (m + torch.log2(l)) * LN2
+            if config.smooth_k:
+                corr = (qf[:, :, rows] @ _expand_kv(k_mean, group).transpose(-1, -2))[..., 0] * sm_scale
+                lse_rows = lse_rows + corr
+            lse[:, :, rows] = lse_rows
+    return out, lse
+
+
+def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
+    """Softmax·V over key blocks with P rescaled per block to its own row max before the FP8 cast.
+
+    s: scaled scores in log2 units [B, H, M, Nk]; vq_blocks: [B, H, n_blocks, block_k, D] (quantized V).
+    Returns the unnormalised output [B, H, M, D], the row max m and the row sum l (both log2-domain).
+    """
+    B, H, M, _ = s.shape
+    n_blocks = vq_blocks.shape[2]
+    sb = torch.nn.functional.pad(s, (0, pad_k), value=-math.inf).view(B, H, M, n_blocks, block_k)
+    m_b = sb.amax(dim=-1)  # [B, H, M, nb]
+    m_b_safe = torch.where(torch.isinf(m_b), torch.zeros_like(m_b), m_b)
+    p = torch.exp2(sb - m_b_safe[..., None])
+    l_b = p.sum(dim=-1)
+    pq = (p * FP8_MAX).to(torch.float8_e4m3fn).float() if fp8 else p.to(torch.float16).float()
+    # partial[b, h, m, nb, d]: each block's P·V accumulated fresh (the first level).
+    partial = torch.einsum("bhmnk,bhnkd->bhmnd", pq, vq_blocks)
+    m = m_b.amax(dim=-1)
+    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    if accum == "fp32":
+        w = torch.where(torch.isinf(m_b), torch.zeros_like(m_b), torch.exp2(m_b - m_safe[..., None]))
+        o = (partial * w[..., None]).sum(dim=3)
+        l = (l_b * w).sum(dim=-1)
+        return o, m, l
+    # Single-level FP22: the running accumulator itself is truncated after every block.
+    o = torch.zeros(B, H, M, partial.shape[-1], device=s.device)
+    l = torch.zeros(B, H, M, device=s.device)
+    m_run = torch.full((B, H, M), -math.inf, device=s.device)
+    for j in range(n_blocks):
+        m_new = torch.maximum(m_run, m_b[..., j])
+        m_new_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp2(m_run - m_new_safe)
+        beta = torch.exp2(m_b[..., j] - m_new_safe)
+        o = truncate_fp22(o * alpha[..., None] + partial[:, :, :, j] * beta[..., None])
+        l = l * alpha + l_b[..., j] * beta
+        m_run = m_new
+    return o, m, l

@@ -1,0 +1,32 @@
+"""Constants and the mask description shared by both implementations (the numerics' contract).
+
+Neither implementation imports the other; both import this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+FP8_MAX = 448.0  # largest finite float8 e4m3fn
+INT8_MAX = 127.0
+EPS = 1e-8  # a zero row/block/channel still gets a finite scale
+
+
+@dataclass
+class MaskSpec:
+    """A mask normalised by `sagegen.api`.
+
+    kind:
+      - ``"none"``
+      - ``"key"``: ``tensor`` is an fp32 additive bias [B, Nk] in natural-log units (-inf = masked): a
+        key-padding mask, applied per key inside the kernel without materialising Nq×Nk.
+      - ``"bool"``: ``tensor`` is bool, broadcastable to [B, H, Nq, Nk], True = attend.
+      - ``"additive"``: ``tensor`` is float, broadcastable to [B, H, Nq, Nk], added to the scaled scores.
+    """
+
+    kind: str = "none"
+    tensor: torch.Tensor | None = None
