@@ -1,0 +1,305 @@
+"""Compute the requested metrics for a run directory and write ``metrics.json`` (atomically, merged with
+any metrics already there)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from . import METRICS
+from . import stats
+from .rundata import Run, atomic_write_json, load_frames, load_run
+from .weights import BadOption, WeightsMissing
+
+SCHEMA = 1
+CLIP_METRICS = ("clipsim", "clipt", "clipscore")
+SET_METRICS = ("fid", "kid")
+PAIRED_METRICS = ("psnr", "ssim", "lpips")
+VIDEO_ONLY = ("clipsim", "clipt")
+IMAGE_ONLY = ("clipscore",)
+INFO = {  # higher_is_better, unit, description
+    "clipsim": (True, "cos", "CLIP similarity of each frame to the prompt, averaged over frames"),
+    "clipt": (True, "cos", "CLIP similarity of consecutive frames, averaged"),
+    "clipscore": (True, "100·cos", "CLIPScore: 100·max(cos(image, prompt), 0)"),
+    "fid": (False, "", "Fréchet Inception Distance of the candidate set to the baseline set (and reference)"),
+    "kid": (False, "", "Kernel Inception Distance (unbiased MMD², cubic kernel)"),
+    "psnr": (True, "dB", "PSNR vs the baseline frame (lossless PNGs), mean over frames"),
+    "ssim": (True, "", "SSIM vs the baseline frame (Gaussian 11x11, σ=1.5), mean over frames"),
+    "lpips": (False, "", "LPIPS (AlexNet, v0.1) vs the baseline frame, mean over frames"),
+}
+
+
+def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
+    """``--metric`` values (repeatable, comma-separated allowed, ``all``) -> ordered metric names."""
+    want: list[str] = []
+    for raw in names:
+        for n in str(raw).split(","):
+            n = n.strip().lower().replace("-", "").replace("_", "")
+            if not n:
+                continue
+            if n == "all":
+                want.extend(m for m in METRICS if not _not_applicable(m, kind))
+            elif n in METRICS:
+                want.append(n)
+            else:
+                raise BadOption(f"--metric: unknown metric {raw!r}; choose from {', '.join(METRICS)}, or all")
+    if not want:
+        raise BadOption(f"--metric is required: one or more of {', '.join(METRICS)}, or all")
+    return list(dict.fromkeys(want))
+
+
+def _not_applicable(metric: str, kind: str | None) -> str | None:
+    if kind == "image" and metric in VIDEO_ONLY:
+        return f"{metric} is for video models (this run's model makes images); use clipscore"
+    if kind == "video" and metric in IMAGE_ONLY:
+        return "clipscore is for image models (this run's model makes video); use clipsim"
+    return None
+
+
+@dataclass
+class EvalOptions:
+    metrics: list[str]
+    clip_model: str | None = None
+    clip_mode: str = "evalcrafter"
+    inception_weights: str | None = None
+    lpips_weights: str | None = None
+    reference: Path | None = None
+    fid_frames_per_sample: int | None = None  # None: every frame
+    n_boot: int = stats.N_BOOT
+    loaders: dict[str, Callable[[], Any]] = field(default_factory=dict)  # tests inject stand-ins here
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def _even_subset(n: int, k: int | None) -> np.ndarray:
+    if k is None or k >= n:
+        return np.arange(n)
+    return np.unique(np.linspace(0, n - 1, k).round().astype(int))
+
+
+def _load_reference(folder: Path) -> list[np.ndarray]:
+    from .rundata import load_frame
+
+    paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
+    if len(paths) < 2:
+        raise BadOption(f"--reference {folder}: needs at least 2 images (*.png, *.jpg, *.webp), found {len(paths)}")
+    return [load_frame(p)[None] for p in paths]
+
+
+def _default_loaders(opts: EvalOptions) -> dict[str, Callable[[], Any]]:
+    from . import clip as clipmod
+    from . import fid as fidmod
+    from . import fidelity
+    from . import weights
+
+    return {
+        "clip": lambda: clipmod.load_clip(weights.resolve_clip(opts.clip_model)),
+        "inception": lambda: fidmod.load_inception(weights.resolve_inception(opts.inception_weights)),
+        "lpips": lambda: fidelity.load_lpips(weights.resolve_lpips(opts.lpips_weights)),
+    }
+
+
+def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] = print) -> dict:
+    from . import clip as clipmod
+    from . import fid as fidmod
+    from . import fidelity
+
+    if opts.clip_mode not in clipmod.MODES:
+        raise BadOption(f"--clip-mode must be one of {', '.join(clipmod.MODES)}; got {opts.clip_mode!r}")
+    run = load_run(run_dir)
+    loaders = {**_default_loaders(opts), **opts.loaders}
+    results: dict[str, dict] = {}
+    todo: list[str] = []
+    for m in opts.metrics:
+        why = _not_applicable(m, run.kind)
+        if why:
+            results[m] = {"status": "skipped", "reason": why}
+        else:
+            todo.append(m)
+
+    models: dict[str, Any] = {}
+    needs = {"clip": [m for m in todo if m in CLIP_METRICS], "inception": [m for m in todo if m in SET_METRICS],
+             "lpips": [m for m in todo if m == "lpips"]}
+    for key, ms in needs.items():
+        if not ms:
+            continue
+        try:
+            models[key] = loaders[key]()
+        except WeightsMissing as e:
+            for m in ms:
+                results[m] = {"status": "skipped", "reason": str(e)}
+        except BadOption:
+            raise
+        except Exception as e:  # a broken weights file: the other metrics still run
+            for m in ms:
+                results[m] = {"status": "error", "reason": f"could not load {key} weights: {type(e).__name__}: {e}"}
+    todo = [m for m in todo if m not in results]
+
+    reference = _load_reference(Path(opts.reference)) if opts.reference and set(todo) & set(SET_METRICS) else None
+    per: dict[str, dict[str, dict[str, dict]]] = {m: {} for m in todo}  # metric -> variant -> sample -> entry
+    feats: dict[str, list[np.ndarray]] = {v: [] for v in run.variants}
+    failed: dict[str, str] = {}
+
+    def record(metric: str, variant: str, sid: str, fn: Callable[[], dict]) -> None:
+        if metric in failed:
+            return
+        try:
+            per[metric].setdefault(variant, {})[sid] = fn()
+        except Exception as e:
+            failed[metric] = f"{type(e).__name__}: {e} (sample {sid}, variant {variant})"
+
+    for i, s in enumerate(run.samples):
+        log(f"  [{i + 1}/{len(run.samples)}] {s.id}")
+        frames = {v: load_frames(s.frame_paths(v)) for v in run.variants}
+        base = frames[run.baseline]
+        for v in run.variants:
+            fr = frames[v]
+            if "clipsim" in todo:
+                record("clipsim", v, s.id, lambda: _series(
+                    clipmod.frame_text_similarities(models["clip"], fr, s.prompt, opts.clip_mode)))
+            if "clipt" in todo:
+                record("clipt", v, s.id, lambda: _series(
+                    clipmod.consecutive_similarities(models["clip"], fr, opts.clip_mode)))
+            if "clipscore" in todo:
+                record("clipscore", v, s.id, lambda: {"value": clipmod.clipscore(models["clip"], fr[0], s.prompt)})
+            if set(todo) & set(SET_METRICS) and "inception" in models:
+                try:
+                    feats[v].append(models["inception"](fr[_even_subset(len(fr), opts.fid_frames_per_sample)]))
+                except Exception as e:
+                    for m in SET_METRICS:
+                        failed.setdefault(m, f"{type(e).__name__}: {e}")
+            if v == run.baseline:
+                continue
+            if "psnr" in todo:
+                record("psnr", v, s.id, lambda: _series(fidelity.psnr_frames(fr, base)))
+            if "ssim" in todo:
+                record("ssim", v, s.id, lambda: _series(fidelity.ssim_frames(fr, base)))
+            if "lpips" in todo:
+                record("lpips", v, s.id, lambda: _series(fidelity.lpips_frames(models["lpips"], fr, base)))
+
+    for m in todo:
+        if m in failed:
+            results[m] = {"status": "error", "reason": failed[m]}
+        elif m in SET_METRICS:
+            results[m] = _set_metric(m, run, feats, reference, models.get("inception"), opts)
+        else:
+            results[m] = _aggregate(m, run, per[m], opts)
+        results[m].update({k: v for k, v in _meta(m, opts, models).items() if k not in results[m]})
+    return _write(run, results, opts)
+
+
+def _series(values: list[float]) -> dict:
+    return {"value": float(np.mean(values)), "per_frame": [float(x) for x in values]}
+
+
+def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
+    hib, unit, desc = INFO[metric]
+    meta: dict[str, Any] = {"higher_is_better": hib, "unit": unit, "description": desc}
+    if metric in CLIP_METRICS and "clip" in models:
+        meta["model"] = models["clip"].label
+        mode = "standard" if metric == "clipscore" else opts.clip_mode
+        meta["mode"] = mode
+        if mode == "evalcrafter" and not models["clip"].is_evalcrafter_model:
+            meta["note"] = "EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to EvalCrafter"
+    if metric == "psnr":
+        meta["psnr_cap_db"] = 100.0
+    return meta
+
+
+def _aggregate(metric: str, run: Run, per: dict[str, dict[str, dict]], opts: EvalOptions) -> dict:
+    paired = metric in PAIRED_METRICS
+    out: dict[str, Any] = {"status": "ok", "kind": "paired" if paired else "per_variant", "per_sample": per}
+    agg = {}
+    for v, samples in per.items():
+        agg[v] = stats.bootstrap_mean_ci([e["value"] for e in samples.values()], n_boot=opts.n_boot)
+    out["aggregate"] = agg
+    if not paired:
+        deltas = {}
+        base = per.get(run.baseline, {})
+        for c in run.candidates:
+            ids = [sid for sid in per.get(c, {}) if sid in base]
+            deltas[c] = stats.paired_delta_ci(
+                [per[c][i]["value"] for i in ids], [base[i]["value"] for i in ids], n_boot=opts.n_boot
+            )
+        out["delta"] = deltas
+    return out
+
+
+def _set_metric(metric: str, run: Run, feats: dict, reference, extractor, opts: EvalOptions) -> dict:
+    from . import fid as fidmod
+
+    sets = {v: np.concatenate(f) for v, f in feats.items() if f}
+    n = min(len(x) for x in sets.values())
+    dim = next(iter(sets.values())).shape[1]
+    ref = fidmod.features_of(extractor, reference) if reference is not None else None
+
+    def score(a: np.ndarray, b: np.ndarray) -> dict:
+        if metric == "fid":
+            return {"value": fidmod.fid_from_features(a, b)}
+        mean, std = fidmod.kid_from_features(a, b)
+        return {"value": mean, "std": std}
+
+    out: dict[str, Any] = {"status": "ok", "kind": "set", "extractor": extractor.label,
+                           "comparable_to_published": extractor.comparable,
+                           "n": {v: int(len(x)) for v, x in sets.items()}, "feature_dim": int(dim)}
+    out["vs_baseline"] = {c: score(sets[c], sets[run.baseline]) for c in run.candidates}
+    if ref is not None:
+        out["n_reference"] = int(len(ref))
+        out["vs_reference"] = {v: score(x, ref) for v, x in sets.items()}
+        out["delta_vs_reference"] = {
+            c: {"value": out["vs_reference"][c]["value"] - out["vs_reference"][run.baseline]["value"]}
+            for c in run.candidates
+        }
+        n = min(n, len(ref))
+    warn = fidmod.fid_warning(n, dim) if metric == "fid" else (
+        f"KID from only {n} images per set: see its std across subsets" if n < 100 else None)
+    if warn:
+        out["warning"] = warn
+    return out
+
+
+def _write(run: Run, results: dict, opts: EvalOptions) -> dict:
+    path = run.path / "metrics.json"
+    doc: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            doc = {}
+    if doc.get("schema") != SCHEMA:
+        doc = {}
+    doc.update({
+        "schema": SCHEMA,
+        "updated": _now(),
+        "run_dir": str(run.path.resolve()),
+        "kind": run.kind,
+        "baseline": run.baseline,
+        "candidates": run.candidates,
+        "samples": [{"id": s.id, "prompt": s.prompt, "seed": s.seed, "frames": len(s.frame_paths(run.baseline))}
+                    for s in run.samples],
+        "bootstrap": {"n_boot": opts.n_boot, "level": stats.CI_LEVEL, "over": "samples"},
+    })
+    metrics = doc.setdefault("metrics", {})
+    for m, entry in results.items():
+        metrics[m] = _finite(entry)
+    doc["metrics"] = {m: metrics[m] for m in METRICS if m in metrics}
+    atomic_write_json(path, doc)
+    return doc
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x

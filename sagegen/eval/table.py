@@ -1,0 +1,76 @@
+"""The terminal summary of ``metrics.json``: a rich table, one row per metric."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rich.table import Table
+
+from .stats import fmt_ci
+
+DIGITS = {"psnr": 2, "clipscore": 2, "fid": 3, "kid": 5}
+
+
+def _digits(m: str) -> int:
+    return DIGITS.get(m, 4)
+
+
+def metrics_table(doc: dict, only: Iterable[str] | None = None) -> Table:
+    base = doc.get("baseline", "sdpa")
+    cands = list(doc.get("candidates") or ["sage"])
+    t = Table(title="sagegen eval", show_lines=False)
+    t.add_column("metric", style="bold")
+    t.add_column(f"{base} (baseline)", justify="right")
+    for c in cands:
+        t.add_column(c, justify="right")
+        t.add_column(f"Δ {c}−{base} [95% CI]", justify="right")
+    t.add_column("notes", overflow="fold", max_width=60)
+    metrics = doc.get("metrics", {})
+    for m in only or metrics:
+        e = metrics.get(m)
+        if e is None:
+            continue
+        d = _digits(m)
+        arrow = "↑" if e.get("higher_is_better") else "↓"
+        name = f"{m} {arrow}" if "higher_is_better" in e else m
+        if e.get("status") != "ok":
+            t.add_row(name, *(["—"] * (1 + 2 * len(cands))), f"[yellow]{e.get('status')}[/] (reason below)")
+            continue
+        note = e.get("warning") or e.get("note") or ""
+        if e.get("mode"):
+            note = f"mode={e['mode']}, model={e.get('model')}" + (f"; {note}" if note else "")
+        row = [name]
+        if e["kind"] == "paired":
+            row.append("(reference)")
+            for c in cands:
+                row += [fmt_ci(e["aggregate"].get(c), d), "—"]
+        elif e["kind"] == "per_variant":
+            row.append(fmt_ci(e["aggregate"].get(base), d))
+            for c in cands:
+                row += [fmt_ci(e["aggregate"].get(c), d), fmt_ci(e.get("delta", {}).get(c), d)]
+        else:  # set metrics
+            vr = e.get("vs_reference") or {}
+            row.append(f"{vr[base]['value']:.{d}f} vs ref" if base in vr else "(reference set)")
+            for c in cands:
+                v = e["vs_baseline"][c]
+                cell = f"{v['value']:.{d}f}" + (f" ± {v['std']:.{d}f}" if "std" in v else "") + " vs base"
+                if c in vr:
+                    cell += f"\n{vr[c]['value']:.{d}f} vs ref"
+                dl = (e.get("delta_vs_reference") or {}).get(c)
+                row += [cell, f"{dl['value']:+.{d}f} vs ref" if dl else "—"]
+            n = e.get("n", {})
+            note = f"n={n.get(base)}/{n.get(cands[0]) if cands else ''}, {e.get('extractor')}" + (f"; {note}" if note else "")
+        row.append(note)
+        t.add_row(*row)
+    return t
+
+
+def skip_lines(doc: dict, only: Iterable[str] | None = None) -> list[str]:
+    """One line per metric that did not run: ``<metric> skipped: <reason>``."""
+    metrics = doc.get("metrics", {})
+    out = []
+    for m in only or metrics:
+        e = metrics.get(m) or {}
+        if e.get("status") in ("skipped", "error"):
+            out.append(f"{m} {e['status']}: {e.get('reason', '')}")
+    return out
