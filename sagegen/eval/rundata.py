@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sagegen import rundir as _rundir
+from sagegen.rundir import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401 (re-export)
+
 BASELINE = "sdpa"
-RUNS_ENV = "SAGEGEN_RUNS"
-DEFAULT_ROOT = "runs"
 
 
 class RunDirError(ValueError):
@@ -57,58 +57,8 @@ class Run:
         return [self.baseline, *self.candidates]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
-
-
 def runs_root() -> Path:
-    return Path(os.environ.get(RUNS_ENV) or DEFAULT_ROOT)
-
-
-def _latest_run_fallback(root: Path) -> Path | None:
-    if not root.is_dir():
-        return None
-    cands = [p for p in root.iterdir() if p.is_dir() and (p / "manifest.json").is_file()]
-    if not cands:
-        return None
-
-    def key(p: Path) -> tuple[str, float]:
-        try:
-            created = json.loads((p / "manifest.json").read_text()).get("created", "")
-        except (OSError, ValueError):
-            created = ""
-        return (str(created), p.stat().st_mtime)
-
-    return max(cands, key=key)
+    return _rundir.runs_root()
 
 
 def resolve_run_dir(run_dir: str | os.PathLike | None) -> Path:
@@ -118,50 +68,47 @@ def resolve_run_dir(run_dir: str | os.PathLike | None) -> Path:
         if not (p / "manifest.json").is_file():
             raise RunDirError(f"RUN_DIR {p} has no manifest.json (not a sagegen run directory)")
         return p
-    root = runs_root()
-    found: Path | None = None
-    try:  # the CLI engineer's helper, when present
-        from sagegen.rundir import latest_run  # type: ignore
-
-        found = latest_run(root)
-    except ImportError:
-        found = _latest_run_fallback(root)
-    if found is None:
-        raise RunDirError(
-            f"no run directory found under {root} (set ${RUNS_ENV} or pass RUN_DIR; "
-            "create one with `sagegen compare`)"
-        )
-    return Path(found)
-
-
-def load_run(run_dir: str | os.PathLike, require_finished: bool = True) -> Run:
-    path = Path(run_dir)
     try:
-        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+        return Path(_rundir.latest_run())
     except FileNotFoundError as e:
-        raise RunDirError(f"{path}: manifest.json not found") from e
+        raise RunDirError(str(e)) from e
+
+
+def load_run(run_dir: str | os.PathLike, log=None) -> Run:
+    """The run's manifest and the samples finished in every variant (unfinished ones are left out, with a
+    note to ``log``)."""
+    path = Path(run_dir)
+    rd = _rundir.RunDir(path)
+    try:
+        manifest = rd.manifest
+    except FileNotFoundError as e:
+        raise RunDirError(f"{path}: manifest.json not found (not a sagegen run directory)") from e
     except ValueError as e:
         raise RunDirError(f"{path}/manifest.json is not valid JSON: {e}") from e
     variants = list(manifest.get("variants") or [])
     if len(variants) < 2:
-        raise RunDirError(f"{path}: manifest lists variants {variants}; need a baseline and a candidate")
+        raise RunDirError(
+            f"{path}: the run has variants {variants}; eval/report compare a baseline with a candidate "
+            "(make the run with `sagegen compare`)"
+        )
     baseline = manifest.get("baseline") or (BASELINE if BASELINE in variants else variants[0])
     candidates = [v for v in variants if v != baseline]
+    done = {v: set(rd.sample_ids(v)) for v in variants}
     samples: list[Sample] = []
+    unfinished = []
     for entry in manifest.get("samples") or []:
         sid = str(entry["id"])
-        s = Sample(id=sid, prompt=str(entry.get("prompt", "")), seed=entry.get("seed"))
-        for v in variants:
-            d = path / "samples" / v / sid
-            if (d / "sample.json").is_file() and any((d / "frames").glob("*.png")):
-                s.dirs[v] = d
-        if all(v in s.dirs for v in variants):
+        if all(sid in done[v] and rd.frames(v, sid) for v in variants):
+            s = Sample(id=sid, prompt=str(entry.get("prompt", "")), seed=entry.get("seed"))
+            s.dirs = {v: rd.sample_dir(v, sid) for v in variants}
             samples.append(s)
-        elif require_finished:
-            missing = [v for v in variants if v not in s.dirs]
-            raise RunDirError(f"{path}: sample {sid} is unfinished for variant(s) {missing} (no sample.json)")
+        else:
+            unfinished.append(sid)
+    if unfinished and log:
+        log(f"note: {len(unfinished)} sample(s) not finished in every variant are left out: {', '.join(unfinished[:5])}"
+            + (" ..." if len(unfinished) > 5 else ""))
     if not samples:
-        raise RunDirError(f"{path}: no finished samples")
+        raise RunDirError(f"{path}: no sample is finished in every variant ({', '.join(variants)})")
     return Run(path=path, manifest=manifest, baseline=baseline, candidates=candidates, samples=samples)
 
 

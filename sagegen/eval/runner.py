@@ -114,7 +114,7 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
 
     if opts.clip_mode not in clipmod.MODES:
         raise BadOption(f"--clip-mode must be one of {', '.join(clipmod.MODES)}; got {opts.clip_mode!r}")
-    run = load_run(run_dir)
+    run = load_run(run_dir, log=log)
     loaders = {**_default_loaders(opts), **opts.loaders}
     results: dict[str, dict] = {}
     todo: list[str] = []

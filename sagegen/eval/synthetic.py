@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 from pathlib import Path
 
 import numpy as np
 
-from .rundata import atomic_write_json
 
 
 def synthetic_clip(frames: int, height: int, width: int, seed: int) -> np.ndarray:
@@ -38,19 +35,6 @@ def perturb(clip: np.ndarray, sigma: float, seed: int) -> np.ndarray:
     return np.clip(clip.astype(np.float32) + rng.normal(0, sigma, clip.shape), 0, 255).astype(np.uint8)
 
 
-def write_sample(run: Path, variant: str, sid: str, frames: np.ndarray, timing: dict | None = None) -> Path:
-    from PIL import Image
-
-    d = run / "samples" / variant / sid
-    (d / "frames").mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(frames):
-        Image.fromarray(f).save(d / "frames" / f"{i:05d}.png")
-    if len(frames) == 1:
-        Image.fromarray(frames[0]).save(d / "image.png")
-    atomic_write_json(d / "sample.json", {"id": sid, "variant": variant, "frames": len(frames), **(timing or {})})
-    return d
-
-
 def make_synthetic_run(
     run: str | Path,
     prompts: list[str] | None = None,
@@ -63,40 +47,40 @@ def make_synthetic_run(
     variants: tuple[str, str] = ("sdpa", "sage"),
 ) -> Path:
     """Write a finished run directory with one sample per prompt; the candidate is the baseline plus noise."""
-    run = Path(run)
+    from sagegen.rundir import RunDir, now_iso
+
+    rd = RunDir(run)
     prompts = prompts or ["a red ball rolling across a table", "a sailboat on a calm lake at sunset"]
     if kind == "image":
         frames = 1
-    samples, timings = [], {v: {} for v in variants}
-    for i, p in enumerate(prompts):
-        sid = f"p{i:03d}-s0"
-        samples.append({"id": sid, "prompt": p, "seed": 0})
-        base = synthetic_clip(frames, height, width, seed=i)
-        for j, v in enumerate(variants):
-            clip = base if j == 0 else perturb(base, sigma, seed=100 + i)
-            t = {"total_s": 2.0 - 0.6 * j + 0.01 * i, "denoise_s": 1.6 - 0.6 * j, "decode_s": 0.4}
-            timings[v][sid] = t
-            write_sample(run, v, sid, clip, t)
+    samples = [{"id": f"p{i:03d}-s0", "prompt": p, "seed": 0} for i, p in enumerate(prompts)]
     manifest = {
         "schema": 1,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": ["sagegen", "compare", "--synthetic"],
-        "model": {"name": "synthetic", "family": "synthetic", "hub_id": None, "kind": kind, "fps": fps},
+        "created": now_iso(),
+        "command": ["python", "-m", "sagegen.eval.synthetic"],
+        "model": {"name": "synthetic", "family": "synthetic", "hub_id": None, "kind": kind,
+                  "fps": fps if kind == "video" else None, "source": "synthetic frames (no model)"},
         "settings": {"steps": 0, "frames": frames, "height": height, "width": width, "guidance": None},
         "attention": {"sage": {"note": "synthetic: candidate = baseline + Gaussian noise", "sigma": sigma},
                       "policy": {}},
         "variants": list(variants),
         "samples": samples,
-        "timings": timings,
         "versions": {},
         "gpu": None,
     }
-    atomic_write_json(run / "manifest.json", manifest)
-    return run
+    rd.update_manifest(lambda _m: manifest)
+    for i, s in enumerate(samples):
+        base = synthetic_clip(frames, height, width, seed=i)
+        for j, v in enumerate(variants):
+            clip = base if j == 0 else perturb(base, sigma, seed=100 + i)
+            t = {"total_s": round(2.0 - 0.6 * j + 0.01 * i, 3), "encode_s": 0.1,
+                 "denoise_s": round(1.5 - 0.6 * j + 0.01 * i, 3), "decode_s": 0.4}
+            rd.write_sample(v, dict(s, timings=t), clip, kind=kind, fps=fps if kind == "video" else None)
+    rd.refresh_manifest()
+    return Path(run)
 
 
 if __name__ == "__main__":  # python -m sagegen.eval.synthetic OUT_DIR
     import sys
 
     print(make_synthetic_run(sys.argv[1] if len(sys.argv) > 1 else "runs/synthetic"))
-    json.dumps({})

@@ -1,0 +1,79 @@
+"""``sagegen eval [RUN_DIR] --metric NAME ...``: compute metrics for a run directory into metrics.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+METRIC_HELP = "clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed)"
+MODE_NOTES = {
+    "evalcrafter": "EvalCrafter-compatible (OpenAI ViT-B/32; frames squashed to 224x224, raw 0..255 pixels, "
+    "no normalisation; cosine similarity)",
+    "standard": "standard open_clip preprocessing (resize shortest side, centre crop, mean/std normalise)",
+}
+
+
+def eval_command(
+    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under $SAGEGEN_RUNS or runs/).")] = None,
+    metric: Annotated[list[str], typer.Option("--metric", "-m", help=METRIC_HELP)] = [],  # noqa: B006
+    clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained tag, from the local cache), [NAME:]PATH to a checkpoint, or local-dir:FOLDER. Default ViT-B-32/openai.")] = None,
+    clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces EvalCrafter, as in the SageAttention2 paper) or standard.")] = "evalcrafter",
+    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="Folder of reference images: FID/KID of each variant against it as well.")] = None,
+    lpips_weights: Annotated[Optional[str], typer.Option(help="LPIPS weights: combined .pth or a folder with alexnet-owt-*.pth and lpips' alex.pth (or $SAGEGEN_LPIPS_WEIGHTS).")] = None,
+    fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID (evenly spaced; default all).")] = None,
+    bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples for the confidence intervals.")] = 2000,
+) -> None:
+    """Evaluate a run: CLIP scores, FID/KID, and PSNR/SSIM/LPIPS of sage against the baseline; writes
+    RUN_DIR/metrics.json and prints a table. Metrics whose weights are missing are skipped with a reason."""
+    from rich.console import Console
+
+    from sagegen.eval.clip import MODES
+    from sagegen.eval.rundata import RunDirError, load_run, resolve_run_dir
+    from sagegen.eval.runner import EvalOptions, evaluate, parse_metrics
+    from sagegen.eval.table import metrics_table, skip_lines
+    from sagegen.eval.weights import BadOption
+
+    console = Console()
+    if clip_mode not in MODES:
+        raise typer.BadParameter(f"must be one of {', '.join(MODES)}; got {clip_mode!r}", param_hint="--clip-mode")
+    if reference is not None and not reference.is_dir():
+        raise typer.BadParameter(f"{reference} is not a folder", param_hint="--reference")
+    try:
+        path = resolve_run_dir(run_dir)
+        kind = load_run(path).kind
+        names = parse_metrics(metric, kind)
+    except RunDirError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    except BadOption as e:
+        raise typer.BadParameter(str(e).split(": ", 1)[-1], param_hint="--metric") from e
+    console.print(f"Evaluating [bold]{path}[/] ({kind} model): {', '.join(names)}")
+    if set(names) & {"clipsim", "clipt"}:
+        console.print(f"CLIP mode: [bold]{clip_mode}[/] — {MODE_NOTES[clip_mode]}")
+    opts = EvalOptions(metrics=names, clip_model=clip_model, clip_mode=clip_mode, inception_weights=inception_weights,
+                       lpips_weights=lpips_weights, reference=reference, fid_frames_per_sample=fid_frames,
+                       n_boot=bootstrap)
+    try:
+        doc = evaluate(path, opts, log=lambda s: console.print(s, style="dim", highlight=False))
+    except BadOption as e:
+        opt = str(e).split(":", 1)[0] if str(e).startswith("--") else None
+        raise typer.BadParameter(str(e).split(": ", 1)[-1] if opt else str(e), param_hint=opt) from e
+    except RunDirError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    console.print(metrics_table(doc, names))
+    for line in skip_lines(doc, names):
+        console.print(line, style="yellow", highlight=False, soft_wrap=True)
+    for m in names:
+        w = doc["metrics"].get(m, {}).get("warning")
+        if w:
+            console.print(f"warning ({m}): {w}", style="yellow", highlight=False, soft_wrap=True)
+    console.print(f"Wrote {path / 'metrics.json'}", highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``eval`` to the sagegen CLI."""
+    app.command("eval")(eval_command)
