@@ -264,7 +264,11 @@ class RunDir:
 
     def write_sample(self, variant: str, record: dict, frames, *, kind: str, fps: float | None) -> Path:
         """Save a finished sample: lossless PNG frames, then the MP4 (video) or PNG (image), then
-        sample.json last. `frames` is a uint8 array [F, H, W, 3]. Returns the sample folder."""
+        sample.json last. `frames` is a uint8 array [F, H, W, 3]. Adds ``timings.save_s`` (the time spent
+        writing) when the record has timings. Returns the sample folder."""
+        import time
+
+        t0 = time.perf_counter()
         sid = record["id"]
         self.clear_unfinished(variant, sid)
         write_png_frames(self.frames_dir(variant, sid), frames)
@@ -274,6 +278,8 @@ class RunDir:
             write_png(self.image_path(variant, sid), frames[0])
         rec = dict(record, variant=variant, n_frames=int(frames.shape[0]), height=int(frames.shape[1]),
                    width=int(frames.shape[2]), fps=fps)
+        if isinstance(rec.get("timings"), dict):  # time spent writing the files (not part of total_s)
+            rec["timings"] = dict(rec["timings"], save_s=round(time.perf_counter() - t0, 6))
         atomic_write_json(self.sample_json_path(variant, sid), rec)
         return self.sample_dir(variant, sid)
 

@@ -213,3 +213,23 @@ def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
         l = l * alpha + l_b[..., j] * beta
         m_run = m_new
     return o, m, l
+
+
+def attention_fp64(q, k, v, *, sm_scale: float, is_causal: bool = False, mask: MaskSpec | None = None):
+    """Plain attention in float64 (no quantization): the accuracy reference. Same conventions as
+    `sage_attention` (fully masked rows give 0 and lse = -inf). Returns (out fp64, lse fp64)."""
+    mask = mask or MaskSpec()
+    group = q.shape[1] // k.shape[1]
+    qd, kd, vd = q.double(), _expand_kv(k.double(), group), _expand_kv(v.double(), group)
+    s = (qd @ kd.transpose(-1, -2)) * sm_scale
+    if mask.kind == "key":
+        s = s + mask.tensor.double()[:, None, None, :]
+    elif mask.kind == "bool":
+        s = s.masked_fill(~mask.tensor, -math.inf)
+    elif mask.kind == "additive":
+        s = s + mask.tensor.double()
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    return p @ vd, lse

@@ -1,0 +1,130 @@
+"""Clean errors for every sagegen command: usage mistakes exit 2, runtime failures exit 1.
+
+Each is one line on stderr naming the cause and the fix. A traceback is shown only with ``--debug``
+(anywhere on the command line) or ``SAGEGEN_DEBUG=1``. Commands written elsewhere (eval, report, bench)
+get the same behaviour by decorating their function with `cli_command`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import click
+import typer
+
+DEBUG_ENV = "SAGEGEN_DEBUG"
+_state = {"debug": False}
+
+
+class UsageProblem(Exception):
+    """A usage mistake found after parsing (exit 2). `option` names the option at fault."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option
+
+    def __str__(self) -> str:
+        msg = super().__str__()
+        return f"{self.option}: {msg}" if self.option and not msg.startswith(self.option) else msg
+
+
+def set_debug(flag: bool) -> None:
+    _state["debug"] = bool(flag)
+
+
+def debug_enabled() -> bool:
+    return _state["debug"] or os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def usage_error_types() -> tuple[type, ...]:
+    """Exception types that mean "the command line asked for something impossible" (exit 2)."""
+    from ..generate import BadPolicy, RunDirConflict
+    from ..models.loading import BadModelPath
+    from ..models.presets import UnknownModel
+
+    return (UsageProblem, UnknownModel, BadModelPath, RunDirConflict, BadPolicy)
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def print_error(message: str, *, hint: str | None = None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    line = one_line(message) + (f" ({hint})" if hint else "")
+    console.print(Text.assemble(("Error: ", "bold red"), line))
+
+
+def describe(exc: BaseException) -> str:
+    """The one-line cause of an unexpected exception."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def handle(exc: BaseException) -> int:
+    """Print `exc` as a one-line error and return the exit code (2: usage, 1: runtime, 130: interrupted)."""
+    if isinstance(exc, KeyboardInterrupt):
+        print_error("interrupted; finished samples are kept, and running the same command again resumes")
+        return 130
+    if isinstance(exc, usage_error_types()):
+        print_error(str(exc))
+        return 2
+    if type(exc).__name__ == "OutOfMemoryError":
+        print_error(f"{describe(exc)}; reduce memory with --offload model, --vae-tiling, fewer --frames or a "
+                    "smaller --height/--width")
+        return 1
+    known = isinstance(exc, (RuntimeError, OSError, ValueError)) and type(exc).__module__.startswith("sagegen")
+    print_error(str(exc) if known else describe(exc), hint=None if known else "run with --debug for the traceback")
+    return 1
+
+
+def cli_command(fn):
+    """Decorate a typer command so that exceptions become one-line errors with the right exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the CLI's last line of defence
+            if debug_enabled():
+                raise
+            raise typer.Exit(handle(exc)) from None
+
+    return wrapper
+
+
+def format_click_error(exc: click.ClickException) -> str:
+    """A click usage error as one line, with where to look for the right usage."""
+    msg = one_line(exc.format_message())
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        return f"{msg} (see `{ctx.command_path} --help`)"
+    return msg
+
+
+def show_click_error(exc: click.ClickException) -> None:
+    print_error(format_click_error(exc))
+
+
+def strip_debug(args: list[str]) -> tuple[list[str], bool]:
+    """Remove ``--debug`` from anywhere before a ``--`` separator."""
+    out, debug, passthrough = [], False, False
+    for a in args:
+        if a == "--":
+            passthrough = True
+        if not passthrough and a == "--debug":
+            debug = True
+            continue
+        out.append(a)
+    return out, debug
+
+
+def exit_with(code: int) -> None:
+    sys.exit(code)

@@ -1,0 +1,141 @@
+"""What `sagegen run` and `sagegen compare` share: their options, turning them into a `Job`, running it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+import typer
+
+from .errors import UsageProblem
+from .options import (command_line, kernel_config, load_prompts, parse_seeds, precision_policy)
+
+GEN = "Generation"
+MEM = "Memory and speed"
+KER = "sagegen attention"
+OUT = "Output"
+
+Model = Annotated[str, typer.Argument(help="Model preset or alias (see `sagegen models`), e.g. cogvideox, "
+                                           "flux, tiny-cogvideox.", show_default=False)]
+Prompt = Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="Prompt text (repeatable).",
+                                                     rich_help_panel=GEN, show_default=False)]
+Prompts = Annotated[Optional[str], typer.Option("--prompts", "-P", metavar="FILE|SET", rich_help_panel=GEN,
+                                                help="Prompt file (one per line, # comments) or a built-in "
+                                                     "set: smoke, t2v, t2i.")]
+MaxPrompts = Annotated[Optional[int], typer.Option("--max-prompts", min=1, rich_help_panel=GEN,
+                                                   help="Use only the first N prompts.")]
+Seed = Annotated[Optional[list[str]], typer.Option("--seed", "-s", rich_help_panel=GEN, show_default=False,
+                                                   help="Seed(s): 7, 0,1,2 or 0-3 (repeatable; default 0). "
+                                                        "Every prompt runs with every seed.")]
+Steps = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Denoising steps [preset].")]
+Frames = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Frames (video) [preset].")]
+Height = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Height in pixels [preset].")]
+Width = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Width in pixels [preset].")]
+Guidance = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=GEN, help="Guidance scale [preset].")]
+Negative = Annotated[Optional[str], typer.Option("--negative-prompt", "-n", rich_help_panel=GEN,
+                                                 help="Negative prompt.")]
+Dtype = Annotated[Literal["auto", "bfloat16", "float16", "float32"],
+                  typer.Option(case_sensitive=False, rich_help_panel=GEN,
+                               help="Model dtype; auto = the preset's recommended one.")]
+Device = Annotated[str, typer.Option(rich_help_panel=MEM, help="auto (this process's GPU, else CPU), cpu, "
+                                                               "cuda or cuda:N.")]
+ModelPath = Annotated[Optional[Path], typer.Option("--model-path", rich_help_panel=GEN, show_default=False,
+                                                   help="A local diffusers pipeline folder to load instead of "
+                                                        "the hub/cache.")]
+RandomWeights = Annotated[bool, typer.Option("--random-weights", rich_help_panel=GEN,
+                                             help="The preset's full-size architecture with random weights "
+                                                  "(speed at real shapes, no download; outputs are noise).")]
+Offload = Annotated[Literal["none", "model", "sequential"],
+                    typer.Option(case_sensitive=False, rich_help_panel=MEM, help="CPU offload of the pipeline.")]
+VaeTiling = Annotated[bool, typer.Option("--vae-tiling", rich_help_panel=MEM, help="Decode in tiles.")]
+VaeSlicing = Annotated[bool, typer.Option("--vae-slicing", rich_help_panel=MEM, help="Decode one video/image "
+                                                                                     "at a time.")]
+Compile = Annotated[bool, typer.Option("--compile", rich_help_panel=MEM, help="torch.compile the transformer.")]
+Warmup = Annotated[int, typer.Option(min=0, rich_help_panel=MEM, help="Untimed warm-up calls per variant "
+                                                                      "(JIT compilation, autotuning).")]
+Kernel = Annotated[Optional[list[str]], typer.Option("--kernel", "-k", metavar="KEY=VALUE", rich_help_panel=KER,
+                                                     show_default=False,
+                                                     help="Override a SageConfig field of the diffusion default "
+                                                          "(repeatable), e.g. pv_precision=fp16, smooth_q=true.")]
+FpBlocks = Annotated[Optional[str], typer.Option("--fp-blocks", metavar="LIST", rich_help_panel=KER,
+                                                 help="Blocks that keep full-precision attention: indices "
+                                                      "and/or module names, comma-separated (e.g. 0,-1).")]
+FpFirst = Annotated[int, typer.Option("--fp-first-steps", min=0, rich_help_panel=KER,
+                                      help="Keep the first N denoising steps in full precision.")]
+FpLast = Annotated[int, typer.Option("--fp-last-steps", min=0, rich_help_panel=KER,
+                                     help="Keep the last N denoising steps in full precision.")]
+Backend = Annotated[Literal["auto", "triton", "reference"],
+                    typer.Option(case_sensitive=False, rich_help_panel=KER,
+                                 help="sagegen backend: auto (Triton on a supported GPU, else the emulation), "
+                                      "triton or reference (the PyTorch emulation).")]
+Out = Annotated[Optional[Path], typer.Option("--out", "-o", rich_help_panel=OUT, show_default=False,
+                                             help="Run directory (default: runs/<model>-<settings hash>; "
+                                                  "re-running resumes).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help="No progress bars.")]
+
+
+def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
+              width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
+              vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out):
+    """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
+    from ..generate import Job, make_samples
+    from ..models.presets import check_shape, resolve
+
+    preset = resolve(model)
+    if model_path is not None and preset.tiny:
+        raise UsageProblem(f"{preset.name} is built in; --model-path is for hub models", "--model-path")
+    if random_weights and preset.tiny:
+        raise UsageProblem(f"{preset.name} already has random weights; drop --random-weights or pick a "
+                           "full-size preset", "--random-weights")
+    if random_weights and model_path is not None:
+        raise UsageProblem("--random-weights builds the model in code; it cannot be combined with --model-path",
+                           "--random-weights")
+    if frames is not None and not preset.is_video:
+        raise UsageProblem(f"{preset.name} makes images; --frames is for video models", "--frames")
+    if offload != "none" and device.startswith("cpu"):
+        raise UsageProblem("CPU offload needs a CUDA device; drop --offload or use --device cuda", "--offload")
+    prompts_list = load_prompts(prompt or [], prompts, max_prompts)
+    seeds = parse_seeds(seed or [])
+    config = kernel_config(kernel or [])
+    policy = precision_policy(fp_blocks, fp_first_steps, fp_last_steps) if "sage" in variants else None
+    h, w = height or preset.height, width or preset.width
+    f = (frames or preset.frames) if preset.is_video else None
+    errors, warnings = check_shape(preset, height=h, width=w, frames=f)
+    if errors:
+        raise UsageProblem("; ".join(errors))
+    settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
+                "guidance": preset.guidance if guidance is None else guidance,
+                "negative_prompt": negative_prompt or None,
+                "dtype": preset.dtype if dtype == "auto" else dtype,
+                "max_sequence_length": preset.max_sequence_length,
+                "vae_tiling": vae_tiling, "vae_slicing": vae_slicing, "random_weights": random_weights}
+    job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
+              out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
+              compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
+              command=command_line())
+    return job, warnings
+
+
+def execute(job, *, quiet: bool, title: str):
+    """Run the job with progress bars; print the outcome on rank 0. Returns the RunResult."""
+    from rich.console import Console
+
+    from .. import distributed
+    from ..generate import run_job
+    from .progress import RichReporter
+
+    dist = distributed.info()
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    run_dir = job.resolve_out()
+    if dist.is_main:
+        s = job.settings
+        size = f"{s['width']}x{s['height']}" + (f", {s['frames']} frames" if s["frames"] else "")
+        err.print(f"[bold]{title}[/] {job.preset.name}: {len(job.samples)} sample(s) x {'+'.join(job.variants)}, "
+                  f"{size}, {s['steps']} steps, guidance {s['guidance']}, {s['dtype']} -> {run_dir}")
+    distributed.init(dist)
+    try:
+        with RichReporter(err, enabled=not quiet, rank=dist.rank) as reporter:
+            result = run_job(job, reporter, dist=dist)
+    finally:
+        distributed.shutdown(dist)
+    return result

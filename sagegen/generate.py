@@ -1,0 +1,415 @@
+"""The generation loop behind `sagegen run` and `sagegen compare`.
+
+A `Job` (model preset, settings, samples, variants, run directory) is run by `run_job`: it records the
+manifest, loads the pipeline once, and for each variant (``sdpa``: stock attention; ``sage``: patched with
+sagegen's kernels) generates this process's unfinished samples, timing each pipeline call split into
+text encoding, denoising and decoding, and saving lossless frames plus a viewing copy (see `sagegen.rundir`).
+Nothing here prints: progress goes to a `Reporter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import distributed
+from .config import SageConfig
+from .models.presets import Preset
+from .rundir import SCHEMA, RunDir, now_iso, runs_root
+
+VARIANTS = ("sdpa", "sage")
+# Settings that change the pixels: a run directory holds one value of each (resume checks them).
+FINGERPRINT_KEYS = ("model", "settings", "samples")
+
+
+class RunDirConflict(ValueError):
+    """The run directory already holds a run with other settings."""
+
+
+class BadPolicy(ValueError):
+    """The precision policy does not fit the model (e.g. a block index out of range)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: str
+    prompt: str
+    seed: int
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "prompt": self.prompt, "seed": self.seed}
+
+
+def make_samples(prompts: Sequence[str], seeds: Sequence[int]) -> list[Sample]:
+    """Every prompt with every seed, ids ``p<prompt index>-s<seed>``."""
+    return [Sample(f"p{i:03d}-s{seed}", p, int(seed)) for i, p in enumerate(prompts) for seed in seeds]
+
+
+@dataclass
+class Job:
+    preset: Preset
+    settings: dict            # steps, frames, height, width, guidance, negative_prompt, dtype, ...
+    samples: list[Sample]
+    variants: list[str]
+    out: Path | None = None   # None: runs/<model>-<hash of settings>
+    sage_config: SageConfig = field(default_factory=SageConfig)
+    policy: Any = None        # sagegen.PrecisionPolicy (None: the patcher's default, all quantized)
+    backend: str = "auto"     # sageattn backend for the patcher: auto | triton | reference
+    device: str = "auto"
+    offload: str = "none"
+    compile: bool = False
+    warmup: int = 1           # untimed warm-up calls per variant (Triton / torch.compile / autotuning)
+    model_path: str | None = None
+    command: list[str] = field(default_factory=list)
+
+    def digest(self) -> str:
+        key = {"model": self.preset.name, "settings": self.settings, "samples": [s.to_dict() for s in self.samples],
+               "model_path": self.model_path, "sage": self.sage_config.to_dict(), "policy": _jsonable(self.policy),
+               "backend": self.backend}
+        return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+    def resolve_out(self) -> Path:
+        if self.out is None:
+            self.out = runs_root() / f"{self.preset.name}-{self.digest()}"
+        return Path(self.out)
+
+
+class Reporter:
+    """Progress callbacks (no-ops here; the CLI draws rich progress bars)."""
+
+    def log(self, message: str) -> None: ...
+    def variant_start(self, variant: str, todo: int, total: int) -> None: ...
+    def sample_start(self, variant: str, sample: Sample, steps: int) -> None: ...
+    def step(self, done: int, total: int) -> None: ...
+    def sample_done(self, variant: str, sample: Sample, timings: dict, path: Path) -> None: ...
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    generated: dict[str, int]
+    skipped: dict[str, int]
+    setup: dict[str, dict]
+    manifest: dict | None     # the final manifest (rank 0), None on other ranks
+
+
+# --------------------------------------------------------------------------------------------- manifest
+def _jsonable(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (str, int, float, bool, list, dict)):
+        return obj
+    for attr in ("to_dict", "as_dict"):
+        if hasattr(obj, attr):
+            return getattr(obj, attr)()
+    import dataclasses
+
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return str(obj)
+
+
+def versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for dist in ("torch", "triton", "diffusers", "transformers", "huggingface_hub", "accelerate", "sagegen"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def gpu_info(device) -> dict | None:
+    import torch
+
+    if getattr(device, "type", str(device)) != "cuda" or not torch.cuda.is_available():
+        return None
+    from .kernels.backends import describe_cuda
+
+    props = torch.cuda.get_device_properties(device)
+    ok, why = describe_cuda(device)
+    return {"name": props.name, "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1), "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda, "triton_kernels": ok, "why": why}
+
+
+def build_manifest(job: Job, dist: distributed.DistInfo, device) -> dict:
+    p = job.preset
+    sage = "sage" in job.variants
+    return {
+        "schema": SCHEMA, "created": now_iso(), "command": list(job.command),
+        "model": {"name": p.name, "family": p.family, "hub_id": p.hub_id, "kind": p.kind, "fps": p.fps,
+                  "pipeline": p.pipeline, "model_path": job.model_path,
+                  "random_weights": bool(job.settings.get("random_weights")), "tiny": p.tiny},
+        "settings": dict(job.settings),
+        "runtime": {"device": getattr(device, "type", str(device)), "offload": job.offload,
+                    "compile": job.compile, "warmup": job.warmup, "world_size": dist.world_size},
+        "attention": {"sage": job.sage_config.to_dict() if sage else None,
+                      "policy": _jsonable(job.policy) if sage else None,
+                      "backend": job.backend if sage else None},
+        "variants": list(job.variants), "samples": [s.to_dict() for s in job.samples],
+        "timings": {}, "setup": {}, "versions": versions(), "gpu": gpu_info(device),
+    }
+
+
+def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            _diff(a.get(k), b.get(k), f"{path}.{k}", out)
+    elif a != b:
+        show = (lambda v: f"{len(v)} entries" if isinstance(v, list) and len(v) > 3 else json.dumps(v))
+        out.append(f"{path.lstrip('.')}: {show(a)} -> {show(b)}")
+
+
+def merge_manifest(current: dict | None, new: dict, where: Path) -> dict:
+    """The manifest after adding `new`'s run to `current`'s (RunDirConflict when they cannot share a folder)."""
+    if current is None:
+        return new
+    diffs: list[str] = []
+    for key in FINGERPRINT_KEYS:
+        a, b = current.get(key), new.get(key)
+        if key == "model":  # how the weights were found may differ between resumes; which model may not
+            a = {k: v for k, v in (a or {}).items() if k in ("name", "model_path", "random_weights")}
+            b = {k: v for k, v in b.items() if k in ("name", "model_path", "random_weights")}
+        _diff(a, b, key, diffs)
+    old_att, new_att = current.get("attention") or {}, new["attention"]
+    if new_att.get("sage") is not None and old_att.get("sage") is not None:
+        keys = ("sage", "policy", "backend")
+        _diff({k: old_att.get(k) for k in keys}, {k: new_att.get(k) for k in keys}, "attention", diffs)
+    if diffs:
+        raise RunDirConflict(f"run directory {where} already holds a different run ({'; '.join(diffs[:4])}); "
+                             "use another --out, or delete that folder to start over")
+    merged = dict(new)
+    merged["created"] = current.get("created", new["created"])
+    merged["variants"] = list(dict.fromkeys([*current.get("variants", []), *new["variants"]]))
+    merged["setup"] = current.get("setup", {})
+    if new_att.get("sage") is None:
+        merged["attention"] = old_att or new_att
+    return merged
+
+
+# ----------------------------------------------------------------------------------------------- timing
+class _StepClock:
+    """Stands in for `pipe.progress_bar`: marks when the denoising loop starts and ends, counts steps."""
+
+    def __init__(self, sync: Callable[[], None], on_step: Callable[[int, int], None]):
+        self.sync, self.on_step = sync, on_step
+        self.start = self.end = None
+        self.total = self.done = 0
+
+    def __call__(self, iterable=None, total=None):
+        self.total = total if total is not None else (len(iterable) if iterable is not None else 0)
+        if iterable is not None:
+            return self._iterate(iterable)
+        return self
+
+    def _iterate(self, iterable):
+        with self:
+            for item in iterable:
+                yield item
+                self.update()
+
+    def __enter__(self):
+        self.sync()
+        self.start = time.perf_counter()
+        return self
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        self.on_step(self.done, self.total)
+
+    def __exit__(self, *exc) -> None:
+        self.sync()
+        self.end = time.perf_counter()
+
+
+def _syncer(device) -> Callable[[], None]:
+    import torch
+
+    if getattr(device, "type", None) == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def call_kwargs(preset: Preset, settings: dict, prompt: str) -> dict:
+    """The pipeline-call arguments for one sample (without generator/output_type)."""
+    kw: dict[str, Any] = {"prompt": prompt, "num_inference_steps": settings["steps"],
+                          "guidance_scale": settings["guidance"], "height": settings["height"],
+                          "width": settings["width"]}
+    if preset.is_video:
+        kw["num_frames"] = settings["frames"]
+    if settings.get("negative_prompt"):
+        kw["negative_prompt"] = settings["negative_prompt"]
+    if settings.get("max_sequence_length"):
+        kw["max_sequence_length"] = settings["max_sequence_length"]
+    kw.update(preset.call_kwargs)
+    return kw
+
+
+def _to_uint8(output, is_video: bool):
+    import numpy as np
+
+    arr = output.frames if is_video else output.images
+    arr = arr[0] if is_video else arr
+    arr = np.asarray(arr.float().cpu() if hasattr(arr, "cpu") else arr, dtype=np.float32)
+    if arr.ndim == 3:  # one image, or a video of one frame
+        arr = arr[None]
+    if arr.shape[-1] not in (1, 3) and arr.shape[1] in (1, 3):  # channels-first -> last
+        arr = np.moveaxis(arr, 1, -1)
+    finite = bool(np.isfinite(arr).all())
+    arr = np.nan_to_num(arr, nan=0.0, posinf=1.0, neginf=0.0)
+    out = np.clip(np.round(arr * 255.0), 0, 255).astype(np.uint8)
+    if out.shape[-1] == 1:
+        out = np.repeat(out, 3, axis=-1)
+    return out, finite
+
+
+def generate_one(loaded, preset: Preset, settings: dict, sample: Sample, device, *,
+                 on_step: Callable[[int, int], None] = lambda d, t: None, steps: int | None = None):
+    """Run the pipeline for one sample: (uint8 frames [F, H, W, 3], timings, all values finite?)."""
+    import torch
+
+    pipe, sync = loaded.pipe, _syncer(device)
+    s = dict(settings, steps=steps or settings["steps"])
+    kw = call_kwargs(preset, s, sample.prompt)
+    if loaded.call_overrides is not None:
+        kw.update(loaded.call_overrides(sample.prompt, sample.seed))
+        if "prompt_embeds" in kw:
+            kw.pop("prompt", None)
+            kw.pop("negative_prompt", None)
+    clock = _StepClock(sync, on_step)
+    object.__setattr__(pipe, "progress_bar", clock)  # the pipelines' `with self.progress_bar(total=...)`
+    try:
+        generator = torch.Generator("cpu").manual_seed(sample.seed)  # same noise on every device
+        sync()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            output = pipe(**kw, generator=generator, output_type="np")
+        sync()
+        t1 = time.perf_counter()
+    finally:
+        with contextlib.suppress(AttributeError):
+            object.__delattr__(pipe, "progress_bar")
+    start = clock.start if clock.start is not None else t0
+    end = clock.end if clock.end is not None else t1
+    frames, finite = _to_uint8(output, preset.is_video)
+    timings = {"total_s": round(t1 - t0, 6), "encode_s": round(start - t0, 6),
+               "denoise_s": round(end - start, 6), "decode_s": round(t1 - end, 6)}
+    if clock.done:
+        timings["step_s"] = round((end - start) / clock.done, 6)
+    return frames, timings, finite
+
+
+# ---------------------------------------------------------------------------------------------- the run
+def _patcher():
+    try:
+        from .patch import patch, unpatch
+    except ImportError as e:
+        raise RuntimeError(f"sagegen's pipeline patcher is not available in this checkout ({e}); "
+                           "use --attention sdpa or update sagegen") from e
+    return patch, unpatch
+
+
+@contextlib.contextmanager
+def attention(pipe, variant: str, job: Job, setup: dict):
+    """Patch the pipeline with sagegen's attention for the ``sage`` variant (and undo it after)."""
+    if variant != "sage":
+        setup["patch_s"] = 0.0
+        yield
+        return
+    patch, unpatch = _patcher()
+    t0 = time.perf_counter()
+    kwargs = {"backend": job.backend} if job.policy is None else {"policy": job.policy, "backend": job.backend}
+    try:
+        patch(pipe, job.sage_config, **kwargs)
+    except ValueError as e:  # e.g. a --fp-blocks entry that names no block of this model
+        raise BadPolicy(f"cannot patch {job.preset.name} with this precision policy: {e}") from e
+    setup["patch_s"] = round(time.perf_counter() - t0, 6)
+    try:
+        yield
+    finally:
+        unpatch(pipe)
+
+
+def _compile(pipe) -> None:
+    import torch
+
+    torch._dynamo.reset()  # forget graphs traced with the other attention
+    pipe.transformer.compile()
+
+
+def default_loader(job: Job, device):
+    from .models import loading
+
+    s = job.settings
+    return loading.load(job.preset, dtype=s["dtype"], device=device, model_path=job.model_path,
+                        random_weights=bool(s.get("random_weights")), offload=job.offload,
+                        vae_tiling=bool(s.get("vae_tiling")), vae_slicing=bool(s.get("vae_slicing")))
+
+
+def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.DistInfo | None = None,
+            loader: Callable | None = None) -> RunResult:
+    """Generate every unfinished sample of this process's share into the run directory."""
+    reporter = reporter or Reporter()
+    dist = dist or distributed.info()
+    device = distributed.device_for(job.device, dist)
+    rd = RunDir(job.resolve_out())
+    new = build_manifest(job, dist, device)
+    rd.update_manifest(lambda cur: merge_manifest(cur, new, rd.path))
+    mine = distributed.shard(job.samples, dist)
+    todo = {v: [s for s in mine if not rd.finished(v, s.id)] for v in job.variants}
+    result = RunResult(rd.path, {v: 0 for v in job.variants}, {v: len(mine) - len(todo[v]) for v in job.variants},
+                       {}, None)
+    if any(todo.values()):
+        loaded = (loader or default_loader)(job, device)
+        reporter.log(f"loaded {job.preset.name} from {loaded.source} in {loaded.load_s:.1f} s")
+        for note in loaded.info.get("notes", []):
+            reporter.log(note)
+        for i, variant in enumerate(job.variants):
+            reporter.variant_start(variant, len(todo[variant]), len(mine))
+            if not todo[variant]:
+                continue
+            setup = {"load_s": round(loaded.load_s, 6) if i == 0 else 0.0, "source": loaded.source}
+            with attention(loaded.pipe, variant, job, setup):
+                _run_variant(job, loaded, variant, todo[variant], device, rd, reporter, setup, result)
+            result.setup[variant] = setup
+            key = f"rank{dist.rank}"
+            rd.update_manifest(lambda cur: _with_setup(cur, variant, key, setup))
+    distributed.barrier(dist)
+    if dist.is_main:
+        result.manifest = rd.refresh_manifest()
+    return result
+
+
+def _with_setup(manifest: dict, variant: str, key: str, setup: dict) -> dict:
+    manifest.setdefault("setup", {}).setdefault(variant, {})[key] = setup
+    return manifest
+
+
+def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, result) -> None:
+    if job.compile:
+        t0 = time.perf_counter()
+        _compile(loaded.pipe)
+        setup["compile_s"] = round(time.perf_counter() - t0, 6)
+    t0 = time.perf_counter()
+    for _ in range(max(0, job.warmup)):  # untimed: JIT compilation, autotuning, allocator warm-up
+        generate_one(loaded, job.preset, job.settings, samples[0], device, steps=min(2, job.settings["steps"]))
+    setup["warmup_s"] = round(time.perf_counter() - t0, 6)
+    rank = distributed.info().rank
+    for sample in samples:
+        reporter.sample_start(variant, sample, job.settings["steps"])
+        frames, timings, finite = generate_one(loaded, job.preset, job.settings, sample, device,
+                                               on_step=reporter.step)
+        record = {**sample.to_dict(), "timings": timings, "rank": rank}
+        if not finite:
+            record["nonfinite"] = True  # NaN/inf in the decoded output (written as 0)
+        path = rd.write_sample(variant, record, frames, kind=job.preset.kind, fps=job.preset.fps)
+        rd.update_manifest(lambda cur: cur)
+        result.generated[variant] += 1
+        reporter.sample_done(variant, sample, rd.sample(variant, sample.id)["timings"], path)

@@ -1,0 +1,1 @@
+"""Model presets, loading, tiny pipelines and full-size architectures."""

@@ -1,0 +1,208 @@
+"""Model presets: hub ids and the generation defaults each model's authors recommend.
+
+Every full-size preset cites where its defaults come from. The built-in ``tiny-*`` presets are random-weight
+pipelines built in code (`sagegen.models.tiny`), for tests and demos on a CPU.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3")
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    family: str                      # one of FAMILIES
+    kind: str                        # "video" | "image"
+    pipeline: str                    # diffusers pipeline class
+    hub_id: str | None               # None for the built-in tiny models
+    height: int
+    width: int
+    steps: int
+    guidance: float
+    dtype: str                       # recommended torch dtype ("bfloat16" | "float16" | "float32")
+    frames: int | None = None        # video models only
+    fps: int | None = None           # video models only
+    frame_step: int = 1              # frames fit the VAE when they are k * frame_step + 1
+    size_multiple: int = 16          # height and width must be multiples of this (VAE scale x patch size)
+    max_sequence_length: int | None = None
+    variant: str | None = None       # weight file variant on the hub (e.g. "bf16")
+    gated: bool = False              # the hub repo needs a licence acceptance and a token
+    alt_hub_ids: tuple[str, ...] = ()  # other names the same weights are cached under (renamed orgs)
+    aliases: tuple[str, ...] = ()
+    source: str = ""                 # where the defaults come from
+    notes: str = ""
+    call_kwargs: dict[str, Any] = field(default_factory=dict)  # extra pipeline-call arguments
+
+    @property
+    def tiny(self) -> bool:
+        return self.hub_id is None
+
+    @property
+    def is_video(self) -> bool:
+        return self.kind == "video"
+
+    def hub_ids(self) -> tuple[str, ...]:
+        return ((self.hub_id,) if self.hub_id else ()) + self.alt_hub_ids
+
+    def defaults(self) -> dict[str, Any]:
+        return {"height": self.height, "width": self.width, "frames": self.frames, "steps": self.steps,
+                "guidance": self.guidance, "fps": self.fps, "dtype": self.dtype}
+
+
+_COGVIDEOX_SRC = ("CogVideoX model cards (huggingface.co/THUDM/CogVideoX-2b, -5b): 720x480, 49 frames (6 s at "
+                  "8 fps), 50 steps, guidance 6; FP16 recommended for 2B, BF16 for 5B; diffusers CogVideoXPipeline "
+                  "defaults steps=50, guidance_scale=6")
+
+PRESETS: dict[str, Preset] = {}
+
+
+def _add(p: Preset) -> None:
+    PRESETS[p.name] = p
+
+
+# --- CogVideoX ---------------------------------------------------------------------------------------------
+_add(Preset("cogvideox-2b", "cogvideox", "video", "CogVideoXPipeline", "THUDM/CogVideoX-2b",
+            height=480, width=720, frames=49, fps=8, steps=50, guidance=6.0, dtype="float16", frame_step=4,
+            alt_hub_ids=("zai-org/CogVideoX-2b",), aliases=("cogvideox", "cogvideo", "cogvideox2b"),
+            source=_COGVIDEOX_SRC))
+_add(Preset("cogvideox-5b", "cogvideox", "video", "CogVideoXPipeline", "THUDM/CogVideoX-5b",
+            height=480, width=720, frames=49, fps=8, steps=50, guidance=6.0, dtype="bfloat16", frame_step=4,
+            alt_hub_ids=("zai-org/CogVideoX-5b",), aliases=("cogvideox5b",), source=_COGVIDEOX_SRC))
+# The CogVideoX1.5 pipeline's own default size is transformer.config.sample_height/width x 8 (the 1.5
+# transformer config stores 300, i.e. 2400x2400), which is unusable: always pass the recommended 1360x768.
+_add(Preset("cogvideox1.5-5b", "cogvideox", "video", "CogVideoXPipeline", "THUDM/CogVideoX1.5-5B",
+            height=768, width=1360, frames=81, fps=16, steps=50, guidance=6.0, dtype="bfloat16", frame_step=16,
+            alt_hub_ids=("zai-org/CogVideoX1.5-5B",),
+            aliases=("cogvideox1.5", "cogvideox-1.5", "cogvideox-1.5-5b", "cogvideox15"),
+            source="CogVideoX1.5-5B model card (huggingface.co/zai-org/CogVideoX1.5-5B): 1360x768, frames 16N+1 "
+                   "(default 81), 16 fps, BF16; CogVideo repo README (5-10 s at 16 fps); 50 steps, guidance 6",
+            notes="the pipeline's own default resolution (from the transformer config) is not usable; the "
+                  "preset always passes 1360x768"))
+
+# --- HunyuanVideo ------------------------------------------------------------------------------------------
+_add(Preset("hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline", "hunyuanvideo-community/HunyuanVideo",
+            height=720, width=1280, frames=129, fps=24, steps=50, guidance=6.0, dtype="bfloat16", frame_step=4,
+            aliases=("hunyuan", "hunyuan-video", "hyvideo"),
+            source="tencent/HunyuanVideo README (720p 1280x720, 129 frames, 50 steps, embedded guidance 6.0, "
+                   "flow shift 7.0) and diffusers HunyuanVideoPipeline defaults (720x1280, 129 frames, 50 steps, "
+                   "guidance_scale=6.0); 24 fps as in the model card's export_to_video example",
+            notes="13B transformer + 8B Llama text encoder: needs ~60 GB at 720p, or --offload model "
+                  "--vae-tiling on smaller GPUs"))
+
+# --- Mochi -------------------------------------------------------------------------------------------------
+_add(Preset("mochi-1", "mochi", "video", "MochiPipeline", "genmo/mochi-1-preview",
+            height=480, width=848, frames=84, fps=30, steps=64, guidance=4.5, dtype="bfloat16", frame_step=6,
+            variant="bf16", aliases=("mochi", "mochi-1-preview", "mochi1"),
+            source="genmo/mochi-1-preview model card and diffusers Mochi docs (variant='bf16', num_frames=84, "
+                   "export at fps=30); diffusers MochiPipeline defaults 848x480, 64 steps, guidance_scale=4.5",
+            notes="84 frames decode to 79 (the VAE keeps 6k+1 frames)"))
+
+# --- FLUX.1 ------------------------------------------------------------------------------------------------
+_add(Preset("flux.1-schnell", "flux", "image", "FluxPipeline", "black-forest-labs/FLUX.1-schnell",
+            height=1024, width=1024, steps=4, guidance=0.0, dtype="bfloat16", max_sequence_length=256,
+            aliases=("flux", "flux-schnell", "flux1-schnell", "flux.1"),
+            source="diffusers Flux docs (timestep-distilled FLUX.1-schnell: guidance_scale=0, max_sequence_length "
+                   "<= 256, few steps: 4) and the FLUX.1-schnell model card (1024x1024, 4 steps)"))
+_add(Preset("flux.1-dev", "flux", "image", "FluxPipeline", "black-forest-labs/FLUX.1-dev",
+            height=1024, width=1024, steps=50, guidance=3.5, dtype="bfloat16", max_sequence_length=512,
+            gated=True, aliases=("flux-dev", "flux1-dev"),
+            source="FLUX.1-dev model card and diffusers Flux docs (guidance-distilled: 1024x1024, "
+                   "guidance_scale=3.5, 50 steps, max_sequence_length=512)"))
+
+# --- Stable Diffusion 3.5 ----------------------------------------------------------------------------------
+_add(Preset("sd3.5-large", "sd3", "image", "StableDiffusion3Pipeline", "stabilityai/stable-diffusion-3.5-large",
+            height=1024, width=1024, steps=28, guidance=3.5, dtype="bfloat16", gated=True,
+            aliases=("sd3.5", "sd35-large", "sd3", "stable-diffusion-3.5-large"),
+            source="stabilityai/stable-diffusion-3.5-large model card diffusers example (28 steps, "
+                   "guidance_scale=3.5, bfloat16, 1024x1024)"))
+_add(Preset("sd3.5-large-turbo", "sd3", "image", "StableDiffusion3Pipeline",
+            "stabilityai/stable-diffusion-3.5-large-turbo",
+            height=1024, width=1024, steps=4, guidance=0.0, dtype="bfloat16", gated=True,
+            aliases=("sd3.5-turbo", "sd35-large-turbo", "stable-diffusion-3.5-large-turbo"),
+            source="stable-diffusion-3.5-large-turbo model card and Stability's official Space (4 steps, "
+                   "guidance_scale=0.0, 1024x1024)"))
+_add(Preset("sd3.5-medium", "sd3", "image", "StableDiffusion3Pipeline", "stabilityai/stable-diffusion-3.5-medium",
+            height=1024, width=1024, steps=40, guidance=4.5, dtype="bfloat16", gated=True,
+            aliases=("sd35-medium", "stable-diffusion-3.5-medium"),
+            source="stabilityai/stable-diffusion-3.5-medium model card diffusers example (40 steps, "
+                   "guidance_scale=4.5, bfloat16)"))
+
+# --- built-in tiny random-weight pipelines (sagegen.models.tiny) -------------------------------------------
+# Sizes are small enough for a CPU in seconds; frame/size constraints follow the tiny VAEs.
+_TINY_SRC = "built-in tiny pipeline with random weights (sagegen.models.tiny), for tests and demos"
+_add(Preset("tiny-cogvideox", "cogvideox", "video", "CogVideoXPipeline", None,
+            height=32, width=32, frames=9, fps=8, steps=4, guidance=6.0, dtype="bfloat16", frame_step=4,
+            aliases=("tiny", "tiny-cogvideo"), source=_TINY_SRC))
+_add(Preset("tiny-hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline", None,
+            height=32, width=32, frames=9, fps=24, steps=4, guidance=6.0, dtype="bfloat16", frame_step=4,
+            aliases=("tiny-hunyuan",), source=_TINY_SRC))
+_add(Preset("tiny-mochi", "mochi", "video", "MochiPipeline", None,
+            height=32, width=32, frames=13, fps=30, steps=4, guidance=4.5, dtype="bfloat16", frame_step=6,
+            source=_TINY_SRC))
+_add(Preset("tiny-flux", "flux", "image", "FluxPipeline", None,
+            height=64, width=64, steps=4, guidance=3.5, dtype="bfloat16", source=_TINY_SRC))
+_add(Preset("tiny-sd3", "sd3", "image", "StableDiffusion3Pipeline", None,
+            height=64, width=64, steps=4, guidance=4.5, dtype="bfloat16", aliases=("tiny-sd3.5",),
+            source=_TINY_SRC))
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+_LOOKUP: dict[str, str] = {}
+for _p in PRESETS.values():
+    for _n in (_p.name, *_p.aliases, *_p.hub_ids()):
+        _LOOKUP.setdefault(_key(_n), _p.name)
+
+
+class UnknownModel(ValueError):
+    """A model name that is no preset, alias or known hub id."""
+
+
+def resolve(name: str) -> Preset:
+    """The preset for a name, alias (``cogvideox``) or hub id (``THUDM/CogVideoX-2b``), case-insensitive."""
+    key = _key(name)
+    if key in _LOOKUP:
+        return PRESETS[_LOOKUP[key]]
+    close = difflib.get_close_matches(key, list(_LOOKUP), n=3, cutoff=0.6)
+    similar = dict.fromkeys(PRESETS[_LOOKUP[c]].name for c in close)
+    hint = f"did you mean {' or '.join(map(repr, similar))}? " if similar else ""
+    raise UnknownModel(f"unknown model {name!r}; {hint}choose one of: {', '.join(PRESETS)} "
+                       "(see `sagegen models`)")
+
+
+def names() -> list[str]:
+    return list(PRESETS)
+
+
+def tiny_presets() -> list[Preset]:
+    return [p for p in PRESETS.values() if p.tiny]
+
+
+def check_shape(preset: Preset, *, height: int, width: int, frames: int | None) -> tuple[list[str], list[str]]:
+    """(errors, warnings) about a requested size for this model, each naming the option and a fix.
+
+    Height and width that the VAE and patch size cannot take are errors; a frame count that is not
+    ``k * frame_step + 1`` is only a warning (the pipelines round it, so fewer frames come out).
+    """
+    errors, warnings = [], []
+    m = preset.size_multiple
+    for opt, v in (("--height", height), ("--width", width)):
+        if v <= 0 or v % m:
+            lo, hi = max(m, v // m * m), max(m, (v // m + 1) * m)
+            errors.append(f"{opt} {v} must be a positive multiple of {m} for {preset.name} (try {lo} or {hi})")
+    if preset.is_video and frames is not None:
+        s = preset.frame_step
+        if frames < 1:
+            errors.append(f"--frames {frames} must be at least 1")
+        elif (frames - 1) % s and frames != preset.frames:  # the authors' own default is left alone
+            lo = (frames - 1) // s * s + 1
+            warnings.append(f"--frames {frames} is not {s}k+1 for {preset.name}'s VAE; about {lo} frames will "
+                            f"come out (use {lo} or {lo + s} to choose exactly)")
+    return errors, warnings

@@ -1,0 +1,239 @@
+"""Attention-processor wrappers that route a processor's attention call to `sagegen.sageattn`.
+
+How the routing works: each wrapped processor runs the *original* diffusers processor unchanged, inside a
+`torch.overrides.TorchFunctionMode` that intercepts exactly one function, `F.scaled_dot_product_attention`,
+and answers it with `sagegen.sageattn`. Every other torch call passes straight through. That one mechanism
+covers both kinds of processor diffusers has:
+
+* processors that call ``F.scaled_dot_product_attention`` themselves (CogVideoX, Mochi, SD3/SD3.5 joint and
+  dual attention, HunyuanVideo's token refiner, and HunyuanVideo/Flux before diffusers 0.35), and
+* processors that call ``diffusers.models.attention_dispatch.dispatch_attention_fn`` (HunyuanVideo and Flux
+  from diffusers 0.35 on), whose default ``native`` backend ends in ``F.scaled_dot_product_attention``.
+
+Nothing module-global is replaced: torch-function modes are thread-local and live only for the duration of
+one processor call, so text encoders, the VAE, other threads and other models never see the interception.
+If a user picked a non-native diffusers attention backend (flash-attn, xformers, ...), the dispatcher does
+not call SDPA; the wrapper notices that no call was routed and warns once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import threading
+import warnings
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .. import api as _api
+from ..config import SUPPORTED_HEAD_DIMS, SageConfig
+
+_SDPA = F.scaled_dot_product_attention
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+class PatchSession:
+    """What one `sagegen.patch` installed on one transformer: settings, policy state and counters."""
+
+    def __init__(self, *, family: str, config: SageConfig, backend: str, fp32_dtype: torch.dtype):
+        self.family = family
+        self.config = config
+        self.backend = backend
+        self.fp32_dtype = fp32_dtype
+        self.full_precision_names: frozenset[str] = frozenset()
+        self.step_full_precision = False  # set per transformer forward by the step tracker
+        self.stats: Counter = Counter()
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[key] += n
+
+    def warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    # -- the routing decision for one intercepted SDPA call ------------------------------------------------
+    def route(self, args: tuple, kwargs: dict[str, Any]) -> torch.Tensor:
+        bound = _bind_sdpa(args, kwargs)
+        reason = _unsupported(bound)
+        if reason is not None:
+            self.count("fallback")
+            self.count(f"fallback:{reason}")
+            return _SDPA(*args, **kwargs)
+        q, k, v = bound["query"], bound["key"], bound["value"]
+        in_dtype = q.dtype
+        if in_dtype not in _HALF:  # fp32 model: quantized attention on a bf16 (or fp16) copy, result cast back
+            q, k, v = (t.to(self.fp32_dtype) for t in (q, k, v))
+        mask = bound["attn_mask"]
+        out = _api.sageattn(q, k, v, tensor_layout="HND", is_causal=bool(bound["is_causal"]),
+                            sm_scale=bound["scale"], attn_mask=mask, config=self.config, backend=self.backend)
+        self.count("routed")
+        return out if out.dtype == in_dtype else out.to(in_dtype)
+
+
+def _bind_sdpa(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    bound = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
+    bound.update(zip(_SDPA_ARGS, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _unsupported(b: dict[str, Any]) -> str | None:
+    """Why this SDPA call cannot go to sageattn (it then runs on SDPA unchanged), or None."""
+    q, k, v, mask = b.get("query"), b.get("key"), b.get("value"), b["attn_mask"]
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return "args"
+    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
+        return "shape"
+    if q.dtype not in _HALF + (torch.float32,) or not (q.dtype == k.dtype == v.dtype):
+        return "dtype"
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS or q.shape[-1] != k.shape[-1]:
+        return "head_dim"
+    if q.shape[0] != k.shape[0] or q.shape[1] % k.shape[1]:
+        return "shape"
+    if q.shape[1] != k.shape[1] and not b["enable_gqa"]:
+        return "shape"  # SDPA itself rejects this; let it raise its own error
+    if b["dropout_p"] not in (0, 0.0):
+        return "dropout"
+    if mask is not None and (b["is_causal"] or not isinstance(mask, torch.Tensor)):
+        return "mask"
+    if b["scale"] is not None and not (isinstance(b["scale"], (int, float)) and math.isfinite(b["scale"])
+                                       and b["scale"] > 0):
+        return "scale"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return "grad"  # sageattn is inference-only
+    if q.numel() == 0 or k.numel() == 0:
+        return "empty"
+    return None
+
+
+class _SdpaRouter(TorchFunctionMode):
+    """Answers `F.scaled_dot_product_attention` with sageattn; every other torch call passes through."""
+
+    def __init__(self, session: PatchSession):
+        super().__init__()
+        self.session = session
+        self.seen = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _SDPA:
+            self.seen += 1
+            return self.session.route(args, kwargs)
+        return func(*args, **kwargs)
+
+
+class SageProcessorBase:
+    """Wraps one attention module's original processor. Created by `sagegen.patch`; see the module doc."""
+
+    def __init__(self, original, name: str, session: PatchSession):
+        object.__setattr__(self, "_sage_original", original)
+        object.__setattr__(self, "_sage_name", name)
+        object.__setattr__(self, "_sage_session", session)
+
+    @property
+    def original(self):
+        return self._sage_original
+
+    def _sage_call(self, attn, args, kwargs):
+        session = self._sage_session
+        if session.step_full_precision or self._sage_name in session.full_precision_names:
+            session.count("full_precision_calls")
+            return self._sage_original(attn, *args, **kwargs)
+        router = _SdpaRouter(session)
+        with router:
+            out = self._sage_original(attn, *args, **kwargs)
+        session.count("processor_calls")
+        if router.seen == 0:
+            session.count("unrouted_processor_calls")
+            session.warn_once(
+                f"sagegen: the attention processor of {self._sage_name!r} "
+                f"({type(self._sage_original).__name__}) made no torch SDPA call, so its attention did not run "
+                "on sagegen. Is a non-native diffusers attention backend selected (set_attention_backend or "
+                "DIFFUSERS_ATTN_BACKEND)? Reset it to 'native' to route attention through sagegen.")
+        return out
+
+    # Reads fall through to the original processor (diffusers inspects e.g. `_attention_backend`), and writes
+    # to attributes the original has go to it, so diffusers' own setters keep working while patched.
+    def __getattr__(self, item):
+        if item.startswith("_sage_"):
+            raise AttributeError(item)
+        return getattr(self._sage_original, item)
+
+    def __setattr__(self, key, value):
+        if not key.startswith("_sage_") and hasattr(self._sage_original, key):
+            setattr(self._sage_original, key, value)
+        else:
+            object.__setattr__(self, key, value)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(wraps={type(self._sage_original).__name__}, module={self._sage_name!r}, "
+                f"config={self._sage_session.config})")
+
+
+class SageModuleProcessorBase(SageProcessorBase, torch.nn.Module):
+    """The wrapper for processors that are `nn.Module`s (IP-Adapter): the original stays a registered submodule
+    (as ``processor.wrapped``), so `.to()` and state dicts still see its weights while patched."""
+
+    def __init__(self, original, name: str, session: PatchSession):
+        torch.nn.Module.__init__(self)
+        SageProcessorBase.__init__(self, original, name, session)
+        torch.nn.Module.__setattr__(self, "wrapped", original)
+
+    def __getattr__(self, item):
+        try:
+            return torch.nn.Module.__getattr__(self, item)
+        except AttributeError:
+            return SageProcessorBase.__getattr__(self, item)
+
+    def __setattr__(self, key, value):
+        if key.startswith("_sage_") or key in ("training",):
+            object.__setattr__(self, key, value)
+        else:
+            SageProcessorBase.__setattr__(self, key, value)
+
+    __repr__ = SageProcessorBase.__repr__
+
+
+_CLASS_CACHE: dict[type, type] = {}
+
+
+def wrapper_class(original_cls: type) -> type:
+    """A wrapper class whose ``__call__`` has the original processor's signature.
+
+    diffusers' attention modules filter the keyword arguments they pass on by
+    ``inspect.signature(processor.__call__)`` (dropping e.g. ``image_rotary_emb`` if it is not there), so the
+    wrapper must present the same parameters.
+    """
+    cls = _CLASS_CACHE.get(original_cls)
+    if cls is not None:
+        return cls
+    base = SageModuleProcessorBase if issubclass(original_cls, torch.nn.Module) else SageProcessorBase
+
+    def __call__(self, attn, *args, **kwargs):
+        return self._sage_call(attn, args, kwargs)
+
+    try:
+        __call__.__signature__ = inspect.signature(original_cls.__call__)
+    except (TypeError, ValueError):
+        pass
+    cls = type(f"Sage{original_cls.__name__}", (base,), {"__call__": __call__, "__module__": __name__,
+                                                         "__qualname__": f"Sage{original_cls.__name__}"})
+    _CLASS_CACHE[original_cls] = cls
+    return cls
+
+
+def wrap(original, name: str, session: PatchSession):
+    return wrapper_class(type(original))(original, name, session)
+
+
+def is_wrapper(processor) -> bool:
+    return isinstance(processor, SageProcessorBase)

@@ -1,0 +1,157 @@
+"""`sagegen.sageattn`'s contract: validation errors, backend choice, fallbacks, custom op, torch.compile."""
+
+import warnings
+
+import pytest
+import torch
+
+import sagegen
+from helpers import qkv, rel_l1
+from sagegen import SageConfig
+from sagegen.kernels import backends
+
+
+def _qkv(**kw):
+    return qkv(1, 2, 2, 16, 16, 64, **kw)
+
+
+@pytest.mark.parametrize("change, exc, words", [
+    (lambda q, k, v: (q[0], k, v), ValueError, ["q must be 4-D", "[B, H, N, D]"]),
+    (lambda q, k, v: (q.float(), k.float(), v.float()), TypeError, ["q.dtype", "float16", "bfloat16"]),
+    (lambda q, k, v: (q, k.bfloat16(), v), TypeError, ["share a dtype"]),
+    (lambda q, k, v: (q, k, v[:, :, :8]), ValueError, ["k and v must have the same shape"]),
+    (lambda q, k, v: (q, k[:1].expand(1, 2, 16, 64)[:, :, :, :32], v[..., :32]), ValueError, ["head dims differ"]),
+    (lambda q, k, v: (torch.zeros(2, 2, 16, 64).half(), k, v), ValueError, ["batch sizes differ"]),
+    (lambda q, k, v: (torch.zeros(1, 3, 16, 64).half(), k, v), ValueError, ["multiple of k's"]),
+    (lambda q, k, v: (q[..., :48], k[..., :48], v[..., :48]), ValueError, ["head dim 48", "(32, 64, 96, 128)"]),
+    (lambda q, k, v: (q[:, :, :0], k, v), ValueError, ["q is empty"]),
+    (lambda q, k, v: (q.numpy(), k, v), TypeError, ["q must be a torch.Tensor"]),
+])
+def test_bad_tensors(change, exc, words):
+    q, k, v = change(*_qkv())
+    with pytest.raises(exc) as err:
+        sagegen.sageattn(q, k, v)
+    for w in words:
+        assert w in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs, exc, words", [
+    (dict(tensor_layout="BHND"), ValueError, ["tensor_layout='BHND'", "HND", "NHD"]),
+    (dict(backend="cuda"), ValueError, ["backend='cuda'", "triton", "reference"]),
+    (dict(sm_scale=-1.0), ValueError, ["sm_scale"]),
+    (dict(sm_scale=float("nan")), ValueError, ["sm_scale"]),
+    (dict(is_causal=1), TypeError, ["is_causal"]),
+    (dict(return_lse="yes"), TypeError, ["return_lse"]),
+    (dict(config={"smooth_v": True}), TypeError, ["config must be a sagegen.SageConfig"]),
+    (dict(attn_mask=torch.ones(3, 16, 16, dtype=torch.bool)), ValueError, ["attn_mask of shape (3, 16, 16)"]),
+    (dict(attn_mask=torch.ones(16, 16, dtype=torch.int32)), TypeError, ["attn_mask.dtype"]),
+    (dict(attn_mask=[[True]]), TypeError, ["attn_mask must be a torch.Tensor"]),
+])
+def test_bad_arguments(kwargs, exc, words):
+    with pytest.raises(exc) as err:
+        sagegen.sageattn(*_qkv(), **kwargs)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_layout_mismatch_is_explained():
+    q = torch.zeros(1, 5, 3, 64).half()
+    k = v = torch.zeros(1, 5, 2, 64).half()
+    with pytest.raises(ValueError, match="is the layout right"):
+        sagegen.sageattn(q, k, v, tensor_layout="NHD")
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="pv_precision='fp4'"):
+        SageConfig(pv_precision="fp4")
+    with pytest.raises(ValueError, match="block_k=48"):
+        SageConfig(block_k=48)
+    with pytest.raises(ValueError, match="smooth_v must be a bool"):
+        SageConfig(smooth_v=1)
+    assert SageConfig().blocks(64) == (128, 128) and SageConfig(block_k=32).blocks(128) == (128, 32)
+    assert sagegen.DIFFUSION_CONFIG.smooth_v and not SageConfig().smooth_v
+
+
+def test_inference_only():
+    q, k, v = _qkv()
+    q.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        sagegen.sageattn(q, k, v)
+    with torch.no_grad():
+        assert sagegen.sageattn(q, k, v).shape == q.shape
+
+
+def test_triton_backend_on_cpu_needs_interpreter(monkeypatch):
+    monkeypatch.setattr(sagegen.api, "triton_interpret", lambda: False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        sagegen.sageattn(*_qkv(), backend="triton")
+
+
+def test_auto_on_cpu_is_the_emulation(seed):
+    q, k, v = _qkv()
+    auto = sagegen.sageattn(q, k, v)
+    ref = sagegen.sageattn(q, k, v, backend="reference")
+    assert torch.equal(auto, ref)
+
+
+def test_unsupported_gpu_follows_fallback_policy(monkeypatch, seed):
+    """Pretend a CUDA device that the kernels cannot use: sdpa (warn once), reference, or error."""
+    warned = []
+    monkeypatch.setattr(backends, "describe_cuda", lambda device: (False, "compute capability 7.0 < 8.0"))
+
+    class FakeCuda:
+        device = torch.device("cuda")
+
+    choice, _ = backends.choose(FakeCuda, "auto", SageConfig(), interpret=False, warn=warned.append)
+    assert choice == "sdpa" and "7.0 < 8.0" in warned[0]
+    choice, _ = backends.choose(FakeCuda, "triton", SageConfig(fallback="reference"), interpret=False,
+                                warn=warned.append)
+    assert choice == "reference"
+    with pytest.raises(RuntimeError, match="fallback='error'"):
+        backends.choose(FakeCuda, "auto", SageConfig(fallback="error"), interpret=False, warn=warned.append)
+
+
+def test_sdpa_fallback_matches_math(seed):
+    q, k, v = qkv(1, 4, 2, 33, 40, 64)
+    mask = torch.rand(1, 1, 33, 40) > 0.3
+    mask[..., 0, 0] = False  # row 0 sees only key 0 (causal): fully masked
+    out = torch.empty_like(q)
+    lse = backends.sdpa_attention(q, k.repeat_interleave(1, 1), v, out, sm_scale=0.125, is_causal=True,
+                                  attn_mask=mask, return_lse=True)
+    from sagegen.kernels.reference import attention_fp64
+    from sagegen.api import normalize_mask
+
+    ref, ref_lse = attention_fp64(q, k, v, sm_scale=0.125, is_causal=True, mask=normalize_mask(mask, 1))
+    assert rel_l1(out, ref) < 2e-3
+    fin = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), fin) and (lse[fin] - ref_lse[fin]).abs().max() < 1e-3
+    assert torch.all(out[~fin] == 0)  # fully masked rows: zeros, as the kernels give
+
+
+def test_warn_once():
+    sagegen.api._warned.discard("sagegen: test message")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sagegen.api.warn_once("sagegen: test message")
+        sagegen.api.warn_once("sagegen: test message")
+    assert len(caught) == 1
+
+
+def test_custom_op_and_compile_fullgraph(seed):
+    """The op has a fake implementation, so torch.compile traces through it without a graph break."""
+    assert hasattr(torch.ops.sagegen, "sageattn")
+    q, k, v = qkv(1, 2, 2, 20, 24, 64, layout="NHD")
+
+    def f(q, k, v):
+        out, lse = sagegen.sageattn(q, k, v, tensor_layout="NHD", return_lse=True)
+        return out * 2, lse
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out, lse = compiled(q, k, v)
+    eager_out, eager_lse = f(q, k, v)
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    assert lse.shape == (1, 2, 20)
+    torch.library.opcheck(torch.ops.sagegen.sageattn.default,
+                          (q, k, v, None, False, 0.125, "NHD", True, "reference",
+                           *sagegen.api._config_args(SageConfig())),
+                          test_utils=("test_schema", "test_faketensor"))
