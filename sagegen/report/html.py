@@ -74,7 +74,8 @@ def psnr_svg(series: dict[str, list[float]], sid: str, width: int = 520, height:
         v = lo + (hi - lo) * frac
         y = mt + ph * (1 - frac)
         parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e3e3"/>')
-        parts.append(f'<text x="{ml - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{v:.1f}</text>')
+        dd = 1 if hi - lo > 3 else 2 if hi - lo > 0.3 else 3
+        parts.append(f'<text x="{ml - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{v:.{dd}f}</text>')
     parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 6}" font-size="10" text-anchor="middle" fill="#666">'
                  f'frame (1–{n}) · PSNR dB vs baseline</text>')
     for k, (name, s) in enumerate(series.items()):
@@ -90,12 +91,18 @@ def psnr_svg(series: dict[str, list[float]], sid: str, width: int = 520, height:
     return "".join(parts)
 
 
+def _css_size(row: dict, min_w: int = 256) -> str:
+    w, h = row["w"], row["h"]
+    k = max(1, -(-min_w // w)) if w < min_w else 1
+    return f'style="width:{w * k}px;height:{h * k}px"'
+
+
 def player_html(row: dict) -> str:
     """Canvases for each view (baseline, candidates, diffs) driven by one shared clock."""
     sid = e(row["id"])
     views = "".join(
         f'<div class="view"><div class="lbl">{e(v["label"])}</div>'
-        f'<canvas class="sg-view" width="{row["w"]}" height="{row["h"]}" data-view="{e(v["label"])}"></canvas></div>'
+        f'<canvas class="sg-view" width="{row["w"]}" height="{row["h"]}" {_css_size(row)} data-view="{e(v["label"])}"></canvas></div>'
         for v in row["views"]
     )
     note = f' <span class="muted">(every {row["step"]}th frame)</span>' if row.get("step", 1) > 1 else ""
@@ -110,7 +117,7 @@ def player_html(row: dict) -> str:
 def still_html(row: dict) -> str:
     views = "".join(
         f'<div class="view"><div class="lbl">{e(v["label"])}</div>'
-        f'<img src="{v["frames"][0]}" width="{row["w"]}" height="{row["h"]}" alt="{e(v["label"])}"></div>'
+        f'<img src="{v["frames"][0]}" width="{row["w"]}" height="{row["h"]}" {_css_size(row)} alt="{e(v["label"])}"></div>'
         for v in row["views"]
     )
     return f'<div class="views">{views}</div>'

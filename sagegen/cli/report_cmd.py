@@ -1,0 +1,59 @@
+"""``sagegen report [RUN_DIR]``: report.html, side-by-side MP4s and a contact sheet for a run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def report_command(
+    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under $SAGEGEN_RUNS or runs/).")] = None,
+    max_side: Annotated[int, typer.Option(min=32, max=4096, help="Longest side (px) of the frames embedded in report.html.")] = 384,
+    max_frames: Annotated[int, typer.Option(min=2, help="Frames per player in report.html; longer clips show every k-th frame.")] = 64,
+    gain: Annotated[float, typer.Option(min=1.0, max=255.0, help="Amplification of the |sagegen − baseline| difference view.")] = 8.0,
+    mp4: Annotated[bool, typer.Option("--mp4/--no-mp4", help="Write side-by-side MP4s (PNGs for image models).")] = True,
+    contact_sheet: Annotated[bool, typer.Option("--contact-sheet/--no-contact-sheet", help="Write report/contact_sheet.png.")] = True,
+    screenshot: Annotated[Optional[Path], typer.Option(help="Also load the report in headless Chromium, check it, and save a PNG screenshot here.")] = None,
+) -> None:
+    """Write RUN_DIR/report/: a self-contained report.html (synchronised players, amplified difference, metrics
+    with deltas, per-frame PSNR, timings and speedup, settings), side-by-side MP4s and contact_sheet.png."""
+    from rich.console import Console
+
+    from sagegen.eval.rundata import RunDirError, resolve_run_dir
+    from sagegen.report.builder import ReportOptions, build_report
+
+    console = Console()
+    try:
+        path = resolve_run_dir(run_dir)
+    except RunDirError as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    console.print(f"Reporting [bold]{path}[/]", highlight=False)
+    opts = ReportOptions(max_side=max_side, max_frames=max_frames, gain=gain, mp4=mp4, contact=contact_sheet)
+    try:
+        written = build_report(path, opts, log=lambda s: console.print(s, style="dim", highlight=False))
+    except (RunDirError, ValueError) as e:
+        console.print(f"[red]error:[/] {e}")
+        raise typer.Exit(2) from e
+    if not (path / "metrics.json").is_file():
+        console.print("note: no metrics.json yet; run `sagegen eval` first for CLIP/FID/LPIPS numbers "
+                      "(the report computes PSNR itself)", style="yellow", highlight=False)
+    if screenshot is not None:
+        from sagegen.report.check import check_report
+
+        res = check_report(written["html"], screenshot)
+        for p in res["problems"]:
+            console.print(f"[yellow]browser:[/] {p}", highlight=False)
+        console.print(f"Screenshot {screenshot} ({res['players']} player(s), console clean: {not res['problems']})",
+                      highlight=False)
+    for key, p in written.items():
+        if key != "html":
+            console.print(f"  {p}", style="dim", highlight=False)
+    console.print(f"Report: {written['html']}", highlight=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``report`` to the sagegen CLI."""
+    app.command("report")(report_command)
