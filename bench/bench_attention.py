@@ -1,0 +1,190 @@
+"""Attention benchmark on the GPU: TFLOP/s and accuracy of sagegen against SDPA's backends and the
+`sageattention` 1.0.6 package, at the shapes of ../shared/anchors/attention-h200.md.
+
+Every number is the full call a user makes (quantization and smoothing included), bf16 inputs (fp16 for
+sageattention 1.0.6, which needs fp16), median of `triton.testing.do_bench`. TFLOP/s = 4·B·H·N²·D / time.
+
+    python bench/bench_attention.py --out bench/results/attention-<gpu>-<date>.json [--plot PNG] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import sagegen  # noqa: E402
+from sagegen.kernels import triton_attn, triton_quant  # noqa: E402
+from sagegen.kernels.reference import attention_fp64  # noqa: E402
+
+SHAPES = [  # B, H, N, D
+    (4, 32, 1024, 128), (4, 32, 4096, 128), (4, 32, 8192, 128), (4, 32, 16384, 128),
+    (1, 24, 32768, 128), (1, 24, 75600, 128),
+    (4, 32, 1024, 64), (4, 32, 4096, 64), (4, 32, 8192, 64), (4, 32, 16384, 64),
+    (2, 30, 17776, 64), (2, 48, 17776, 64),
+    (1, 24, 4608, 128), (2, 38, 4429, 64),  # Flux 1024², SD3.5-large 1024² (CFG batch)
+]
+QUICK = [(4, 32, 4096, 128), (4, 32, 16384, 128), (4, 32, 16384, 64), (2, 48, 17776, 64)]
+
+
+def sdpa(backend):
+    def run(q, k, v):
+        if backend is None:
+            return F.scaled_dot_product_attention(q, k, v)
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v)
+    return run
+
+
+def sageattention_106():
+    try:
+        from sageattention import sageattn as upstream
+    except Exception as exc:  # not installed on this machine
+        return None, f"{type(exc).__name__}: {exc}"
+    return (lambda q, k, v: upstream(q.half(), k.half(), v.half(), tensor_layout="HND")), None
+
+
+def implementations():
+    impls = {
+        "sagegen": lambda q, k, v: sagegen.sageattn(q, k, v, backend="triton"),
+        "sdpa_default": sdpa(None),
+        "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
+    }
+    upstream, why = sageattention_106()
+    if upstream is not None:
+        impls["sageattention_1.0.6"] = upstream
+    return impls, why
+
+
+def time_ms(fn, *args):
+    import triton.testing
+
+    return triton.testing.do_bench(lambda: fn(*args), warmup=100, rep=400, return_mode="median")
+
+
+def quant_only(q, k, v):
+    cfg = sagegen.SageConfig()
+    bq, bk = cfg.blocks(q.shape[-1])
+    return triton_quant.quantize(q, k, v, cfg, bq, bk, max(16, q.shape[-1]))
+
+
+def speed(shapes, impls):
+    rows = []
+    for b, h, n, d in shapes:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        flops = 4 * b * h * n * n * d
+        row = {"shape": [b, h, n, d], "tflops": {}, "ms": {}}
+        for name, fn in impls.items():
+            try:
+                ms = time_ms(fn, q, k, v)
+            except Exception as exc:  # a backend that does not support the shape
+                row["tflops"][name] = None
+                row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            row["ms"][name] = ms
+            row["tflops"][name] = flops / ms / 1e9
+        row["quant_ms"] = time_ms(quant_only, q, k, v)
+        row["quant_share"] = row["quant_ms"] / row["ms"]["sagegen"] if row["ms"].get("sagegen") else None
+        base = row["tflops"].get("sdpa_default")
+        row["speedup_vs_sdpa_default"] = {k_: (t / base if t and base else None) for k_, t in row["tflops"].items()}
+        rows.append(row)
+        print(_fmt_row(row), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _fmt_row(row):
+    b, h, n, d = row["shape"]
+    cells = " ".join(f"{k}={v:.0f}" if v else f"{k}=--" for k, v in row["tflops"].items())
+    s = row["speedup_vs_sdpa_default"].get("sagegen")
+    return f"{b},{h},{n},{d}: {cells} | sagegen/sdpa={s:.2f}x quant={100 * (row['quant_share'] or 0):.1f}%"
+
+
+def accuracy(impls):
+    """cos / rel-L1 against float64 at the anchors' accuracy shapes (N(0,1) and sharper attention)."""
+    out = []
+    for d in (64, 128):
+        for sharp in (1.0, 6.0 ** 0.5):
+            q, k, v = (torch.randn(1, 8, 4096, d, device="cuda") for _ in range(3))
+            q, k = (q * sharp).bfloat16(), (k * sharp).bfloat16()
+            v = v.bfloat16()
+            ref, _ = attention_fp64(q, k, v, sm_scale=d ** -0.5)
+            for name, fn in impls.items():
+                o = fn(q, k, v).double()
+                cos = F.cosine_similarity(o.flatten(), ref.flatten(), dim=0).item()
+                rel = ((o - ref).abs().sum() / ref.abs().sum()).item()
+                out.append({"impl": name, "d": d, "logit_std": round(sharp ** 2, 2), "cos": cos, "rel_l1": rel})
+                print(f"acc d={d} logit_std={sharp**2:.0f} {name}: cos {cos:.6f} rel-L1 {rel:.4f}", flush=True)
+    return out
+
+
+def environment():
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "device": props.name, "capability": list(torch.cuda.get_device_capability(0)),
+        "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+        "cuda": torch.version.cuda, "python": platform.python_version(), "sagegen": sagegen.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, d in zip(axes, (64, 128)):
+        sel = sorted((r for r in rows if r["shape"][3] == d and r["shape"][0] == 4), key=lambda r: r["shape"][2])
+        for name in rows[0]["tflops"]:
+            xs = [r["shape"][2] for r in sel if r["tflops"].get(name)]
+            ys = [r["tflops"][name] for r in sel if r["tflops"].get(name)]
+            ax.plot(xs, ys, marker="o", label=name, linewidth=2.5 if name == "sagegen" else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"head dim {d}, B=4, H=32, non-causal")
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("TFLOP/s (full call)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--plot")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-accuracy", action="store_true")
+    args = ap.parse_args()
+    impls, why = implementations()
+    result = {"environment": environment(), "method": __doc__.strip().splitlines()[2]}
+    if why:
+        result["sageattention_1.0.6"] = f"not measured: {why}"
+    print(result["environment"], flush=True)
+    if not args.no_accuracy:
+        result["accuracy"] = accuracy(impls)
+    result["speed"] = speed(QUICK if args.quick else SHAPES, impls)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, args.out)
+    if args.plot:
+        plot(result["speed"], args.plot)
+
+
+if __name__ == "__main__":
+    main()
