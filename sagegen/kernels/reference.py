@@ -219,17 +219,25 @@ def attention_fp64(q, k, v, *, sm_scale: float, is_causal: bool = False, mask: M
     """Plain attention in float64 (no quantization): the accuracy reference. Same conventions as
     `sage_attention` (fully masked rows give 0 and lse = -inf). Returns (out fp64, lse fp64)."""
     mask = mask or MaskSpec()
-    group = q.shape[1] // k.shape[1]
-    qd, kd, vd = q.double(), _expand_kv(k.double(), group), _expand_kv(v.double(), group)
-    s = (qd @ kd.transpose(-1, -2)) * sm_scale
-    if mask.kind == "key":
-        s = s + mask.tensor.double()[:, None, None, :]
-    elif mask.kind == "bool":
-        s = s.masked_fill(~mask.tensor, -math.inf)
-    elif mask.kind == "additive":
-        s = s + mask.tensor.double()
-    if is_causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    return p @ vd, lse
+    B, H, Nq, D = q.shape
+    group = H // k.shape[1]
+    kd, vd = _expand_kv(k.double(), group), _expand_kv(v.double(), group)
+    out = torch.empty(B, H, Nq, D, dtype=torch.float64, device=q.device)
+    lse = torch.empty(B, H, Nq, dtype=torch.float64, device=q.device)
+    step = max(1, (_CHUNK_ELEMS // 2) // max(1, B * H * k.shape[2]))
+    for i in range(0, Nq, step):
+        rows = slice(i, min(Nq, i + step))
+        s = (q[:, :, rows].double() @ kd.transpose(-1, -2)) * sm_scale
+        if mask.kind == "key":
+            s = s + mask.tensor.double()[:, None, None, :]
+        elif mask.kind in ("bool", "additive"):
+            m = mask.tensor[..., rows, :] if mask.tensor.shape[-2] != 1 else mask.tensor
+            s = s.masked_fill(~m, -math.inf) if mask.kind == "bool" else s + m.double()
+        if is_causal:
+            r = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
+            s = s.masked_fill(torch.arange(k.shape[2], device=q.device)[None, :] > r, -math.inf)
+        lse_rows = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - torch.where(torch.isinf(lse_rows), 0.0, lse_rows)[..., None])
+        out[:, :, rows] = p @ vd
+        lse[:, :, rows] = lse_rows
+    return out, lse
