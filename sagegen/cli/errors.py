@@ -11,8 +11,18 @@ import functools
 import os
 import sys
 
-import click
 import typer
+
+try:  # typer >= 0.2x vendors its own click
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover - older typer on real click
+    import click.exceptions as _cx
+
+ClickException = _cx.ClickException
+ClickUsageError = _cx.UsageError
+# Exceptions that are typer's own control flow (help, exit codes, usage errors): never intercepted.
+PASS_THROUGH = tuple({typer.Exit, typer.Abort, ClickException, *(
+    (getattr(_cx, "Exit"),) if hasattr(_cx, "Exit") else ())})
 
 DEBUG_ENV = "SAGEGEN_DEBUG"
 _state = {"debug": False}
@@ -90,7 +100,7 @@ def cli_command(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
+        except PASS_THROUGH:
             raise
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the CLI's last line of defence
             if debug_enabled():
@@ -100,16 +110,16 @@ def cli_command(fn):
     return wrapper
 
 
-def format_click_error(exc: click.ClickException) -> str:
+def format_click_error(exc) -> str:
     """A click usage error as one line, with where to look for the right usage."""
-    msg = one_line(exc.format_message())
+    msg = one_line(exc.format_message()).replace("Value error, ", "")
     ctx = getattr(exc, "ctx", None)
-    if isinstance(exc, click.UsageError) and ctx is not None:
+    if isinstance(exc, ClickUsageError) and ctx is not None:
         return f"{msg} (see `{ctx.command_path} --help`)"
     return msg
 
 
-def show_click_error(exc: click.ClickException) -> None:
+def show_click_error(exc) -> None:
     print_error(format_click_error(exc))
 
 

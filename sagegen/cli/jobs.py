@@ -27,11 +27,11 @@ MaxPrompts = Annotated[Optional[int], typer.Option("--max-prompts", min=1, rich_
 Seed = Annotated[Optional[list[str]], typer.Option("--seed", "-s", rich_help_panel=GEN, show_default=False,
                                                    help="Seed(s): 7, 0,1,2 or 0-3 (repeatable; default 0). "
                                                         "Every prompt runs with every seed.")]
-Steps = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Denoising steps [preset].")]
-Frames = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Frames (video) [preset].")]
-Height = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Height in pixels [preset].")]
-Width = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Width in pixels [preset].")]
-Guidance = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=GEN, help="Guidance scale [preset].")]
+Steps = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Denoising steps (default: the preset's).")]
+Frames = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Frames (video) (default: the preset's).")]
+Height = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Height in pixels (default: the preset's).")]
+Width = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Width in pixels (default: the preset's).")]
+Guidance = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=GEN, help="Guidance scale (default: the preset's).")]
 Negative = Annotated[Optional[str], typer.Option("--negative-prompt", "-n", rich_help_panel=GEN,
                                                  help="Negative prompt.")]
 Dtype = Annotated[Literal["auto", "bfloat16", "float16", "float32"],

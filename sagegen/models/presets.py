@@ -68,17 +68,17 @@ def _add(p: Preset) -> None:
 # --- CogVideoX ---------------------------------------------------------------------------------------------
 _add(Preset("cogvideox-2b", "cogvideox", "video", "CogVideoXPipeline", "THUDM/CogVideoX-2b",
             height=480, width=720, frames=49, fps=8, steps=50, guidance=6.0, dtype="float16", frame_step=4,
-            alt_hub_ids=("zai-org/CogVideoX-2b",), aliases=("cogvideox", "cogvideo", "cogvideox2b"),
+            alt_hub_ids=("zai-org/CogVideoX-2b",), aliases=("cogvideox",),
             source=_COGVIDEOX_SRC))
 _add(Preset("cogvideox-5b", "cogvideox", "video", "CogVideoXPipeline", "THUDM/CogVideoX-5b",
             height=480, width=720, frames=49, fps=8, steps=50, guidance=6.0, dtype="bfloat16", frame_step=4,
-            alt_hub_ids=("zai-org/CogVideoX-5b",), aliases=("cogvideox5b",), source=_COGVIDEOX_SRC))
+            alt_hub_ids=("zai-org/CogVideoX-5b",), source=_COGVIDEOX_SRC))
 # The CogVideoX1.5 pipeline's own default size is transformer.config.sample_height/width x 8 (the 1.5
 # transformer config stores 300, i.e. 2400x2400), which is unusable: always pass the recommended 1360x768.
 _add(Preset("cogvideox1.5-5b", "cogvideox", "video", "CogVideoXPipeline", "THUDM/CogVideoX1.5-5B",
             height=768, width=1360, frames=81, fps=16, steps=50, guidance=6.0, dtype="bfloat16", frame_step=16,
             alt_hub_ids=("zai-org/CogVideoX1.5-5B",),
-            aliases=("cogvideox1.5", "cogvideox-1.5", "cogvideox-1.5-5b", "cogvideox15"),
+            aliases=("cogvideox1.5",),
             source="CogVideoX1.5-5B model card (huggingface.co/zai-org/CogVideoX1.5-5B): 1360x768, frames 16N+1 "
                    "(default 81), 16 fps, BF16; CogVideo repo README (5-10 s at 16 fps); 50 steps, guidance 6",
             notes="the pipeline's own default resolution (from the transformer config) is not usable; the "
@@ -87,7 +87,7 @@ _add(Preset("cogvideox1.5-5b", "cogvideox", "video", "CogVideoXPipeline", "THUDM
 # --- HunyuanVideo ------------------------------------------------------------------------------------------
 _add(Preset("hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline", "hunyuanvideo-community/HunyuanVideo",
             height=720, width=1280, frames=129, fps=24, steps=50, guidance=6.0, dtype="bfloat16", frame_step=4,
-            aliases=("hunyuan", "hunyuan-video", "hyvideo"),
+            aliases=("hunyuan",),
             source="tencent/HunyuanVideo README (720p 1280x720, 129 frames, 50 steps, embedded guidance 6.0, "
                    "flow shift 7.0) and diffusers HunyuanVideoPipeline defaults (720x1280, 129 frames, 50 steps, "
                    "guidance_scale=6.0); 24 fps as in the model card's export_to_video example",
@@ -97,7 +97,7 @@ _add(Preset("hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline", "hu
 # --- Mochi -------------------------------------------------------------------------------------------------
 _add(Preset("mochi-1", "mochi", "video", "MochiPipeline", "genmo/mochi-1-preview",
             height=480, width=848, frames=84, fps=30, steps=64, guidance=4.5, dtype="bfloat16", frame_step=6,
-            variant="bf16", aliases=("mochi", "mochi-1-preview", "mochi1"),
+            variant="bf16", aliases=("mochi", "mochi-1-preview"),
             source="genmo/mochi-1-preview model card and diffusers Mochi docs (variant='bf16', num_frames=84, "
                    "export at fps=30); diffusers MochiPipeline defaults 848x480, 64 steps, guidance_scale=4.5",
             notes="84 frames decode to 79 (the VAE keeps 6k+1 frames)"))
@@ -105,30 +105,29 @@ _add(Preset("mochi-1", "mochi", "video", "MochiPipeline", "genmo/mochi-1-preview
 # --- FLUX.1 ------------------------------------------------------------------------------------------------
 _add(Preset("flux.1-schnell", "flux", "image", "FluxPipeline", "black-forest-labs/FLUX.1-schnell",
             height=1024, width=1024, steps=4, guidance=0.0, dtype="bfloat16", max_sequence_length=256,
-            aliases=("flux", "flux-schnell", "flux1-schnell", "flux.1"),
+            aliases=("flux", "flux-schnell"),
             source="diffusers Flux docs (timestep-distilled FLUX.1-schnell: guidance_scale=0, max_sequence_length "
                    "<= 256, few steps: 4) and the FLUX.1-schnell model card (1024x1024, 4 steps)"))
 _add(Preset("flux.1-dev", "flux", "image", "FluxPipeline", "black-forest-labs/FLUX.1-dev",
             height=1024, width=1024, steps=50, guidance=3.5, dtype="bfloat16", max_sequence_length=512,
-            gated=True, aliases=("flux-dev", "flux1-dev"),
+            gated=True, aliases=("flux-dev",),
             source="FLUX.1-dev model card and diffusers Flux docs (guidance-distilled: 1024x1024, "
                    "guidance_scale=3.5, 50 steps, max_sequence_length=512)"))
 
 # --- Stable Diffusion 3.5 ----------------------------------------------------------------------------------
 _add(Preset("sd3.5-large", "sd3", "image", "StableDiffusion3Pipeline", "stabilityai/stable-diffusion-3.5-large",
             height=1024, width=1024, steps=28, guidance=3.5, dtype="bfloat16", gated=True,
-            aliases=("sd3.5", "sd35-large", "sd3", "stable-diffusion-3.5-large"),
+            aliases=("sd3.5", "sd3"),
             source="stabilityai/stable-diffusion-3.5-large model card diffusers example (28 steps, "
                    "guidance_scale=3.5, bfloat16, 1024x1024)"))
 _add(Preset("sd3.5-large-turbo", "sd3", "image", "StableDiffusion3Pipeline",
             "stabilityai/stable-diffusion-3.5-large-turbo",
             height=1024, width=1024, steps=4, guidance=0.0, dtype="bfloat16", gated=True,
-            aliases=("sd3.5-turbo", "sd35-large-turbo", "stable-diffusion-3.5-large-turbo"),
+            aliases=("sd3.5-turbo",),
             source="stable-diffusion-3.5-large-turbo model card and Stability's official Space (4 steps, "
                    "guidance_scale=0.0, 1024x1024)"))
 _add(Preset("sd3.5-medium", "sd3", "image", "StableDiffusion3Pipeline", "stabilityai/stable-diffusion-3.5-medium",
             height=1024, width=1024, steps=40, guidance=4.5, dtype="bfloat16", gated=True,
-            aliases=("sd35-medium", "stable-diffusion-3.5-medium"),
             source="stabilityai/stable-diffusion-3.5-medium model card diffusers example (40 steps, "
                    "guidance_scale=4.5, bfloat16)"))
 
@@ -137,7 +136,7 @@ _add(Preset("sd3.5-medium", "sd3", "image", "StableDiffusion3Pipeline", "stabili
 _TINY_SRC = "built-in tiny pipeline with random weights (sagegen.models.tiny), for tests and demos"
 _add(Preset("tiny-cogvideox", "cogvideox", "video", "CogVideoXPipeline", None,
             height=32, width=32, frames=9, fps=8, steps=4, guidance=6.0, dtype="bfloat16", frame_step=4,
-            aliases=("tiny", "tiny-cogvideo"), source=_TINY_SRC))
+            aliases=("tiny",), source=_TINY_SRC))
 _add(Preset("tiny-hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline", None,
             height=32, width=32, frames=9, fps=24, steps=4, guidance=6.0, dtype="bfloat16", frame_step=4,
             aliases=("tiny-hunyuan",), source=_TINY_SRC))
@@ -152,7 +151,8 @@ _add(Preset("tiny-sd3", "sd3", "image", "StableDiffusion3Pipeline", None,
 
 
 def _key(name: str) -> str:
-    return name.strip().lower().replace("_", "-")
+    """Lenient matching: case, dots, dashes and underscores do not matter (flux1-dev = FLUX.1-dev)."""
+    return "".join(c for c in name.strip().lower() if c not in "._- ")
 
 
 _LOOKUP: dict[str, str] = {}
@@ -170,7 +170,7 @@ def resolve(name: str) -> Preset:
     key = _key(name)
     if key in _LOOKUP:
         return PRESETS[_LOOKUP[key]]
-    close = difflib.get_close_matches(key, list(_LOOKUP), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(key, list(_LOOKUP), n=3, cutoff=0.7)
     similar = dict.fromkeys(PRESETS[_LOOKUP[c]].name for c in close)
     hint = f"did you mean {' or '.join(map(repr, similar))}? " if similar else ""
     raise UnknownModel(f"unknown model {name!r}; {hint}choose one of: {', '.join(PRESETS)} "

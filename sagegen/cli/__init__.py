@@ -1,0 +1,1 @@
+"""The sagegen command line (typer): `sagegen.cli.app:main`."""

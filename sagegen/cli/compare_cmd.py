@@ -1,0 +1,76 @@
+"""``sagegen compare MODEL ...``: the same prompts and seeds with ``sdpa`` and ``sage`` into one run directory."""
+
+from __future__ import annotations
+
+import typer
+
+from . import jobs
+from .errors import cli_command
+
+
+@cli_command
+def compare_command(
+    model: jobs.Model,
+    prompt: jobs.Prompt = None,
+    prompts: jobs.Prompts = None,
+    max_prompts: jobs.MaxPrompts = None,
+    seed: jobs.Seed = None,
+    steps: jobs.Steps = None,
+    frames: jobs.Frames = None,
+    height: jobs.Height = None,
+    width: jobs.Width = None,
+    guidance: jobs.Guidance = None,
+    negative_prompt: jobs.Negative = None,
+    dtype: jobs.Dtype = "auto",
+    kernel: jobs.Kernel = None,
+    fp_blocks: jobs.FpBlocks = None,
+    fp_first_steps: jobs.FpFirst = 0,
+    fp_last_steps: jobs.FpLast = 0,
+    backend: jobs.Backend = "auto",
+    model_path: jobs.ModelPath = None,
+    random_weights: jobs.RandomWeights = False,
+    device: jobs.Device = "auto",
+    offload: jobs.Offload = "none",
+    vae_tiling: jobs.VaeTiling = False,
+    vae_slicing: jobs.VaeSlicing = False,
+    compile: jobs.Compile = False,
+    warmup: jobs.Warmup = 1,
+    out: jobs.Out = None,
+    quiet: jobs.Quiet = False,
+) -> None:
+    """Generate with the stock attention (sdpa) and with sagegen (sage); print the speedups.
+
+    Every prompt x seed runs with both attentions into one run directory (resumable), which feeds
+    `sagegen eval` and `sagegen report`.
+
+    Example: sagegen compare tiny-cogvideox --prompts smoke
+    """
+    params = {k: v for k, v in locals().items() if k != "quiet"}
+    from rich.console import Console
+
+    from .. import distributed
+    from .tables import compare_table, setup_lines
+
+    job, warnings = jobs.build_job(**params, variants=["sdpa", "sage"])
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for w in warnings:
+        err.print(f"warning: {w}", style="yellow", markup=False)
+    result = jobs.execute(job, quiet=quiet, title="compare")
+    if not distributed.info().is_main or result.manifest is None:
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    m = result.manifest
+    console.print(compare_table(m))
+    for line in setup_lines(m):
+        console.print(f"setup {line}", style="dim", markup=False)
+    missing = {v: len(m["samples"]) - len(m.get("timings", {}).get(v, {})) for v in job.variants}
+    if any(missing.values()):
+        console.print("unfinished: " + ", ".join(f"{v} {n}" for v, n in missing.items() if n), style="yellow",
+                      markup=False)
+    console.print(f"Output: {result.run_dir}", markup=False)
+    console.print(f"Next: sagegen eval {result.run_dir}  ·  sagegen report {result.run_dir}", style="dim",
+                  markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare_command)

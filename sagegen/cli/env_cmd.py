@@ -1,0 +1,111 @@
+"""``sagegen env``: GPUs, versions, and which kernel variant ``backend="auto"`` would use, and why."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from typing import Annotated
+
+import typer
+
+from .errors import cli_command
+
+
+def kernel_choice(device) -> dict:
+    """What `sageattn(backend="auto")` with the diffusion config runs on `device`, and why."""
+    from ..config import DIFFUSION_CONFIG
+    from ..kernels.backends import FP8_CAPABILITY, describe_cuda
+
+    if device.type != "cuda":
+        interp = os.environ.get("TRITON_INTERPRET") == "1"
+        return {"variant": "reference", "detail": "PyTorch emulation of the same numerics",
+                "why": "CPU tensors: the Triton kernels need an NVIDIA GPU with compute capability >= 8.0"
+                       + (" (TRITON_INTERPRET=1: backend='triton' runs in Triton's interpreter)" if interp else "")}
+    import torch
+
+    ok, why = describe_cuda(device)
+    if not ok:
+        return {"variant": DIFFUSION_CONFIG.fallback, "detail": f"fallback ({DIFFUSION_CONFIG.fallback})",
+                "why": why}
+    cap = torch.cuda.get_device_capability(device)
+    if cap >= FP8_CAPABILITY:
+        return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP8 P·V with FP32 two-level accumulation", "why": why}
+    return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP16 P·V (no FP8 tensor cores below 8.9)", "why": why}
+
+
+def environment() -> dict:
+    import torch
+
+    from .. import distributed
+    from ..generate import versions
+    from ..models.loading import hf_cache_dir, hf_offline
+
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            dev = torch.device("cuda", i)
+            props = torch.cuda.get_device_properties(dev)
+            gpus.append({"index": i, "name": props.name, "capability": f"{props.major}.{props.minor}",
+                         "memory_gib": round(props.total_memory / 2**30, 1), "kernel": kernel_choice(dev)})
+    return {
+        "platform": platform.platform(), "versions": versions(),
+        "cuda": {"available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda,
+                 "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0},
+        "gpus": gpus, "cpu_kernel": kernel_choice(torch.device("cpu")),
+        "huggingface": {"cache": str(hf_cache_dir()), "offline": hf_offline(),
+                        "token": bool(os.environ.get("HF_TOKEN"))},
+        "distributed": distributed.info().to_dict(),
+    }
+
+
+@cli_command
+def env_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    check_hub: Annotated[bool, typer.Option("--check-hub", help="Also test whether the Hugging Face hub "
+                                                                "answers (3 s at most).")] = False,
+) -> None:
+    """Show GPUs, versions, and which kernel variant `auto` picks on each device, and why."""
+    from rich.console import Console
+    from rich.table import Table
+
+    info = environment()
+    if check_hub:
+        from ..models.loading import hub_reachable
+
+        ok, why = hub_reachable()
+        info["huggingface"]["hub"] = {"reachable": ok, "detail": why}
+    console = Console(highlight=False, soft_wrap=as_json)
+    if as_json:
+        console.print_json(json.dumps(info))
+        return
+    versions = Table(title="versions", title_justify="left", show_header=False)
+    for k, v in info["versions"].items():
+        versions.add_row(k, v or "[dim]not installed[/]")
+    versions.add_row("platform", info["platform"])
+    versions.add_row("torch CUDA", str(info["cuda"]["torch_cuda"]))
+    console.print(versions)
+    kernels = Table(title="attention kernel (backend='auto')", title_justify="left")
+    for col in ("device", "memory", "capability", "uses", "why"):
+        kernels.add_column(col)
+    for g in info["gpus"]:
+        kernels.add_row(f"cuda:{g['index']} {g['name']}", f"{g['memory_gib']} GiB", g["capability"],
+                        f"{g['kernel']['variant']}: {g['kernel']['detail']}", g["kernel"]["why"])
+    cpu = info["cpu_kernel"]
+    kernels.add_row("cpu", "—", "—", f"{cpu['variant']}: {cpu['detail']}", cpu["why"])
+    console.print(kernels)
+    if not info["gpus"]:
+        console.print("No CUDA GPU visible to PyTorch: sagegen runs its PyTorch emulation (correct but slow); "
+                      "speed measurements need a GPU.", style="yellow", markup=False)
+    hf = info["huggingface"]
+    line = f"Hugging Face cache: {hf['cache']} · offline: {'yes' if hf['offline'] else 'no'}"
+    if "hub" in hf:
+        line += f" · hub: {'reachable' if hf['hub']['reachable'] else hf['hub']['detail']}"
+    console.print(line, markup=False)
+    d = info["distributed"]
+    if d["world_size"] > 1:
+        console.print(f"launched by {d['launcher']}: rank {d['rank']} of {d['world_size']}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("env")(env_command)

@@ -1,0 +1,87 @@
+"""``sagegen run MODEL --prompt TEXT``: generate with sagegen's attention (or the stock one)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+from . import jobs
+from .errors import cli_command
+
+Attention = Annotated[Literal["sage", "sdpa"],
+                      typer.Option(case_sensitive=False, rich_help_panel=jobs.KER,
+                                   help="sage: sagegen's quantized attention; sdpa: the stock attention.")]
+
+
+@cli_command
+def run_command(
+    model: jobs.Model,
+    prompt: jobs.Prompt = None,
+    prompts: jobs.Prompts = None,
+    max_prompts: jobs.MaxPrompts = None,
+    seed: jobs.Seed = None,
+    steps: jobs.Steps = None,
+    frames: jobs.Frames = None,
+    height: jobs.Height = None,
+    width: jobs.Width = None,
+    guidance: jobs.Guidance = None,
+    negative_prompt: jobs.Negative = None,
+    dtype: jobs.Dtype = "auto",
+    attention: Attention = "sage",
+    kernel: jobs.Kernel = None,
+    fp_blocks: jobs.FpBlocks = None,
+    fp_first_steps: jobs.FpFirst = 0,
+    fp_last_steps: jobs.FpLast = 0,
+    backend: jobs.Backend = "auto",
+    model_path: jobs.ModelPath = None,
+    random_weights: jobs.RandomWeights = False,
+    device: jobs.Device = "auto",
+    offload: jobs.Offload = "none",
+    vae_tiling: jobs.VaeTiling = False,
+    vae_slicing: jobs.VaeSlicing = False,
+    compile: jobs.Compile = False,
+    warmup: jobs.Warmup = 1,
+    out: jobs.Out = None,
+    quiet: jobs.Quiet = False,
+) -> None:
+    """Generate with sagegen's attention (or the stock one) into a run directory.
+
+    Every prompt runs with every seed; re-running the same command resumes.
+
+    Examples: sagegen run cogvideox --prompt "a red fox running through snow";
+    sagegen run tiny-flux --prompts smoke --seed 0-1 --attention sdpa
+    """
+    params = {k: v for k, v in locals().items() if k not in ("attention", "quiet")}
+    from rich.console import Console
+
+    from .. import distributed
+    from .tables import run_table, setup_lines
+
+    job, warnings = jobs.build_job(**params, variants=[attention.lower()])
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for w in warnings:
+        err.print(f"warning: {w}", style="yellow", markup=False)
+    result = jobs.execute(job, quiet=quiet, title="run")
+    if not distributed.info().is_main or result.manifest is None:
+        return
+    _print_outcome(result, job.variants[0], run_table, setup_lines)
+
+
+def _print_outcome(result, variant, run_table, setup_lines) -> None:
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=True)
+    m = result.manifest
+    console.print(run_table(m, variant))
+    for line in setup_lines(m):
+        console.print(f"setup {line}", style="dim", markup=False)
+    done = len(m.get("timings", {}).get(variant, {}))
+    skipped = result.skipped.get(variant, 0)
+    extra = f" ({skipped} already finished before this run)" if skipped else ""
+    console.print(f"{done}/{len(m['samples'])} sample(s) finished{extra}.", markup=False)
+    console.print(f"Output: {result.run_dir}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_command)

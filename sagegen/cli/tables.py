@@ -1,0 +1,93 @@
+"""Result tables printed by `run` and `compare` (from the manifest, so they cover every process's samples)."""
+
+from __future__ import annotations
+
+from statistics import mean
+
+from rich.table import Table
+
+
+def _short(text: str, n: int = 40) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _s(v) -> str:
+    return "—" if v is None else f"{v:.2f}"
+
+
+def _samples(manifest: dict) -> list[dict]:
+    return manifest.get("samples", [])
+
+
+def run_table(manifest: dict, variant: str) -> Table:
+    """Per-sample timings of one variant."""
+    timings = manifest.get("timings", {}).get(variant, {})
+    table = Table(title=f"{manifest['model']['name']} · {variant}", title_justify="left")
+    for col in ("sample", "prompt"):
+        table.add_column(col, no_wrap=(col == "sample"))
+    for col in ("total s", "encode s", "denoise s", "decode s", "save s"):
+        table.add_column(col, justify="right")
+    rows = [s for s in _samples(manifest) if s["id"] in timings]
+    for s in rows:
+        t = timings[s["id"]]
+        table.add_row(s["id"], _short(s["prompt"]), _s(t.get("total_s")), _s(t.get("encode_s")),
+                      _s(t.get("denoise_s")), _s(t.get("decode_s")), _s(t.get("save_s")))
+    if len(rows) > 1:
+        table.add_section()
+        col = lambda k: mean(timings[s["id"]].get(k) or 0.0 for s in rows)  # noqa: E731
+        table.add_row("mean", f"{len(rows)} samples", *(_s(col(k)) for k in
+                                                         ("total_s", "encode_s", "denoise_s", "decode_s", "save_s")))
+    return table
+
+
+def speedups(manifest: dict, base: str = "sdpa", new: str = "sage") -> list[dict]:
+    """Rows for samples finished in both variants: times and speedups (base / new)."""
+    tb, tn = (manifest.get("timings", {}).get(v, {}) for v in (base, new))
+    rows = []
+    for s in _samples(manifest):
+        a, b = tb.get(s["id"]), tn.get(s["id"])
+        if not a or not b:
+            continue
+        row = {"id": s["id"], "prompt": s["prompt"], "base_total": a["total_s"], "new_total": b["total_s"],
+               "base_denoise": a["denoise_s"], "new_denoise": b["denoise_s"]}
+        row["speedup_denoise"] = a["denoise_s"] / b["denoise_s"] if b["denoise_s"] > 0 else None
+        row["speedup_total"] = a["total_s"] / b["total_s"] if b["total_s"] > 0 else None
+        rows.append(row)
+    return rows
+
+
+def compare_table(manifest: dict, base: str = "sdpa", new: str = "sage") -> Table:
+    rows = speedups(manifest, base, new)
+    table = Table(title=f"{manifest['model']['name']} · {base} vs {new}", title_justify="left",
+                  caption="speedup = sdpa time / sage time (denoising loop, and whole pipeline call)",
+                  caption_justify="left")
+    table.add_column("sample", no_wrap=True)
+    table.add_column("prompt")
+    for col in (f"{base} total s", f"{new} total s", f"{base} denoise s", f"{new} denoise s",
+                "speedup denoise", "speedup total"):
+        table.add_column(col, justify="right")
+
+    def x(v):
+        return "—" if v is None else f"{v:.2f}×"
+
+    for r in rows:
+        table.add_row(r["id"], _short(r["prompt"]), _s(r["base_total"]), _s(r["new_total"]), _s(r["base_denoise"]),
+                      _s(r["new_denoise"]), x(r["speedup_denoise"]), x(r["speedup_total"]))
+    if len(rows) > 1:
+        table.add_section()
+        tot = {k: sum(r[k] for r in rows) for k in ("base_total", "new_total", "base_denoise", "new_denoise")}
+        table.add_row("all", f"{len(rows)} samples (sums)", *(_s(tot[k]) for k in tot),
+                      x(tot["base_denoise"] / tot["new_denoise"] if tot["new_denoise"] > 0 else None),
+                      x(tot["base_total"] / tot["new_total"] if tot["new_total"] > 0 else None))
+    return table
+
+
+def setup_lines(manifest: dict) -> list[str]:
+    """One line per variant with the one-off costs (load, patch, compile, warm-up) of each process."""
+    out = []
+    for variant, ranks in manifest.get("setup", {}).items():
+        for rank, s in sorted(ranks.items()):
+            parts = [f"{k[:-2]} {v:.2f} s" for k, v in s.items() if k.endswith("_s") and isinstance(v, (int, float))]
+            who = f" ({rank})" if len(ranks) > 1 else ""
+            out.append(f"{variant}{who}: " + ", ".join(parts))
+    return out
