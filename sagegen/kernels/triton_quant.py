@@ -17,6 +17,11 @@ import triton.language as tl
 from ..config import SageConfig
 from .spec import EPS, FP8_MAX, INT8_MAX
 
+# Kernels may only read module globals that are constexpr.
+_EPS = tl.constexpr(EPS)
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_INT8_MAX = tl.constexpr(INT8_MAX)
+
 
 @triton.jit
 def _round_half_away(x):
@@ -73,14 +78,14 @@ def _quant_int8_kernel(
     x = tl.where(valid, x, 0.0)
     if PER_TOKEN:
         amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.math.div_rn(tl.maximum(amax, EPS), INT8_MAX)
+        scale = tl.math.div_rn(tl.maximum(amax, _EPS), _INT8_MAX)
         y = tl.math.div_rn(x, scale[:, None])
     else:
         amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        scale_blk = tl.math.div_rn(tl.maximum(amax, EPS), INT8_MAX)
+        scale_blk = tl.math.div_rn(tl.maximum(amax, _EPS), _INT8_MAX)
         y = tl.math.div_rn(x, scale_blk)
         scale = tl.zeros([BLOCK], dtype=tl.float32) + scale_blk
-    y = tl.minimum(tl.maximum(_round_half_away(y), -INT8_MAX), INT8_MAX)
+    y = tl.minimum(tl.maximum(_round_half_away(y), -_INT8_MAX), _INT8_MAX)
     y_ptrs = Y + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_d[None, :]
     tl.store(y_ptrs, y.to(tl.int8))
     tl.store(Scale + b * stride_sb + h * stride_sh + offs_n, scale)
@@ -112,7 +117,7 @@ def _quant_v_kernel(
     if FP8:
         scale = tl.load(Scale + b * stride_mb + h * stride_mh + offs_d, mask=offs_d < D, other=1.0)
         y = tl.math.div_rn(x, scale[None, :])
-        y = tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+        y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)
         if EXACT_FP8_CAST:
             y = round_to_e4m3_grid(y)
         tl.store(y_ptrs, y.to(tl.float8e4nv))
