@@ -76,4 +76,8 @@ def eval_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``eval`` to the sagegen CLI."""
-    app.command("eval")(eval_command)
+    try:  # one-line errors (exit 1/2) like the other commands, when the CLI's helper is there
+        from sagegen.cli.errors import cli_command
+    except ImportError:  # pragma: no cover
+        cli_command = None
+    app.command("eval")(cli_command(eval_command) if cli_command else eval_command)

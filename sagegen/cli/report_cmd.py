@@ -56,4 +56,8 @@ def report_command(
 
 def register(app: typer.Typer) -> None:
     """Add ``report`` to the sagegen CLI."""
-    app.command("report")(report_command)
+    try:  # one-line errors (exit 1/2) like the other commands, when the CLI's helper is there
+        from sagegen.cli.errors import cli_command
+    except ImportError:  # pragma: no cover
+        cli_command = None
+    app.command("report")(cli_command(report_command) if cli_command else report_command)

@@ -65,8 +65,12 @@ def _torchvision_inception(state: dict) -> Callable[[torch.Tensor], torch.Tensor
 
 def load_inception(path: str | Path) -> FeatureExtractor:
     path = Path(path)
+    import warnings
+
     try:
-        mod = torch.jit.load(str(path), map_location="cpu").eval()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # TorchScript is the format the FID weights ship in
+            mod = torch.jit.load(str(path), map_location="cpu").eval()
     except Exception:
         mod = None
     if mod is not None:

@@ -146,7 +146,7 @@ def lpips_frames(model: LPIPS, a: np.ndarray, b: np.ndarray, batch: int = 4) -> 
     a, b = _check_pair(a, b)
     out: list[float] = []
     for i in range(0, a.shape[0], batch):
-        xa = torch.from_numpy(a[i : i + batch]).permute(0, 3, 1, 2).float() / 127.5 - 1
-        xb = torch.from_numpy(b[i : i + batch]).permute(0, 3, 1, 2).float() / 127.5 - 1
+        xa = torch.from_numpy(np.ascontiguousarray(a[i : i + batch])).permute(0, 3, 1, 2).float() / 127.5 - 1
+        xb = torch.from_numpy(np.ascontiguousarray(b[i : i + batch])).permute(0, 3, 1, 2).float() / 127.5 - 1
         out.extend(float(v) for v in model(xa, xb))
     return out

@@ -118,7 +118,7 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
     loaders = {**_default_loaders(opts), **opts.loaders}
     results: dict[str, dict] = {}
     todo: list[str] = []
-    for m in opts.metrics:
+    for m in parse_metrics(opts.metrics, run.kind):
         why = _not_applicable(m, run.kind)
         if why:
             results[m] = {"status": "skipped", "reason": why}

@@ -86,19 +86,22 @@ def resolve_clip(spec: str | None) -> ClipSource:
         return ClipSource(arch=f"{LOCAL_DIR}{folder}", checkpoint=None, label=f"{LOCAL_DIR}{folder}")
 
     arch, rest = None, spec
-    if not _looks_like_path(spec):
+    bare_path = os.path.isfile(os.path.expanduser(spec)) or spec.startswith(("/", "./", "../", "~"))
+    if not bare_path:
         for sep in (":", "/"):
             if sep in spec:
                 arch, rest = spec.split(sep, 1)
                 break
         else:
             arch, rest = spec, ""
-    if arch is not None and arch not in open_clip.list_models():
-        close = [m for m in open_clip.list_models() if arch.lower().split("-")[0] in m.lower()][:8]
-        raise BadOption(
-            f"--clip-model: unknown open_clip model {arch!r}; expected NAME/TAG, PATH or local-dir:FOLDER "
-            f"(models like: {', '.join(close or open_clip.list_models()[:8])})"
-        )
+        if arch not in open_clip.list_models():
+            if spec.endswith(WEIGHT_SUFFIXES):
+                raise WeightsMissing(f"CLIP checkpoint {spec} not found; {how}")
+            close = [m for m in open_clip.list_models() if arch.lower().split("-")[0] in m.lower()][:8]
+            raise BadOption(
+                f"--clip-model: unknown open_clip model {arch!r}; expected NAME/TAG, PATH or local-dir:FOLDER "
+                f"(models like: {', '.join(close or open_clip.list_models()[:8])})"
+            )
 
     if arch is None or _looks_like_path(rest):  # a checkpoint file
         path = Path(os.path.expanduser(rest))

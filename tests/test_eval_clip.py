@@ -1,0 +1,118 @@
+"""CLIPSIM / CLIP-T / CLIPScore on a tiny random-weight open_clip model, the EvalCrafter preprocessing, and
+offline resolution of --clip-model."""
+
+import numpy as np
+import pytest
+import torch
+
+from sagegen.eval import clip as C
+from sagegen.eval.standins import write_tiny_clip
+from sagegen.eval.weights import BadOption, WeightsMissing, resolve_clip
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = write_tiny_clip(tmp_path_factory.mktemp("clip") / "tiny")
+    return C.load_clip(resolve_clip(f"local-dir:{folder}"))
+
+
+@pytest.fixture(scope="module")
+def frames():
+    return np.random.default_rng(0).integers(0, 256, (5, 48, 80, 3), dtype=np.uint8)
+
+
+def test_linear_resize_known_answer():
+    # cv2.INTER_LINEAR, half-pixel centres: [0, 255] -> 4 samples at src x = 0(clamped), .25, .75, 1(clamped)
+    row = np.array([0, 255], np.uint8)
+    img = np.stack([np.stack([row] * 3, -1)] * 2)[None]  # 1x2x2x3
+    out = C.resize_uint8_linear(img, (2, 4))
+    assert out[0, 0, :, 0].tolist() == [0, 64, 191, 255]
+    assert out.dtype == np.uint8
+
+
+def _capture(clip_model, monkeypatch):
+    seen = []
+    orig = clip_model.model.encode_image
+
+    def spy(x, *a, **k):
+        seen.append(x.detach().clone())
+        return orig(x, *a, **k)
+
+    monkeypatch.setattr(clip_model.model, "encode_image", spy)
+    return seen
+
+
+def test_evalcrafter_feeds_raw_pixels_squashed(tiny, frames, monkeypatch):
+    seen = _capture(tiny, monkeypatch)
+    C.clipsim(tiny, frames, "a red ball", "evalcrafter")
+    x = torch.cat(seen)
+    assert x.shape == (5, 3, 32, 32)  # squashed to the model's square input, no crop
+    want = torch.from_numpy(C.resize_uint8_linear(frames, (32, 32))).permute(0, 3, 1, 2).float()
+    assert torch.equal(x, want)  # raw 0..255, unnormalised, uint8-rounded (cv2 semantics)
+    seen.clear()
+    C.clipt(tiny, frames, "evalcrafter")
+    y = torch.cat(seen)
+    assert y.max() > 200 and not torch.equal(y, y.round())  # float bilinear, not rounded
+    seen.clear()
+    C.clipsim(tiny, frames, "a red ball", "standard")
+    z = torch.cat(seen)
+    assert z.abs().max() < 3  # mean/std normalised
+
+
+def test_clipsim_is_mean_frame_prompt_cosine(tiny, frames):
+    with torch.no_grad():
+        x = C.standard_input(tiny, frames)
+        img = tiny.model.encode_image(x)
+        txt = tiny.model.encode_text(tiny.tokenizer(["a red ball"]))
+        cos = torch.nn.functional.cosine_similarity(img, txt.expand_as(img), dim=1)
+    assert C.clipsim(tiny, frames, "a red ball", "standard") == pytest.approx(float(cos.mean()), abs=1e-5)
+    assert C.clipsim(tiny, frames, "a red ball", "evalcrafter") != pytest.approx(float(cos.mean()), abs=1e-4)
+
+
+def test_clipt_known_answers(tiny, frames):
+    still = np.repeat(frames[:1], 4, axis=0)
+    assert C.clipt(tiny, still, "evalcrafter") == pytest.approx(1.0, abs=1e-5)
+    with torch.no_grad():
+        f = tiny.model.encode_image(C.evalcrafter_clipt_input(frames, (32, 32)))
+        f = f / f.norm(dim=-1, keepdim=True)
+    want = float((f[:-1] * f[1:]).sum(1).mean())
+    assert C.clipt(tiny, frames, "evalcrafter") == pytest.approx(want, abs=1e-5)
+    with pytest.raises(ValueError, match="two frames"):
+        C.clipt(tiny, frames[:1], "standard")
+    with pytest.raises(ValueError, match="--clip-mode"):
+        C.clipsim(tiny, frames, "x", "fancy")
+
+
+def test_clipscore_scale_and_clamp(tiny, frames):
+    s = C.frame_text_similarities(tiny, frames[:1], "a red ball", "standard")[0]
+    assert C.clipscore(tiny, frames[0], "a red ball") == pytest.approx(100 * max(s, 0.0), abs=1e-4)
+
+
+def test_resolve_clip_specs(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.delenv("SAGEGEN_CLIP_MODEL", raising=False)
+    with pytest.raises(WeightsMissing, match="ViT-B-32/openai not found offline.*--clip-model"):
+        resolve_clip(None)
+    with pytest.raises(BadOption, match="--clip-model: unknown open_clip model 'ViT-Q-99'"):
+        resolve_clip("ViT-Q-99/openai")
+    with pytest.raises(BadOption, match="no pretrained tag 'nope'"):
+        resolve_clip("ViT-B-32/nope")
+    empty = write_tiny_clip(tmp_path / "noweights", weights=False)
+    with pytest.raises(WeightsMissing, match="no weights file"):
+        resolve_clip(f"local-dir:{empty}")
+    with pytest.raises(WeightsMissing, match="not found"):
+        resolve_clip(f"local-dir:{tmp_path / 'absent'}")
+    ckpt = tmp_path / "ckpt.bin"
+    ckpt.write_bytes(b"x")
+    src = resolve_clip(str(ckpt))
+    assert src.arch == "ViT-B-32-quickgelu" and src.checkpoint == str(ckpt)
+    assert resolve_clip(f"ViT-B-16:{ckpt}").arch == "ViT-B-16"
+    # a pretrained tag found in the (offline) Hugging Face cache layout
+    snap = tmp_path / "hf" / "models--timm--vit_base_patch32_clip_224.openai"
+    (snap / "refs").mkdir(parents=True)
+    (snap / "refs" / "main").write_text("abc123")
+    (snap / "snapshots" / "abc123").mkdir(parents=True)
+    (snap / "snapshots" / "abc123" / "open_clip_model.safetensors").write_bytes(b"x")
+    src = resolve_clip("ViT-B-32/openai")
+    assert src.checkpoint.endswith("open_clip_model.safetensors")
+    assert src.force_quick_gelu and src.is_evalcrafter_model and src.label == "ViT-B-32/openai"
