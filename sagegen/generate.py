@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import distributed
-from .config import SageConfig
+from .config import DIFFUSION_CONFIG, SageConfig
 from .models.presets import Preset
 from .rundir import SCHEMA, RunDir, now_iso, runs_root
 
@@ -58,7 +58,7 @@ class Job:
     samples: list[Sample]
     variants: list[str]
     out: Path | None = None   # None: runs/<model>-<hash of settings>
-    sage_config: SageConfig = field(default_factory=SageConfig)
+    sage_config: SageConfig = DIFFUSION_CONFIG  # frozen, so sharing the default is safe
     policy: Any = None        # sagegen.PrecisionPolicy (None: the patcher's default, all quantized)
     backend: str = "auto"     # sageattn backend for the patcher: auto | triton | reference
     device: str = "auto"
@@ -334,6 +334,10 @@ def attention(pipe, variant: str, job: Job, setup: dict):
     try:
         yield
     finally:
+        with contextlib.suppress(Exception):  # how many attention calls sagegen ran, fell back, kept fp
+            from .patch import patch_info
+
+            setup["attention_calls"] = dict(patch_info(pipe).get("stats", {}))
         unpatch(pipe)
 
 
@@ -361,13 +365,16 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
     device = distributed.device_for(job.device, dist)
     rd = RunDir(job.resolve_out())
     new = build_manifest(job, dist, device)
-    rd.update_manifest(lambda cur: merge_manifest(cur, new, rd.path))
+    if rd.exists():
+        merge_manifest(rd.manifest, new, rd.path)  # refuse a conflicting run before loading anything
     mine = distributed.shard(job.samples, dist)
     todo = {v: [s for s in mine if not rd.finished(v, s.id)] for v in job.variants}
     result = RunResult(rd.path, {v: 0 for v in job.variants}, {v: len(mine) - len(todo[v]) for v in job.variants},
                        {}, None)
-    if any(todo.values()):
-        loaded = (loader or default_loader)(job, device)
+    # Load first: when the weights are missing, fail without leaving an empty run directory behind.
+    loaded = (loader or default_loader)(job, device) if any(todo.values()) else None
+    rd.update_manifest(lambda cur: merge_manifest(cur, new, rd.path))
+    if loaded is not None:
         reporter.log(f"loaded {job.preset.name} from {loaded.source} in {loaded.load_s:.1f} s")
         for note in loaded.info.get("notes", []):
             reporter.log(note)
@@ -377,10 +384,13 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
                 continue
             setup = {"load_s": round(loaded.load_s, 6) if i == 0 else 0.0, "source": loaded.source}
             with attention(loaded.pipe, variant, job, setup):
-                _run_variant(job, loaded, variant, todo[variant], device, rd, reporter, setup, result)
+                _run_variant(job, loaded, variant, todo[variant], device, rd, reporter, setup, result, dist.rank)
             result.setup[variant] = setup
             key = f"rank{dist.rank}"
             rd.update_manifest(lambda cur: _with_setup(cur, variant, key, setup))
+    else:
+        for variant in job.variants:
+            reporter.variant_start(variant, 0, len(mine))
     distributed.barrier(dist)
     if dist.is_main:
         result.manifest = rd.refresh_manifest()
@@ -392,7 +402,7 @@ def _with_setup(manifest: dict, variant: str, key: str, setup: dict) -> dict:
     return manifest
 
 
-def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, result) -> None:
+def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, result, rank) -> None:
     if job.compile:
         t0 = time.perf_counter()
         _compile(loaded.pipe)
@@ -401,7 +411,6 @@ def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, res
     for _ in range(max(0, job.warmup)):  # untimed: JIT compilation, autotuning, allocator warm-up
         generate_one(loaded, job.preset, job.settings, samples[0], device, steps=min(2, job.settings["steps"]))
     setup["warmup_s"] = round(time.perf_counter() - t0, 6)
-    rank = distributed.info().rank
     for sample in samples:
         reporter.sample_start(variant, sample, job.settings["steps"])
         frames, timings, finite = generate_one(loaded, job.preset, job.settings, sample, device,

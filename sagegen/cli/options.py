@@ -88,7 +88,7 @@ def parse_seeds(values: Sequence[str]) -> list[int]:
                 raise UsageProblem(f"{token!r} is not a seed; use integers >= 0 such as 7, 0,1,2 or 0-3",
                                    "--seed") from None
     if any(s < 0 or s >= 2**63 for s in seeds):
-        raise UsageProblem("seeds must be integers from 0 to 2**63-1", "--seed")
+        raise UsageProblem("seeds must be integers from 0 to 2**63-1, such as 7, 0,1,2 or 0-3", "--seed")
     if not seeds:
         raise UsageProblem("no seed given; use e.g. --seed 0 or --seed 0-3", "--seed")
     return list(dict.fromkeys(seeds))

@@ -56,7 +56,6 @@ def run_command(
     from rich.console import Console
 
     from .. import distributed
-    from .tables import run_table, setup_lines
 
     job, warnings = jobs.build_job(**params, variants=[attention.lower()])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -65,13 +64,13 @@ def run_command(
     result = jobs.execute(job, quiet=quiet, title="run")
     if not distributed.info().is_main or result.manifest is None:
         return
-    _print_outcome(result, job.variants[0], run_table, setup_lines)
+    _print_outcome(result, job.variants[0])
 
 
-def _print_outcome(result, variant, run_table, setup_lines) -> None:
-    from rich.console import Console
+def _print_outcome(result, variant) -> None:
+    from .tables import cpu_note, result_console, run_table, setup_lines
 
-    console = Console(highlight=False, soft_wrap=True)
+    console = result_console()
     m = result.manifest
     console.print(run_table(m, variant))
     for line in setup_lines(m):
@@ -80,6 +79,8 @@ def _print_outcome(result, variant, run_table, setup_lines) -> None:
     skipped = result.skipped.get(variant, 0)
     extra = f" ({skipped} already finished before this run)" if skipped else ""
     console.print(f"{done}/{len(m['samples'])} sample(s) finished{extra}.", markup=False)
+    if cpu_note(m):
+        console.print(cpu_note(m), style="yellow", markup=False)
     console.print(f"Output: {result.run_dir}", markup=False)
 
 

@@ -4,10 +4,26 @@ from __future__ import annotations
 
 from statistics import mean
 
+from rich.console import Console
 from rich.table import Table
 
 
-def _short(text: str, n: int = 40) -> str:
+def result_console() -> Console:
+    """Console for result tables on stdout; at least 120 columns when writing to a file or pipe."""
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = max(console.width, 120)
+    return console
+
+
+def cpu_note(manifest: dict) -> str | None:
+    if manifest.get("runtime", {}).get("device") == "cpu" and "sage" in manifest.get("variants", []):
+        return ("note: on the CPU sagegen runs its PyTorch emulation of the kernels (correct, not fast); "
+                "speedups need a GPU")
+    return None
+
+
+def _short(text: str, n: int = 28) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -24,9 +40,9 @@ def run_table(manifest: dict, variant: str) -> Table:
     timings = manifest.get("timings", {}).get(variant, {})
     table = Table(title=f"{manifest['model']['name']} · {variant}", title_justify="left")
     for col in ("sample", "prompt"):
-        table.add_column(col, no_wrap=(col == "sample"))
+        table.add_column(col, no_wrap=True)
     for col in ("total s", "encode s", "denoise s", "decode s", "save s"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     rows = [s for s in _samples(manifest) if s["id"] in timings]
     for s in rows:
         t = timings[s["id"]]
@@ -62,10 +78,10 @@ def compare_table(manifest: dict, base: str = "sdpa", new: str = "sage") -> Tabl
                   caption="speedup = sdpa time / sage time (denoising loop, and whole pipeline call)",
                   caption_justify="left")
     table.add_column("sample", no_wrap=True)
-    table.add_column("prompt")
+    table.add_column("prompt", no_wrap=True)
     for col in (f"{base} total s", f"{new} total s", f"{base} denoise s", f"{new} denoise s",
                 "speedup denoise", "speedup total"):
-        table.add_column(col, justify="right")
+        table.add_column(col.replace(" ", "\n", 1), justify="right", no_wrap=True)
 
     def x(v):
         return "—" if v is None else f"{v:.2f}×"
@@ -83,11 +99,15 @@ def compare_table(manifest: dict, base: str = "sdpa", new: str = "sage") -> Tabl
 
 
 def setup_lines(manifest: dict) -> list[str]:
-    """One line per variant with the one-off costs (load, patch, compile, warm-up) of each process."""
+    """One line per variant (and process) with the one-off costs: load, patch, compile, warm-up."""
     out = []
     for variant, ranks in manifest.get("setup", {}).items():
         for rank, s in sorted(ranks.items()):
-            parts = [f"{k[:-2]} {v:.2f} s" for k, v in s.items() if k.endswith("_s") and isinstance(v, (int, float))]
+            parts = [f"{k[:-2]} {v:.2f} s" for k, v in s.items()
+                     if k.endswith("_s") and isinstance(v, (int, float)) and (v or k != "load_s")]
+            calls = s.get("attention_calls")
+            if calls:
+                parts.append("attention calls: " + ", ".join(f"{k} {v}" for k, v in calls.items()))
             who = f" ({rank})" if len(ranks) > 1 else ""
             out.append(f"{variant}{who}: " + ", ".join(parts))
     return out

@@ -7,6 +7,7 @@ checked on disk before anything touches the network; when nothing is cached and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -221,20 +222,38 @@ def place(pipe, device, *, offload: str = "none", vae_tiling: bool = False, vae_
     return notes
 
 
+@contextlib.contextmanager
+def _quiet_libraries():
+    """diffusers/transformers chatter (dtype-cast notices, progress bars) off while loading; errors stay."""
+    import diffusers.utils.logging as dlog
+    import transformers.utils.logging as tlog
+
+    saved = (dlog.get_verbosity(), tlog.get_verbosity())
+    dlog.set_verbosity_error()
+    tlog.set_verbosity_error()
+    try:
+        yield
+    finally:
+        dlog.set_verbosity(saved[0])
+        tlog.set_verbosity(saved[1])
+
+
 def load(preset: Preset, *, dtype: str, device, model_path=None, random_weights: bool = False, seed: int = 0,
          offload: str = "none", vae_tiling: bool = False, vae_slicing: bool = False) -> Loaded:
     """Build or load the pipeline for `preset` and place it on `device`."""
     t0 = time.perf_counter()
     tdtype = torch_dtype(dtype)
     overrides = None
-    if random_weights:
-        from .random_weights import build_random_pipeline
+    with _quiet_libraries():
+        if random_weights:
+            from .random_weights import build_random_pipeline
 
-        pipe, overrides = build_random_pipeline(preset, dtype=tdtype, seed=seed)
-        source = f"random weights at {preset.name}'s full-size architecture"
-    else:
-        where, local_only, source = locate(preset, model_path)
-        pipe = _load_tiny(preset, tdtype, seed) if where is None else _load_hub(preset, where, local_only, tdtype)
-    notes = place(pipe, device, offload=offload, vae_tiling=vae_tiling, vae_slicing=vae_slicing)
+            pipe, overrides = build_random_pipeline(preset, dtype=tdtype, seed=seed)
+            source = f"random weights at {preset.name}'s full-size architecture"
+        else:
+            where, local_only, source = locate(preset, model_path)
+            pipe = (_load_tiny(preset, tdtype, seed) if where is None
+                    else _load_hub(preset, where, local_only, tdtype))
+        notes = place(pipe, device, offload=offload, vae_tiling=vae_tiling, vae_slicing=vae_slicing)
     return Loaded(pipe=pipe, source=source, load_s=time.perf_counter() - t0, call_overrides=overrides,
                   info={"notes": notes})

@@ -1,0 +1,124 @@
+"""Option parsing shared by `sagegen run` / `compare`, and the model presets."""
+
+import pytest
+
+from sagegen.cli.errors import UsageProblem
+from sagegen.cli.options import (builtin_prompt_sets, kernel_config, load_prompts, parse_seeds,
+                                 precision_policy)
+from sagegen.config import DIFFUSION_CONFIG
+from sagegen.models.presets import PRESETS, UnknownModel, check_shape, resolve
+
+
+@pytest.mark.parametrize("values, expected", [
+    ([], [0]),
+    (["7"], [7]),
+    (["0,1,2"], [0, 1, 2]),
+    (["0-3"], [0, 1, 2, 3]),
+    (["5", "1-2", "5"], [5, 1, 2]),  # repeated, de-duplicated in order
+    ([" 3 , 4 "], [3, 4]),
+])
+def test_parse_seeds(values, expected):
+    assert parse_seeds(values) == expected
+
+
+@pytest.mark.parametrize("bad", ["x", "3-1", "1.5", "-2", "0-x"])
+def test_parse_seeds_rejects_with_option_name(bad):
+    with pytest.raises(UsageProblem) as e:
+        parse_seeds([bad])
+    assert str(e.value).startswith("--seed:")
+    assert "0-3" in str(e.value)
+
+
+def test_prompt_file_comments_and_blank_lines(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("# header\n\nfirst prompt\n  # indented comment\nsecond prompt  \n", encoding="utf-8")
+    assert load_prompts([], str(f), None) == ["first prompt", "second prompt"]
+    assert load_prompts(["extra"], str(f), 2) == ["extra", "first prompt"]
+
+
+def test_builtin_prompt_sets_exist_and_are_sized():
+    sets = builtin_prompt_sets()
+    assert {"smoke", "t2v", "t2i"} <= set(sets)
+    smoke = load_prompts([], "smoke", None)
+    assert 2 <= len(smoke) <= 3
+    assert len(load_prompts([], "t2v", None)) >= 24
+    assert len(load_prompts([], "t2i", None)) >= 12
+    assert all(not p.startswith("#") for p in load_prompts([], "t2v", None))
+
+
+@pytest.mark.parametrize("prompt, prompts, match", [
+    ([], None, "--prompt"),
+    ([""], None, "empty prompt"),
+    ([], "no-such-set-or-file", "built-in"),
+])
+def test_prompt_errors(prompt, prompts, match):
+    with pytest.raises(UsageProblem, match=match):
+        load_prompts(prompt, prompts, None)
+
+
+def test_empty_prompt_file(tmp_path):
+    f = tmp_path / "empty.txt"
+    f.write_text("# only a comment\n")
+    with pytest.raises(UsageProblem, match="holds no prompts"):
+        load_prompts([], str(f), None)
+
+
+def test_kernel_config_overrides():
+    assert kernel_config([]) == DIFFUSION_CONFIG
+    c = kernel_config(["pv_precision=fp16", "smooth-q=true", "block_k=none", "k_granularity=per_token"])
+    assert (c.pv_precision, c.smooth_q, c.block_k, c.k_granularity, c.smooth_v) == \
+        ("fp16", True, None, "per_token", True)
+
+
+@pytest.mark.parametrize("item, match", [
+    ("nope=1", "KEY one of"),
+    ("pv_precision", "KEY=VALUE"),
+    ("pv_precision=fp4", "fp8"),
+    ("smooth_k=maybe", "true or false"),
+    ("block_q=100", "16, 32"),
+])
+def test_kernel_config_errors_name_option_and_choices(item, match):
+    with pytest.raises(UsageProblem, match=match) as e:
+        kernel_config([item])
+    assert str(e.value).startswith("--kernel:")
+
+
+def test_precision_policy():
+    assert precision_policy(None, 0, 0) is None
+    p = precision_policy("0, -1, single_transformer_blocks.*", 2, 1)
+    assert p.blocks == (0, -1, "single_transformer_blocks.*")
+    assert (p.first_steps, p.last_steps) == (2, 1)
+
+
+def test_resolve_aliases_hub_ids_and_suggestions():
+    assert resolve("cogvideox").name == "cogvideox-2b"
+    assert resolve("FLUX.1-dev").name == resolve("flux1-dev").name == "flux.1-dev"
+    assert resolve("THUDM/CogVideoX-5b").name == "cogvideox-5b"
+    assert resolve("zai-org/CogVideoX1.5-5B").name == "cogvideox1.5-5b"
+    assert resolve("tiny").name == "tiny-cogvideox"
+    with pytest.raises(UnknownModel, match="did you mean 'cogvideox-2b'"):
+        resolve("cogvidex-2b")
+
+
+def test_presets_cover_issue_models_with_sources():
+    full = [p for p in PRESETS.values() if not p.tiny]
+    assert {p.name for p in full} == {"cogvideox-2b", "cogvideox-5b", "cogvideox1.5-5b", "hunyuanvideo", "mochi-1",
+                                      "flux.1-schnell", "flux.1-dev", "sd3.5-large", "sd3.5-large-turbo",
+                                      "sd3.5-medium"}
+    for p in full:
+        assert p.hub_id and "/" in p.hub_id and p.source, p.name
+        errors, _ = check_shape(p, height=p.height, width=p.width, frames=p.frames)
+        assert errors == [], p.name
+        assert (p.fps is not None) == p.is_video
+    # CogVideoX1.5's pipeline default resolution is unusable: the preset must carry its own
+    assert (resolve("cogvideox1.5").width, resolve("cogvideox1.5").height) == (1360, 768)
+    tiny = {p.family for p in PRESETS.values() if p.tiny}
+    assert tiny == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3"}
+
+
+def test_check_shape_errors_and_frame_warnings():
+    p = resolve("cogvideox-2b")
+    errors, warnings = check_shape(p, height=470, width=720, frames=49)
+    assert errors and "--height 470" in errors[0] and "464 or 480" in errors[0]
+    errors, warnings = check_shape(p, height=480, width=720, frames=50)
+    assert errors == [] and "4k+1" in warnings[0] and "49 or 53" in warnings[0]
