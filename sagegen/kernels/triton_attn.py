@@ -26,6 +26,33 @@ _MASK_KINDS = {"none": MASK_NONE, "key": MASK_KEY, "bool": MASK_BOOL, "additive"
 
 
 @triton.jit
+def _pv_update(acc, pq, v_base, offs_d, offs_n, stride_vn, stride_vd, alpha, beta, PV_FP8: tl.constexpr):
+    """acc * alpha + (P·V over this key block, accumulated fresh) * beta, for one chunk of head-dim columns."""
+    if PV_FP8:
+        v = tl.load(v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn)
+        part = tl.dot(pq, tl.trans(v))
+    else:
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+        part = tl.dot(pq, v)
+    # Two-level accumulation: `part` starts from zero in the tensor cores; the sum across blocks is FP32.
+    return acc * alpha[:, None] + part * beta[:, None]
+
+
+@triton.jit
+def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
+               PV_FP8: tl.constexpr, SMOOTH_V: tl.constexpr):
+    o = acc * inv_l[:, None]
+    if PV_FP8:
+        v_dq = tl.load(VS + vs_off + offs_d) / 448.0
+        o = o * v_dq[None, :]
+    if SMOOTH_V:
+        v_mean = tl.load(VM + vs_off + offs_d)
+        o = tl.where((l_i > 0)[:, None], o + v_mean[None, :], 0.0)
+    o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, o.to(o_base.dtype.element_ty), mask=(offs_m < N_Q)[:, None] & (offs_d < D)[None, :])
+
+
+@triton.jit
 def _attn_fwd_kernel(
     Q, K, V, QS, KS, VS, VM, QB, MSK, Out, Lse,
     stride_qb, stride_qh, stride_qn,
@@ -42,7 +69,7 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, K_PER_TOKEN: tl.constexpr, MASK_KIND: tl.constexpr,
     SMOOTH_Q: tl.constexpr, SMOOTH_V: tl.constexpr, PV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr,
-    EXACT_FP8_CAST: tl.constexpr,
+    EXACT_FP8_CAST: tl.constexpr, SPLIT_D: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -61,7 +88,13 @@ def _attn_fwd_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # Head-dim columns in one or two chunks: two halves keep the fresh per-block P·V result (which two-level
+    # accumulation needs besides the accumulator) small enough not to spill registers at head dim 128.
+    CHUNK_D: tl.constexpr = HEAD_DIM // 2 if SPLIT_D else HEAD_DIM
+    offs_d0 = tl.arange(0, CHUNK_D)
+    offs_d1 = CHUNK_D + offs_d0
+    acc0 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
+    acc1 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
 
     hi = N_K
     if CAUSAL:
@@ -103,36 +136,42 @@ def _attn_fwd_kernel(
         alpha = tl.math.exp2(m_i - m_new_safe)
         beta = tl.math.exp2(m_blk - m_new_safe)
         if PV_FP8:
-            v = tl.load(v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn)
             p_scaled = p * 448.0
             if EXACT_FP8_CAST:
                 p_scaled = round_to_e4m3_grid(p_scaled)
-            part = tl.dot(p_scaled.to(tl.float8e4nv), tl.trans(v))
+            pq = p_scaled.to(tl.float8e4nv)
         else:
-            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-            part = tl.dot(p.to(tl.float16), v)
-        # Two-level accumulation: `part` starts from zero in the tensor cores; the sum across blocks is FP32.
-        acc = acc * alpha[:, None] + part * beta[:, None]
+            pq = p.to(tl.float16)
+        acc0 = _pv_update(acc0, pq, v_base, offs_d0, offs_n, stride_vn, stride_vd, alpha, beta, PV_FP8)
+        if SPLIT_D:
+            acc1 = _pv_update(acc1, pq, v_base, offs_d1, offs_n, stride_vn, stride_vd, alpha, beta, PV_FP8)
         l_i = l_i * alpha + l_blk * beta
         m_i = m_new
 
     inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
-    o = acc * inv_l[:, None]
-    if PV_FP8:
-        v_dq = tl.load(VS + b * stride_vsb + h_kv * stride_vsh + offs_d) / 448.0
-        o = o * v_dq[None, :]
-    if SMOOTH_V:
-        v_mean = tl.load(VM + b * stride_vsb + h_kv * stride_vsh + offs_d)
-        o = tl.where((l_i > 0)[:, None], o + v_mean[None, :], 0.0)
-    o_ptrs = Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=(offs_m < N_Q)[:, None] & (offs_d < D)[None, :])
+    vs_off = b * stride_vsb + h_kv * stride_vsh
+    o_base = Out + b * stride_ob + h * stride_oh
+    _store_out(acc0, offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
+               PV_FP8, SMOOTH_V)
+    if SPLIT_D:
+        _store_out(acc1, offs_d1, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
+                   PV_FP8, SMOOTH_V)
     if RETURN_LSE:
         lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
 
 
-def _num_warps(block_m: int, head_dim: int) -> int:
-    return 8 if block_m * head_dim >= 128 * 128 else 4
+# Launch settings per (block_m, block_n, head_dim); tuned on an H200 (bench/tune_attention.py), and
+# overridable for tuning runs.
+LAUNCH_OVERRIDES: dict[tuple[int, int, int], tuple[int, int]] = {}
+
+
+def launch_settings(block_m: int, block_n: int, head_dim: int) -> tuple[int, int]:
+    """(num_warps, num_stages): two warpgroups for 128-row tiles keep the accumulators out of local memory."""
+    key = (block_m, block_n, head_dim)
+    if key in LAUNCH_OVERRIDES:
+        return LAUNCH_OVERRIDES[key]
+    return (8 if block_m >= 128 else 4), 2
 
 
 def sage_attention(
@@ -197,6 +236,7 @@ def sage_attention(
     else:
         v_strides = qq.v.stride()
     grid = (triton.cdiv(Nq, block_q), B * H)
+    num_warps, num_stages = launch_settings(block_q, block_k, d_pad)
     _attn_fwd_kernel[grid](
         qq.q8, qq.k8, qq.v, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse,
         *qq.q8.stride()[:3], *qq.k8.stride()[:3], *v_strides,
@@ -207,8 +247,8 @@ def sage_attention(
         BLOCK_M=block_q, BLOCK_N=block_k, HEAD_DIM=d_pad,
         CAUSAL=is_causal, K_PER_TOKEN=config.k_granularity == "per_token", MASK_KIND=kind,
         SMOOTH_Q=config.smooth_q, SMOOTH_V=config.smooth_v, PV_FP8=config.pv_precision == "fp8",
-        RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(),
-        num_warps=_num_warps(block_q, d_pad), num_stages=2,
+        RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if not return_lse:
         return None

@@ -1,0 +1,94 @@
+"""Compile sagegen's attention kernel for sm90 without a GPU and report registers, spills and the matrix
+instructions in its SASS (IGMMA/QGMMA/HGMMA on Hopper): costs no device time.
+
+    python bench/compile_check.py [--head-dim 128] [--sass out.sass]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from sagegen.config import SageConfig  # noqa: E402
+from sagegen.kernels import triton_attn  # noqa: E402
+
+PTR = {"Q": "*i8", "K": "*i8", "V": "*fp8e4nv", "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "VM": "*fp32",
+       "QB": "*fp32", "MSK": "*fp32", "Out": "*bf16", "Lse": "*fp32"}
+
+
+def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int = 0, causal: bool = False,
+                 num_warps: int | None = None, num_stages: int = 2, **extra):
+    bq, bk = cfg.blocks(head_dim)
+    fn = triton_attn._attn_fwd_kernel
+    names = list(inspect.signature(fn.fn).parameters)
+    const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, CAUSAL=causal,
+                 K_PER_TOKEN=cfg.k_granularity == "per_token", MASK_KIND=mask_kind, SMOOTH_Q=cfg.smooth_q,
+                 SMOOTH_V=cfg.smooth_v, PV_FP8=cfg.pv_precision == "fp8", RETURN_LSE=False,
+                 EXACT_FP8_CAST=False, **{"SPLIT_D": head_dim >= 128, **extra})
+    sig = {}
+    for n in names:
+        if n in const:
+            sig[n] = "constexpr"
+        elif n in PTR:
+            sig[n] = PTR[n] if cfg.pv_precision == "fp8" or n != "V" else "*fp16"
+        elif n == "sm_scale_log2":
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+    constexprs = {(names.index(k),): v for k, v in const.items()}
+    src = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    warps = num_warps or triton_attn.launch_settings(bq, bk, head_dim)[0]
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": warps, "num_stages": num_stages})
+
+
+def _cuobjdump(kernel, flag: str) -> str:
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([os.path.join(bin_dir, "cuobjdump"), flag, f.name], capture_output=True,
+                              text=True, check=True).stdout
+
+
+def sass_of(kernel) -> str:
+    return _cuobjdump(kernel, "-sass")
+
+
+def summary(kernel) -> dict:
+    sass = sass_of(kernel)
+    ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([A-Z0-9_.]+)", sass))
+    res = _cuobjdump(kernel, "-res-usage")
+    regs = re.search(r"REG:(\d+)", res)
+    stack = re.search(r"STACK:(\d+)", res)
+    return {"registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
+            "shared_bytes": kernel.metadata.shared,
+            "matrix_ops": {k: v for k, v in ops.items() if "MMA" in k},
+            "mufu": ops.get("MUFU", 0), "ldl/stl": ops.get("LDL", 0) + ops.get("STL", 0)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--sass")
+    args = ap.parse_args()
+    for name, cfg in [("default", SageConfig()), ("fp16-pv", SageConfig(pv_precision="fp16"))]:
+        k = compile_attn(args.head_dim, cfg)
+        print(name, summary(k))
+        if args.sass and name == "default":
+            open(args.sass, "w").write(sass_of(k))
+
+
+if __name__ == "__main__":
+    main()
