@@ -33,7 +33,7 @@ def test_players_play_in_sync_without_console_errors(video_report, tmp_path):
     assert r["players"] == 3 and r["videos_or_images"] == 9
     assert all(p["frame"] == 0 and p["views"] == [0, 0, 0] for p in r["before"])
     assert r["played"], r["during"]
-    assert r["paused_ok"] and r["seek_ok"] and r["in_sync"]
+    assert r["paused_ok"] and r["seek_ok"] and r["in_sync"] and r["gain_ok"]
     st = r["screenshot"]
     assert (st["width"], st["height"]) == (1400, 1000) and st["std"] > 20 and st["colors"] > 500
     assert shot.stat().st_size > 10_000

@@ -26,8 +26,12 @@ def eval_command(
     fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID (evenly spaced; default all).")] = None,
     bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples for the confidence intervals.")] = 2000,
 ) -> None:
-    """Evaluate a run: CLIP scores, FID/KID, and PSNR/SSIM/LPIPS of sage against the baseline; writes
-    RUN_DIR/metrics.json and prints a table. Metrics whose weights are missing are skipped with a reason."""
+    """Evaluate a run: CLIP scores, FID/KID, PSNR/SSIM/LPIPS vs the baseline, into metrics.json.
+
+    Writes RUN_DIR/metrics.json (per sample and aggregate, sage − baseline deltas with bootstrap confidence
+    intervals) and prints a table. A metric whose weights are missing offline is skipped with a one-line
+    reason; the others still run.
+    """
     from rich.console import Console
 
     from sagegen.eval.clip import MODES

@@ -17,8 +17,12 @@ def report_command(
     contact_sheet: Annotated[bool, typer.Option("--contact-sheet/--no-contact-sheet", help="Write report/contact_sheet.png.")] = True,
     screenshot: Annotated[Optional[Path], typer.Option(help="Also load the report in headless Chromium, check it, and save a PNG screenshot here.")] = None,
 ) -> None:
-    """Write RUN_DIR/report/: a self-contained report.html (synchronised players, amplified difference, metrics
-    with deltas, per-frame PSNR, timings and speedup, settings), side-by-side MP4s and contact_sheet.png."""
+    """Side-by-side report of a run: report.html, side-by-side MP4s and a contact sheet.
+
+    Writes RUN_DIR/report/: a self-contained report.html (players in sync, amplified difference, metrics
+    with deltas, per-frame PSNR, timings and speedup, settings), side_by_side/<id>.mp4 (PNG for image
+    models) and contact_sheet.png.
+    """
     from rich.console import Console
 
     from sagegen.eval.rundata import RunDirError, resolve_run_dir

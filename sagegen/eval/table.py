@@ -66,11 +66,11 @@ def metrics_table(doc: dict, only: Iterable[str] | None = None) -> Table:
 
 
 def skip_lines(doc: dict, only: Iterable[str] | None = None) -> list[str]:
-    """One line per metric that did not run: ``<metric> skipped: <reason>``."""
+    """One line per reason a metric did not run: ``<metric>[, <metric>] skipped: <reason>``."""
     metrics = doc.get("metrics", {})
-    out = []
+    groups: dict[tuple[str, str], list[str]] = {}
     for m in only or metrics:
         e = metrics.get(m) or {}
         if e.get("status") in ("skipped", "error"):
-            out.append(f"{m} {e['status']}: {e.get('reason', '')}")
-    return out
+            groups.setdefault((e["status"], e.get("reason", "")), []).append(m)
+    return [f"{', '.join(ms)} {status}: {reason}" for (status, reason), ms in groups.items()]

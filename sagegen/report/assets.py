@@ -13,7 +13,7 @@ h2{font-size:16px;margin:0 0 10px}
 h3{font-size:15px;margin:0 0 6px}
 table{border-collapse:collapse;font-size:13px}
 th,td{border-bottom:1px solid #eee;padding:4px 10px;text-align:right;vertical-align:top}
-th:first-child,td:first-child{text-align:left}
+th:first-child,td:first-child,td:last-child:not(:nth-child(-n+4)){text-align:left}
 th{background:#f4f4f6;font-weight:600}
 .kv td{text-align:left}
 .kv td:first-child{color:var(--muted);white-space:nowrap}
@@ -33,6 +33,8 @@ th{background:#f4f4f6;font-weight:600}
 .plot{margin-top:4px}
 .plot svg{background:#fcfcfd;border:1px solid #eee;border-radius:4px}
 details summary{cursor:pointer;color:var(--muted)}
+details.skipped{margin:0 0 10px}details.skipped summary{color:#8a5a00}
+.controls label{display:flex;align-items:center;gap:6px;font-size:12px}.controls input.sg-gain{width:90px}
 a{color:#0b57d0}
 """
 
@@ -53,6 +55,13 @@ JS = r"""
     self.cursor = document.querySelector('line.sg-cursor[data-id="' + spec.id + '"]');
     self.ready = Promise.all([].concat.apply([], self.images).map(function(im){ return im.decode(); }));
     self.ready.then(function(){ self.draw(); }, function(err){ console.warn("frame decode failed", err); });
+    self.gain = root.querySelector("input.sg-gain");
+    self.gainVal = root.querySelector(".sg-gain-val");
+    if (self.gain) self.gain.addEventListener("input", function(){
+      var k = parseInt(self.gain.value, 10) || 1;
+      root.querySelectorAll("canvas.sg-diff").forEach(function(c){ c.style.filter = k > 1 ? "brightness(" + k + ")" : ""; });
+      self.gainVal.textContent = "\u00d7" + k;
+    });
     self.btn.addEventListener("click", function(){ self.playing ? self.pause() : self.play(); });
     self.slider.addEventListener("input", function(){ self.seek(parseInt(self.slider.value, 10)); });
   }

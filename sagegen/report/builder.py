@@ -94,7 +94,6 @@ def _summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
     for m, ent in (mdoc.get("metrics") or {}).items():
         d = DIGITS.get(m, 4)
         if ent.get("status") != "ok":
-            warnings.append(f"{m} {ent.get('status')}: {ent.get('reason', '')}")
             continue
         hib = ent.get("higher_is_better")
         name = f"{H.e(m)} {'↑' if hib else '↓'}"
@@ -127,6 +126,9 @@ def _summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
             notes.append(f"n={ent.get('n')}, {ent.get('extractor')}")
         row.append(f'<span class="muted">{H.e("; ".join(notes))}</span>')
         rows.append(row)
+    from sagegen.eval.table import skip_lines
+
+    warnings.extend(skip_lines(mdoc))
     html = H.table(head, rows) if rows else '<p class="muted">No metric computed.</p>'
     return html, warnings
 
@@ -195,7 +197,7 @@ def build_report(
                           "frames": [data_uri(fit(frames[v][t], opts.max_side), fmt, opts.quality) for t in idx]})
         for c in run.candidates:
             lbl = f"|{_label(run, c)} − baseline| × {opts.gain:g}"
-            views.append({"label": lbl, "frames": [
+            views.append({"label": lbl, "diff": True, "frames": [
                 data_uri(fit(amplified_diff(frames[c][t], base[t], opts.gain), opts.max_side), fmt, opts.quality)
                 for t in idx]})
         h, w = fit(base[0], opts.max_side).shape[:2]

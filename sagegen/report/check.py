@@ -49,6 +49,9 @@ def check_report(html: str | Path, screenshot: str | Path | None = None, play_s:
             out["in_sync"] = all(len(set(p["views"])) == 1 and p["views"][0] == p["frame"]
                                  for st in (during, still, seeked) for p in st)
             out["seek_ok"] = all(p["frame"] == p["n"] // 2 for p in seeked)
+            out["gain_ok"] = b.eval("""(function(){var g=document.querySelector('input.sg-gain'); g.value='4';
+                g.dispatchEvent(new Event('input'));
+                var c=g.closest('.player').querySelector('canvas.sg-diff'); return c.style.filter === 'brightness(4)';})()""")
         png = b.screenshot()
         out["problems"] = b.console_problems()
     out["screenshot"] = screenshot_stats(png)

@@ -94,7 +94,8 @@ def psnr_svg(series: dict[str, list[float]], sid: str, width: int = 520, height:
 def _css_size(row: dict, min_w: int = 256) -> str:
     w, h = row["w"], row["h"]
     k = max(1, -(-min_w // w)) if w < min_w else 1
-    return f'style="width:{w * k}px;height:{h * k}px"'
+    pix = ";image-rendering:pixelated" if k > 1 else ""
+    return f'style="width:{w * k}px;height:{h * k}px{pix}"'
 
 
 def player_html(row: dict) -> str:
@@ -102,7 +103,8 @@ def player_html(row: dict) -> str:
     sid = e(row["id"])
     views = "".join(
         f'<div class="view"><div class="lbl">{e(v["label"])}</div>'
-        f'<canvas class="sg-view" width="{row["w"]}" height="{row["h"]}" {_css_size(row)} data-view="{e(v["label"])}"></canvas></div>'
+        f'<canvas class="sg-view{" sg-diff" if v.get("diff") else ""}" width="{row["w"]}" height="{row["h"]}" '
+        f'{_css_size(row)} data-view="{e(v["label"])}"></canvas></div>'
         for v in row["views"]
     )
     note = f' <span class="muted">(every {row["step"]}th frame)</span>' if row.get("step", 1) > 1 else ""
@@ -110,7 +112,9 @@ def player_html(row: dict) -> str:
         f'<div class="player" id="player-{sid}"><div class="views">{views}</div>'
         f'<div class="controls"><button class="sg-play" type="button">Play</button>'
         f'<input class="sg-seek" type="range" min="0" max="{row["n"] - 1}" value="0" step="1" aria-label="seek">'
-        f'<span class="fc">frame 1 / {row["n"]}</span>{note}</div></div>'
+        f'<span class="fc">frame 1 / {row["n"]}</span>{note}'
+        f'<label class="muted">diff gain <input class="sg-gain" type="range" min="1" max="16" value="1" step="1" '
+        f'aria-label="extra difference gain"> <span class="sg-gain-val">×1</span></label></div></div>'
     )
 
 
@@ -148,6 +152,8 @@ def render(doc: dict) -> str:
                for r in doc["rows"]] if video else []
     data = json.dumps({"players": players}, separators=(",", ":")).replace("</", "<\\/")
     warn = "".join(f'<div class="warn">{e(w)}</div>' for w in doc.get("warnings", []))
+    if warn:
+        warn = f'<details class="skipped"><summary>{len(doc["warnings"])} note(s) on metrics that did not run</summary>{warn}</details>'
     links = " · ".join(f'<a href="{e(h)}">{e(t)}</a>' for t, h in doc.get("links", []))
     body = [
         "<!DOCTYPE html>",

@@ -50,6 +50,9 @@ def encode_mp4(frames: Iterable[np.ndarray], path: str | Path, fps: float, crf: 
         err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
         if proc.wait() != 0:
             raise RuntimeError(f"ffmpeg failed: {err.strip()[-500:]}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a shared report should be readable like any file
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
