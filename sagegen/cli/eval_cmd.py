@@ -10,7 +10,7 @@ import typer
 METRIC_HELP = "clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed)"
 MODE_NOTES = {
     "evalcrafter": "EvalCrafter-compatible (OpenAI ViT-B/32; frames squashed to 224x224, raw 0..255 pixels, "
-    "no normalisation; cosine similarity)",
+    "no normalisation; cosine similarity; read from the lossless PNG frames, where EvalCrafter decodes the MP4)",
     "standard": "standard open_clip preprocessing (resize shortest side, centre crop, mean/std normalise)",
 }
 

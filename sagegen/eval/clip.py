@@ -9,7 +9,10 @@ Two preprocessing modes:
     crop) and fed to the image tower as raw 0..255 values, *without* the usual /255 and mean/std
     normalisation. For CLIPSIM the resize is OpenCV's ``INTER_LINEAR`` on the uint8 frame (result rounded back
     to uint8); for CLIP-T it is a bilinear resize of the float frame without antialiasing (torchvision 0.15's
-    tensor ``Resize``). Scores are plain cosine similarities (not x100, not clamped).
+    tensor ``Resize``). Scores are plain cosine similarities (not x100, not clamped). One deliberate
+    difference: frames come from the lossless PNGs, where EvalCrafter decodes the generated MP4 with OpenCV.
+    EvalCrafter loads the weights through transformers (``openai/clip-vit-base-patch32``); open_clip's
+    ``ViT-B-32`` + ``openai`` tag is the same network and weights (QuickGELU, EOT-token pooling).
 ``standard``
     The model's own open_clip preprocessing (shortest-side resize, centre crop, /255, mean/std normalise);
     the same cosine similarities.

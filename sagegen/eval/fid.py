@@ -135,6 +135,8 @@ def kid_from_features(
     if m < 2:
         raise ValueError("KID needs at least 2 samples per set")
     d = a.shape[1]
+    if m == a.shape[0] == b.shape[0]:
+        n_subsets = 1  # every "subset" would be the whole of both sets
     rng = np.random.default_rng(seed)
     vals = []
     for _ in range(n_subsets):

@@ -122,7 +122,7 @@ def _summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
                 if c in vr:
                     cell += f"<br>{vr[c]['value']:.{d}f} vs ref"
                 dl = (ent.get("delta_vs_reference") or {}).get(c)
-                row += [cell, H.signed(dl["value"], d, not hib if hib is not None else None) + " vs ref" if dl else "—"]
+                row += [cell, H.signed(dl["value"], d, hib) + " vs ref" if dl else "—"]
             notes.append(f"n={ent.get('n')}, {ent.get('extractor')}")
         row.append(f'<span class="muted">{H.e("; ".join(notes))}</span>')
         rows.append(row)
