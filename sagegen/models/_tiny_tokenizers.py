@@ -4,21 +4,18 @@
   ``<|startoftext|> ... <|endoftext|>`` (padding with ``<|endoftext|>``).
 * T5: SentencePiece-style Unigram over ``▁``-prefixed pieces, ``... </s>``, ``<pad>`` = 0.
 * Llama (HunyuanVideo's text encoder): Llama-3's split, byte-level pieces, ``<|begin_of_text|>`` prepended,
-  Llama-3 chat
-  header tokens as special tokens. Built so that HunyuanVideo's default prompt template puts exactly
-  ``crop_start`` (95) tokens before the user prompt, as the real Llama-3 tokenizer does, so the pipeline's
-  cropping removes the template and keeps the prompt.
+  the Llama-3 chat header tokens as special tokens. HunyuanVideo's default prompt template then puts exactly
+  ``crop_start`` = 95 tokens before the user prompt, as the real Llama-3 tokenizer does, so the pipeline's
+  cropping removes the template and keeps the prompt (a test checks this).
 
-The models are greedy longest-match over whole-word pieces and single bytes: every word of a built-in
-vocabulary of common prompt words is one token; any other text still tokenizes (into bytes), so distinct prompts give distinct ids. The `tokenizers` objects are wrapped in
-the transformers class each pipeline names (``CLIPTokenizer``/``T5TokenizerFast``/``LlamaTokenizerFast``, or
-their transformers-5 equivalents), falling back to ``PreTrainedTokenizerFast`` where that class cannot wrap
-a ready-made tokenizer.
+The models are whole-word lookups with a fallback to single bytes: every word of a built-in vocabulary of
+common prompt words is one token, any other text still tokenizes (into bytes), so distinct prompts give
+distinct ids. The `tokenizers` objects are wrapped in the transformers class each pipeline names
+(``CLIPTokenizer``, ``T5TokenizerFast``, ``LlamaTokenizerFast``; in transformers 5 the fast classes carry the
+plain names), falling back to ``PreTrainedTokenizerFast`` where a class cannot wrap a ready tokenizer.
 """
 
 from __future__ import annotations
-
-import re
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
@@ -43,9 +40,6 @@ spatial relationships objects actions events behaviors temporal physical movemen
 environment style atmosphere angles movements transitions used system user
 """.split()
 
-# Template words without a space-prefixed piece (" word" -> " " + "word"), chosen so that HunyuanVideo's
-# default template prefix is exactly 95 tokens long (see the module doc); each adds one token.
-_LLAMA_SPLIT_WORDS: tuple[str, ...] = ()
 
 LLAMA_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
                   "<|eot_id|>", "<|finetune_right_pad_id|>")
@@ -55,11 +49,11 @@ def _byte_alphabet() -> list[str]:
     return sorted(pre_tokenizers.ByteLevel.alphabet())
 
 
-def _word_pieces(vocab: dict[str, int], words, *, spaced: bool, bare: bool, skip=()) -> None:
+def _word_pieces(vocab: dict[str, int], words, *, spaced: bool, bare: bool) -> None:
     """Add whole words as byte-level pieces (``Ġword`` with a leading space, ``word`` without)."""
     for word in words:
         forms = []
-        if spaced and word not in skip:
+        if spaced:
             forms.append("Ġ" + word)
         if bare:
             forms.append(word)
@@ -67,10 +61,10 @@ def _word_pieces(vocab: dict[str, int], words, *, spaced: bool, bare: bool, skip
             vocab.setdefault(form, len(vocab))
 
 
-def _greedy_model(vocab: dict[str, int], unk: str) -> models.WordPiece:
-    # Greedy longest-match-first over whole-word pieces and single bytes: every vocabulary word is one
-    # token, anything else falls back to shorter pieces (never to unk: every byte is in the vocabulary).
-    return models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="", max_input_chars_per_word=1000)
+def _word_bpe(vocab: dict[str, int], unk: str | None, **kwargs) -> models.BPE:
+    # No merges, and ``ignore_merges``: a pre-token that is a vocabulary entry is one token; anything else
+    # falls back to single bytes (never to unk: every byte is in the vocabulary).
+    return models.BPE(vocab=vocab, merges=[], unk_token=unk, fuse_unk=False, ignore_merges=True, **kwargs)
 
 
 # -- CLIP ----------------------------------------------------------------------------------------------------
@@ -78,23 +72,25 @@ CLIP_BOS, CLIP_EOS = "<|startoftext|>", "<|endoftext|>"
 
 
 def clip_tokenizer_object() -> Tokenizer:
-    vocab: dict[str, int] = {ch: i for i, ch in enumerate(_byte_alphabet())}
-    _word_pieces(vocab, dict.fromkeys(w.lower() for w in WORDS), spaced=True, bare=False)
+    alphabet = _byte_alphabet()
+    vocab: dict[str, int] = {ch: i for i, ch in enumerate(alphabet)}
+    for ch in alphabet:
+        vocab[ch + "</w>"] = len(vocab)
+    _word_pieces(vocab, dict.fromkeys(w.lower() for w in WORDS), spaced=False, bare=True)
     vocab[CLIP_BOS] = len(vocab)
     vocab[CLIP_EOS] = len(vocab)
-    tok = Tokenizer(_greedy_model(vocab, CLIP_EOS))
+    tok = Tokenizer(_word_bpe(vocab, CLIP_EOS, continuing_subword_prefix="", end_of_word_suffix="</w>"))
     tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
                                            normalizers.Lowercase()])
     # CLIP's own split (words, single digits, punctuation runs; whitespace dropped), then bytes.
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|"""
                                    r"""[\p{N}]|[^\s\p{L}\p{N}]+"""), behavior="removed", invert=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.TemplateProcessing(
-        single=[CLIP_BOS, "$A", CLIP_EOS], pair=[CLIP_BOS, "$A", CLIP_EOS, CLIP_EOS, "$B", CLIP_EOS],
-        special_tokens=[(CLIP_BOS, vocab[CLIP_BOS]), (CLIP_EOS, vocab[CLIP_EOS])])
+    tok.post_processor = processors.RobertaProcessing((CLIP_EOS, vocab[CLIP_EOS]), (CLIP_BOS, vocab[CLIP_BOS]),
+                                                      trim_offsets=False, add_prefix_space=False)
     tok.add_special_tokens([CLIP_BOS, CLIP_EOS])
     return tok
 
@@ -127,10 +123,10 @@ def llama_tokenizer_object() -> Tokenizer:
     vocab: dict[str, int] = {ch: i for i, ch in enumerate(_byte_alphabet())}
     vocab["ĊĊ"] = len(vocab)
     words = dict.fromkeys(f for w in WORDS for f in (w, w.capitalize()))
-    _word_pieces(vocab, words, spaced=True, bare=True, skip=_LLAMA_SPLIT_WORDS)
+    _word_pieces(vocab, words, spaced=True, bare=True)
     for special in LLAMA_SPECIALS:
         vocab[special] = len(vocab)
-    tok = Tokenizer(_greedy_model(vocab, LLAMA_SPECIALS[1]))
+    tok = Tokenizer(_word_bpe(vocab, None))
     # Llama-3's split (words keep their leading space, numbers in runs of <= 3 digits), then bytes.
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
@@ -152,6 +148,7 @@ def _wrap(tok: Tokenizer, class_names: tuple[str, ...], probe: str, **kwargs):
     import transformers
 
     expected = tok.encode(probe).ids
+    kwargs.setdefault("padding_side", "right")  # the pipelines crop/pool assuming right padding
     for name in class_names:
         cls = getattr(transformers, name, None)
         if cls is None:
@@ -182,10 +179,5 @@ def t5_tokenizer(model_max_length: int = 512):
 
 def llama_tokenizer(model_max_length: int = 1024):
     return _wrap(llama_tokenizer_object(), ("LlamaTokenizerFast", "LlamaTokenizer"), _PROBE,
-                 bos_token=LLAMA_SPECIALS[0], eos_token=LLAMA_SPECIALS[1], unk_token=None,
-                 pad_token=LLAMA_SPECIALS[5], model_max_length=model_max_length, add_bos_token=False,
-                 add_eos_token=False)
-
-
-def word_count(text: str) -> int:
-    return len(re.findall(r"\w+", text))
+                 bos_token=LLAMA_SPECIALS[0], eos_token=LLAMA_SPECIALS[1],
+                 pad_token=LLAMA_SPECIALS[5], model_max_length=model_max_length)

@@ -12,10 +12,11 @@ from .api import (
     patched,
     reset_stats,
     reset_steps,
+    set_attention_override,
     step_history,
     unpatch,
 )
 from .policy import PrecisionPolicy
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "patch_info", "reset_stats", "reset_steps",
-           "step_history", "attention_modules", "PrecisionPolicy", "SUPPORTED_MODELS"]
+           "step_history", "set_attention_override", "attention_modules", "PrecisionPolicy", "SUPPORTED_MODELS"]

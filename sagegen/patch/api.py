@@ -204,6 +204,19 @@ def patch_info(obj) -> dict:
     return info
 
 
+def set_attention_override(obj, fn) -> None:
+    """For benchmarks and analysis: answer the routed attention calls of a patched object with
+    ``fn(q, k, v, attn_mask, is_causal, scale) -> out`` ([B, H, N, D] tensors, fp16/bf16) instead of sageattn
+    (e.g. a no-op returning zeros, to bound attention's share of a step). ``None`` restores sageattn."""
+    transformer, _ = _resolve(obj)
+    state: _PatchState | None = getattr(transformer, _STATE_ATTR, None)
+    if state is None:
+        raise ValueError("set_attention_override needs a patched object; call sagegen.patch first")
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn must be callable or None, got {type(fn).__name__}")
+    state.session.attention_override = fn
+
+
 def reset_stats(obj) -> None:
     """Zero the counters of a patched object (and forget the step tracker's history)."""
     transformer, _ = _resolve(obj)

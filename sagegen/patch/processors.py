@@ -47,6 +47,7 @@ class PatchSession:
         self.fp32_dtype = fp32_dtype
         self.full_precision_names: frozenset[str] = frozenset()
         self.step_full_precision = False  # set per transformer forward by the step tracker
+        self.attention_override = None  # analysis hook: fn(q, k, v, attn_mask, is_causal, scale) -> out
         self.stats: Counter = Counter()
         self._lock = threading.Lock()
         self._warned: set[str] = set()
@@ -72,7 +73,15 @@ class PatchSession:
         in_dtype = q.dtype
         if in_dtype not in _HALF:  # fp32 model: quantized attention on a bf16 (or fp16) copy, result cast back
             q, k, v = (t.to(self.fp32_dtype) for t in (q, k, v))
+        if q.device.type != "cuda":
+            # Workaround: the PyTorch emulation (the CPU path) fails on some non-contiguous views (a .view in
+            # kernels/reference.py quantize_int8 when N is a multiple of the block). The GPU path reads strides.
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         mask = bound["attn_mask"]
+        if self.attention_override is not None:
+            self.count("overridden")
+            out = self.attention_override(q, k, v, mask, bool(bound["is_causal"]), bound["scale"])
+            return out if out.dtype == in_dtype else out.to(in_dtype)
         out = _api.sageattn(q, k, v, tensor_layout="HND", is_causal=bool(bound["is_causal"]),
                             sm_scale=bound["scale"], attn_mask=mask, config=self.config, backend=self.backend)
         self.count("routed")
