@@ -31,6 +31,9 @@ class SagegenGroup(TyperGroup):
         args = list(sys.argv[1:] if args is None else args)
         args, debug = errors.strip_debug(args)
         errors.set_debug(debug)
+        from .options import set_invocation
+
+        set_invocation(args + (["--debug"] if debug else []))
         if not standalone_mode:
             return super().main(args=args, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)

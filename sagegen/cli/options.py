@@ -160,7 +160,17 @@ def choice(value: str, allowed: Sequence[str], option: str) -> str:
     return v
 
 
+_invocation: list[str] = []
+
+
+def set_invocation(args: Sequence[str]) -> None:
+    """Remember the arguments the CLI was given (the manifest's ``command``)."""
+    _invocation[:] = ["sagegen", *args]
+
+
 def command_line() -> list[str]:
+    if _invocation:
+        return list(_invocation)
     argv = list(sys.argv)
     if argv:
         argv[0] = Path(argv[0]).name

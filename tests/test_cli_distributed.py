@@ -1,0 +1,59 @@
+"""Several processes: launcher detection, and a real 2-process `torchrun` compare on the CPU (gloo)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sagegen import distributed
+from sagegen.rundir import RunDir
+
+
+def test_info_reads_torchrun_and_accelerate_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("ACCELERATE_", "TORCHELASTIC_")) or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(k)
+    assert distributed.info() == distributed.DistInfo()
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    d = distributed.info()
+    assert (d.rank, d.world_size, d.local_rank, d.launcher, d.is_main) == (3, 4, 1, "torchrun", False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
+    assert distributed.info().launcher == "accelerate"
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(ValueError, match="RANK=4, WORLD_SIZE=4"):
+        distributed.info()
+
+
+def test_shard_is_round_robin_and_complete():
+    items = list(range(7))
+    shares = [distributed.shard(items, distributed.DistInfo(rank=r, world_size=3)) for r in range(3)]
+    assert shares == [[0, 3, 6], [1, 4], [2, 5]]
+    assert sorted(sum(shares, [])) == items
+
+
+@pytest.mark.slow
+def test_compare_under_torchrun_with_two_processes(tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="",
+               SAGEGEN_RUNS=str(tmp_path / "runs"), OMP_NUM_THREADS="1")
+    env.pop("SAGEGEN_DEBUG", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sagegen.cli.app", "compare", "tiny-flux", "--prompts", "smoke", "--seed", "0-1", "--steps", "2",
+           "--warmup", "0", "--quiet", "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rd = RunDir(out)
+    m = json.loads(rd.manifest_path.read_text())
+    ids = [f"p00{p}-s{s}" for p in range(3) for s in (0, 1)]
+    assert m["runtime"]["world_size"] == 2
+    for v in ("sdpa", "sage"):
+        assert sorted(m["timings"][v]) == ids  # the manifest ends up whole
+        assert {s["rank"] for s in rd.samples(v)} == {0, 1}  # and both processes did their share
+        assert sorted(m["setup"][v]) == ["rank0", "rank1"]
+    assert proc.stdout.count("sdpa vs sage") == 1  # only rank 0 prints the summary
+    assert "[rank 1]" in proc.stderr  # the other rank reports its samples line by line (on stderr)
