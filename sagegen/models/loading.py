@@ -248,7 +248,7 @@ def load(preset: Preset, *, dtype: str, device, model_path=None, random_weights:
         if random_weights:
             from .random_weights import build_random_pipeline
 
-            pipe, overrides = build_random_pipeline(preset, dtype=tdtype, seed=seed)
+            pipe, overrides = build_random_pipeline(preset, dtype=tdtype, seed=seed, device=device)
             source = f"random weights at {preset.name}'s full-size architecture"
         else:
             where, local_only, source = locate(preset, model_path)
