@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from sagegen.config import SageConfig  # noqa: E402
 from sagegen.kernels import triton_attn  # noqa: E402
 
-PTR = {"Q": "*i8", "K": "*i8", "V": "*fp8e4nv", "QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "VM": "*fp32",
-       "QB": "*fp32", "MSK": "*fp32", "Out": "*bf16", "Lse": "*fp32"}
+PTR = {"QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "VM": "*fp32", "QB": "*fp32", "MSK": "*fp32",
+       "Out": "*bf16", "Lse": "*fp32"}
 
 
 def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int = 0, causal: bool = False,
@@ -36,12 +36,18 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
                  K_PER_TOKEN=cfg.k_granularity == "per_token", MASK_KIND=mask_kind, SMOOTH_Q=cfg.smooth_q,
                  SMOOTH_V=cfg.smooth_v, PV_FP8=cfg.pv_precision == "fp8", RETURN_LSE=False,
                  EXACT_FP8_CAST=False, **{"SPLIT_D": head_dim >= 128, **extra})
+    chunk = head_dim // 2 if head_dim >= 128 else head_dim
+    fp8 = cfg.pv_precision == "fp8"
+    desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}]>", "k_desc": f"tensordesc<i8[{bk}, {head_dim}]>",
+            "v_desc": f"tensordesc<fp8e4nv[{chunk}, {bk}]>" if fp8 else f"tensordesc<fp16[{bk}, {chunk}]>"}
     sig = {}
     for n in names:
         if n in const:
             sig[n] = "constexpr"
+        elif n in desc:
+            sig[n] = desc[n]
         elif n in PTR:
-            sig[n] = PTR[n] if cfg.pv_precision == "fp8" or n != "V" else "*fp16"
+            sig[n] = PTR[n]
         elif n == "sm_scale_log2":
             sig[n] = "fp32"
         else:

@@ -18,6 +18,7 @@ from ..config import SageConfig
 from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2E, MaskSpec
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
+LOG2_FP8_MAX = math.log2(FP8_MAX)
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +126,7 @@ def sage_attention(
     if config.pv_precision == "fp8":
         v_scale = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS) / FP8_MAX  # [B, Hkv, 1, D]
         vq = (vs / v_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
-        v_dequant = v_scale / FP8_MAX
+        v_dequant = v_scale
     else:
         vq = vs.to(torch.float16).float()
         v_dequant = None
@@ -169,7 +170,7 @@ def sage_attention(
             o = torch.where(l[..., None] > 0, o + v_mean, torch.zeros_like(o))
         out[:, :, rows] = o.to(q.dtype)
         if lse is not None:
-            lse_rows = (m + torch.log2(l)) * LN2
+            lse_rows = (m + torch.log2(l) - LOG2_FP8_MAX) * LN2
             if config.smooth_k:
                 corr = (qf[:, :, rows] @ _expand_kv(k_mean, group).transpose(-1, -2))[..., 0] * sm_scale
                 lse_rows = lse_rows + corr
@@ -178,41 +179,33 @@ def sage_attention(
 
 
 def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
-    """Softmax·V over key blocks with P rescaled per block to its own row max before the FP8 cast.
+    """Online softmax·V over key blocks, exactly as the kernel orders it.
 
     s: scaled scores in log2 units [B, H, M, Nk]; vq_blocks: [B, H, n_blocks, block_k, D] (quantized V).
-    Returns the unnormalised output [B, H, M, D], the row max m and the row sum l (both log2-domain).
+    P = exp2(s - m + log2 448) with m the running row max, so its largest values land on e4m3's 448; each
+    block's P·V is accumulated fresh and added into the FP32 accumulator (or, for ``accum="fp22"``, into a
+    single accumulator truncated to FP22 after every block). Returns the unnormalised output [B, H, M, D],
+    the row max m and the row sum l (both carry P's factor 448, which cancels in out = acc / l).
     """
     B, H, M, _ = s.shape
-    n_blocks = vq_blocks.shape[2]
+    n_blocks, D = vq_blocks.shape[2], vq_blocks.shape[-1]
     sb = torch.nn.functional.pad(s, (0, pad_k), value=-math.inf).view(B, H, M, n_blocks, block_k)
-    m_b = sb.amax(dim=-1)  # [B, H, M, nb]
-    m_b_safe = torch.where(torch.isinf(m_b), torch.zeros_like(m_b), m_b)
-    p = torch.exp2(sb - m_b_safe[..., None])
-    l_b = p.sum(dim=-1)
-    pq = (p * FP8_MAX).to(torch.float8_e4m3fn).float() if fp8 else p.to(torch.float16).float()
-    # partial[b, h, m, nb, d]: each block's P·V accumulated fresh (the first level).
-    partial = torch.einsum("bhmnk,bhnkd->bhmnd", pq, vq_blocks)
-    m = m_b.amax(dim=-1)
-    m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    if accum == "fp32":
-        w = torch.where(torch.isinf(m_b), torch.zeros_like(m_b), torch.exp2(m_b - m_safe[..., None]))
-        o = (partial * w[..., None]).sum(dim=3)
-        l = (l_b * w).sum(dim=-1)
-        return o, m, l
-    # Single-level FP22: the running accumulator itself is truncated after every block.
-    o = torch.zeros(B, H, M, partial.shape[-1], device=s.device)
+    m = torch.full((B, H, M), -math.inf, device=s.device)
     l = torch.zeros(B, H, M, device=s.device)
-    m_run = torch.full((B, H, M), -math.inf, device=s.device)
+    acc = torch.zeros(B, H, M, D, device=s.device)
     for j in range(n_blocks):
-        m_new = torch.maximum(m_run, m_b[..., j])
-        m_new_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        alpha = torch.exp2(m_run - m_new_safe)
-        beta = torch.exp2(m_b[..., j] - m_new_safe)
-        o = truncate_fp22(o * alpha[..., None] + partial[:, :, :, j] * beta[..., None])
-        l = l * alpha + l_b[..., j] * beta
-        m_run = m_new
-    return o, m, l
+        sj = sb[..., j, :]
+        m_new = torch.maximum(m, sj.amax(dim=-1))
+        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        alpha = torch.exp2(m - m_safe)
+        p = torch.exp2(sj - (m_safe - LOG2_FP8_MAX)[..., None])
+        l = l * alpha + p.sum(dim=-1)
+        pq = p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float() if fp8 else p.to(torch.float16).float()
+        acc = acc * alpha[..., None] + pq @ vq_blocks[:, :, j]
+        if accum == "fp22":
+            acc = truncate_fp22(acc)
+        m = m_new
+    return acc, m, l
 
 
 def attention_fp64(q, k, v, *, sm_scale: float, is_causal: bool = False, mask: MaskSpec | None = None):

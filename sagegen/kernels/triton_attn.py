@@ -1,41 +1,43 @@
 """Triton attention kernel: INT8 Q·Kᵀ, FP8 (or fp16) P·V with two-level accumulation, online softmax.
 
-Scores live in log2 units (the softmax scale is folded with log2(e) into the per-row Q scale) so the kernel
-uses `exp2`. P is rescaled per key block to that block's own row max before its FP8 cast (the whole e4m3
-range is used in every block); each block's P·V is computed fresh by the tensor cores and added into the
-FP32 accumulator with its rescale factor: that is the two-level accumulation.
+Scores live in log2 units (the softmax scale and log2(e) fold into the per-row Q scale) so the kernel uses
+`exp2`; the FP8 scale of P (448, e4m3's largest value) folds into the exponent, so P comes out of `exp2`
+ready for its cast. Each key block's P·V is computed fresh by the tensor cores and then added into an FP32
+accumulator (two-level accumulation): the FP8 tensor cores' ~22-bit accumulator never spans more than one block.
 
-Inputs come from `triton_quant.quantize`; this module knows nothing of the public API's layouts beyond
-strides.
+Q, K and V come from `triton_quant.quantize` as padded, contiguous buffers read through TMA tensor
+descriptors; this module knows nothing of the public API's layouts beyond the output's strides.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
-from .spec import FP8_MAX, LN2, LOG2E, MaskSpec
+from .spec import LOG2E, MaskSpec
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
 _MASK_KINDS = {"none": MASK_NONE, "key": MASK_KEY, "bool": MASK_BOOL, "additive": MASK_ADD}
+LOG2_FP8_MAX = 8.807354922057604  # log2(448)
+# int32 -> fp32 without a conversion instruction: the bits of 1.5·2^23 + i read as fp32 equal 12582912 + i
+# exactly for |i| < 2^22, and |Q·Kᵀ| <= 127²·128 < 2^21 for head dims up to 128.
+_LOG2_FP8_MAX = tl.constexpr(LOG2_FP8_MAX)
 
 
 @triton.jit
-def _pv_update(acc, pq, v_base, offs_d, offs_n, stride_vn, stride_vd, alpha, beta, PV_FP8: tl.constexpr):
-    """acc * alpha + (P·V over this key block, accumulated fresh) * beta, for one chunk of head-dim columns."""
+def _pv_update(acc, pq, v_desc, row0, start_n, d_off, alpha, PV_FP8: tl.constexpr):
+    """acc * alpha + P·V over one key block (accumulated fresh: the first level), for one head-dim chunk."""
     if PV_FP8:
-        v = tl.load(v_base + offs_d[:, None] * stride_vd + offs_n[None, :] * stride_vn)
+        v = v_desc.load([row0 + d_off, start_n])  # [CHUNK_D, BLOCK_N]: V stored transposed (K-major for FP8)
         part = tl.dot(pq, tl.trans(v))
     else:
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+        v = v_desc.load([row0 + start_n, d_off])
         part = tl.dot(pq, v)
-    # Two-level accumulation: `part` starts from zero in the tensor cores; the sum across blocks is FP32.
-    return acc * alpha[:, None] + part * beta[:, None]
+    return acc * alpha[:, None] + part
 
 
 @triton.jit
@@ -43,8 +45,7 @@ def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_o
                PV_FP8: tl.constexpr, SMOOTH_V: tl.constexpr):
     o = acc * inv_l[:, None]
     if PV_FP8:
-        v_dq = tl.load(VS + vs_off + offs_d) / 448.0
-        o = o * v_dq[None, :]
+        o = o * tl.load(VS + vs_off + offs_d)[None, :]
     if SMOOTH_V:
         v_mean = tl.load(VM + vs_off + offs_d)
         o = tl.where((l_i > 0)[:, None], o + v_mean[None, :], 0.0)
@@ -54,18 +55,12 @@ def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_o
 
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, QS, KS, VS, VM, QB, MSK, Out, Lse,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_qsb, stride_qsh,
-    stride_ksb, stride_ksh,
-    stride_vsb, stride_vsh,
-    stride_qbb, stride_qbh, stride_qbm,
+    q_desc, k_desc, v_desc, QS, KS, VS, VM, QB, MSK, Out, Lse,
+    stride_qbm,
     stride_mb, stride_mh, stride_mm, stride_mn,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh,
-    H, GROUP, N_Q, N_K, D, sm_scale_log2,
+    H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, K_PER_TOKEN: tl.constexpr, MASK_KIND: tl.constexpr,
     SMOOTH_Q: tl.constexpr, SMOOTH_V: tl.constexpr, PV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr,
@@ -75,24 +70,24 @@ def _attn_fwd_kernel(
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    h_kv = h // GROUP
+    bh_kv = b * (H // GROUP) + h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    # The fast path: nothing depends on the key column but the score itself, so max, scale and exp2 work
+    # on the raw integer scores and the scale becomes one FMA inside the exponent.
+    FAST: tl.constexpr = (not CAUSAL) and (not K_PER_TOKEN) and (MASK_KIND == 0) and (not SMOOTH_Q)
 
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :])
-    q_scale = tl.load(QS + b * stride_qsb + h * stride_qsh + offs_m) * sm_scale_log2
-    k_base = K + b * stride_kb + h_kv * stride_kh
-    v_base = V + b * stride_vb + h_kv * stride_vh
-    ks_base = KS + b * stride_ksb + h_kv * stride_ksh
+    q = q_desc.load([pid_bh * NQ_PAD + start_m * BLOCK_M, 0])
+    q_scale = tl.load(QS + pid_bh * NQ_PAD + offs_m) * sm_scale_log2
+    ks_base = KS + bh_kv * NK_PAD
+    kv_row0 = bh_kv * NK_PAD
 
+    CHUNK_D: tl.constexpr = HEAD_DIM // 2 if SPLIT_D else HEAD_DIM
+    v_row0 = bh_kv * HEAD_DIM if PV_FP8 else kv_row0
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Head-dim columns in one or two chunks: two halves keep the fresh per-block P·V result (which two-level
     # accumulation needs besides the accumulator) small enough not to spill registers at head dim 128.
-    CHUNK_D: tl.constexpr = HEAD_DIM // 2 if SPLIT_D else HEAD_DIM
-    offs_d0 = tl.arange(0, CHUNK_D)
-    offs_d1 = CHUNK_D + offs_d0
     acc0 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
 
@@ -101,63 +96,70 @@ def _attn_fwd_kernel(
         hi = tl.minimum(N_K, (start_m + 1) * BLOCK_M)
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :])
-        qk = tl.dot(q, tl.trans(k)).to(tl.float32)
-        if K_PER_TOKEN:
-            k_scale = tl.load(ks_base + offs_n)
-            s = (qk * q_scale[:, None]) * k_scale[None, :]
+        k = k_desc.load([kv_row0 + start_n, 0])
+        qk = tl.dot(q, tl.trans(k))
+        x = (qk + 0x4B400000).to(tl.float32, bitcast=True)  # 12582912 + qk, exactly
+        if FAST:
+            row_scale = q_scale * tl.load(ks_base + start_n)
+            if start_n + BLOCK_N > N_K:
+                x = tl.where((offs_n < N_K)[None, :], x, float("-inf"))
+            m_new = tl.maximum(m_i, (tl.max(x, axis=1) - 12582912.0) * row_scale)
+            # exp2(s - m + log2 448) with s = (x - MAGIC) * row_scale, as one FMA per score.
+            p = tl.math.exp2(x * row_scale[:, None] - (row_scale * 12582912.0 + m_new - _LOG2_FP8_MAX)[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
         else:
-            k_scale = tl.load(ks_base + start_n)
-            s = qk * (q_scale * k_scale)[:, None]
-        if SMOOTH_Q:
-            s += tl.load(QB + b * stride_qbb + h * stride_qbh + start_m * stride_qbm + offs_n)[None, :]
-        if MASK_KIND == 1:
-            key_bias = tl.load(MSK + b * stride_mb + offs_n * stride_mn, mask=offs_n < N_K, other=float("-inf"))
-            s += key_bias[None, :]
-        elif MASK_KIND != 0:
-            m_ptrs = MSK + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
-            in_bounds = (offs_m < N_Q)[:, None] & (offs_n < N_K)[None, :]
-            if MASK_KIND == 2:
-                keep = tl.load(m_ptrs, mask=in_bounds, other=0)
-                s = tl.where(keep != 0, s, float("-inf"))
+            if K_PER_TOKEN:
+                s = ((x - 12582912.0) * q_scale[:, None]) * tl.load(ks_base + offs_n)[None, :]
             else:
-                s += tl.load(m_ptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
-        if start_n + BLOCK_N > N_K:
-            s = tl.where((offs_n < N_K)[None, :], s, float("-inf"))
-        if CAUSAL:
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-
-        m_blk = tl.max(s, axis=1)
-        m_blk_safe = tl.where(m_blk == float("-inf"), 0.0, m_blk)
-        p = tl.math.exp2(s - m_blk_safe[:, None])
-        l_blk = tl.sum(p, axis=1)
-        m_new = tl.maximum(m_i, m_blk)
-        m_new_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_new_safe)
-        beta = tl.math.exp2(m_blk - m_new_safe)
+                s = (x - 12582912.0) * (q_scale * tl.load(ks_base + start_n))[:, None]
+            if SMOOTH_Q:
+                qb_row = QB + (pid_bh * (NQ_PAD // BLOCK_M) + start_m) * stride_qbm
+                s += tl.load(qb_row + offs_n)[None, :]
+            if MASK_KIND == 1:
+                key_bias = tl.load(MSK + b * stride_mb + offs_n * stride_mn, mask=offs_n < N_K,
+                                   other=float("-inf"))
+                s += key_bias[None, :]
+            elif MASK_KIND != 0:
+                m_ptrs = (MSK + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mm
+                          + offs_n[None, :] * stride_mn)
+                in_bounds = (offs_m < N_Q)[:, None] & (offs_n < N_K)[None, :]
+                if MASK_KIND == 2:
+                    keep = tl.load(m_ptrs, mask=in_bounds, other=0)
+                    s = tl.where(keep != 0, s, float("-inf"))
+                else:
+                    s += tl.load(m_ptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
+            if start_n + BLOCK_N > N_K:
+                s = tl.where((offs_n < N_K)[None, :], s, float("-inf"))
+            if CAUSAL:
+                s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with every key masked so far
+            p = tl.math.exp2(s - (m_safe - _LOG2_FP8_MAX)[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
         if PV_FP8:
-            p_scaled = p * 448.0
             if EXACT_FP8_CAST:
-                p_scaled = round_to_e4m3_grid(p_scaled)
-            pq = p_scaled.to(tl.float8e4nv)
+                p = round_to_e4m3_grid(p)
+            pq = p.to(tl.float8e4nv)
         else:
             pq = p.to(tl.float16)
-        acc0 = _pv_update(acc0, pq, v_base, offs_d0, offs_n, stride_vn, stride_vd, alpha, beta, PV_FP8)
+        acc0 = _pv_update(acc0, pq, v_desc, v_row0, start_n, 0, alpha, PV_FP8)
         if SPLIT_D:
-            acc1 = _pv_update(acc1, pq, v_base, offs_d1, offs_n, stride_vn, stride_vd, alpha, beta, PV_FP8)
-        l_i = l_i * alpha + l_blk * beta
+            acc1 = _pv_update(acc1, pq, v_desc, v_row0, start_n, CHUNK_D, alpha, PV_FP8)
         m_i = m_new
 
+    # acc and l both carry P's factor 448, which cancels here.
     inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
-    vs_off = b * stride_vsb + h_kv * stride_vsh
+    vs_off = bh_kv * HEAD_DIM
     o_base = Out + b * stride_ob + h * stride_oh
+    offs_d0 = tl.arange(0, CHUNK_D)
     _store_out(acc0, offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
                PV_FP8, SMOOTH_V)
     if SPLIT_D:
-        _store_out(acc1, offs_d1, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
-                   PV_FP8, SMOOTH_V)
+        _store_out(acc1, CHUNK_D + offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od,
+                   N_Q, D, PV_FP8, SMOOTH_V)
     if RETURN_LSE:
-        lse = (m_i + tl.math.log2(l_i)) * 0.6931471805599453
+        lse = (m_i + tl.math.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
 
 
@@ -207,13 +209,11 @@ def sage_attention(
     c = sm_scale * LOG2E
 
     q_bias = qq.q_scale  # placeholder pointer when unused
-    qb_strides = (0, 0, 0)
     if config.smooth_q:
         ks = (k.float() - qq.k_mean[:, :, None, :D]) if qq.k_mean is not None else k.float()
         ks = ks.repeat_interleave(H // Hkv, dim=1) if Hkv != H else ks
         q_bias = torch.zeros(B, H, qq.q_block_mean.shape[2], qq.k8.shape[2], device=q.device)
         q_bias[..., :Nk] = (qq.q_block_mean[..., :D] @ ks.transpose(-1, -2)) * c
-        qb_strides = q_bias.stride()[:3]
 
     kind = _MASK_KINDS[mask.kind]
     m_arg = mask.tensor if mask.tensor is not None else qq.q_scale
@@ -231,19 +231,21 @@ def sage_attention(
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else qq.q_scale
     vs = qq.v_scale if qq.v_scale is not None else qq.q_scale
     vm = qq.v_mean if qq.v_mean is not None else vs
+    nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
+    chunk_d = d_pad // 2 if d_pad >= 128 else d_pad
+    q_desc = TensorDescriptor.from_tensor(qq.q8.view(-1, d_pad), [block_q, d_pad])
+    k_desc = TensorDescriptor.from_tensor(qq.k8.view(-1, d_pad), [block_k, d_pad])
     if config.pv_precision == "fp8":
-        v_strides = (qq.v.stride(0), qq.v.stride(1), qq.v.stride(3), qq.v.stride(2))
+        v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, nk_pad), [chunk_d, block_k])
     else:
-        v_strides = qq.v.stride()
+        v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, d_pad), [block_k, chunk_d])
     grid = (triton.cdiv(Nq, block_q), B * H)
     num_warps, num_stages = launch_settings(block_q, block_k, d_pad)
     _attn_fwd_kernel[grid](
-        qq.q8, qq.k8, qq.v, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse,
-        *qq.q8.stride()[:3], *qq.k8.stride()[:3], *v_strides,
-        *qq.q_scale.stride()[:2], *qq.k_scale.stride()[:2], *vs.stride()[:2],
-        *qb_strides, *m_strides, *out.stride(), lse.stride(0) if return_lse else 0,
-        lse.stride(1) if return_lse else 0,
-        H, H // Hkv, Nq, Nk, D, c,
+        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse,
+        q_bias.stride(2) if config.smooth_q else 0,
+        *m_strides, *out.stride(), lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
+        H, H // Hkv, Nq, Nk, nq_pad, nk_pad, D, sm_scale * LOG2E,
         BLOCK_M=block_q, BLOCK_N=block_k, HEAD_DIM=d_pad,
         CAUSAL=is_causal, K_PER_TOKEN=config.k_granularity == "per_token", MASK_KIND=kind,
         SMOOTH_Q=config.smooth_q, SMOOTH_V=config.smooth_v, PV_FP8=config.pv_precision == "fp8",
