@@ -188,3 +188,30 @@ def test_default_run_dir_is_stable_and_under_runs_root(tmp_path, monkeypatch):
     c = _job(tmp_path, settings={"steps": 9})
     c.out = None
     assert c.resolve_out() != a.resolve_out()
+
+
+def test_compile_runs_once_per_variant_before_warmup(tmp_path, monkeypatch):
+    order = []
+    monkeypatch.setattr(generate, "_compile", lambda pipe: order.append("compile"))
+    monkeypatch.setattr(generate, "_patcher", lambda: (lambda *a, **k: order.append("patch"),
+                                                        lambda pipe: order.append("unpatch")))
+    pipe = FakePipe()
+    job = _job(tmp_path, variants=("sdpa", "sage"), prompts=("a",), warmup=1, compile=True)
+    res = run_job(job, loader=_loader(pipe), dist=DistInfo())
+    assert order == ["compile", "patch", "compile", "unpatch"]
+    assert all("compile_s" in res.manifest["setup"][v]["rank0"] for v in ("sdpa", "sage"))
+    assert res.manifest["runtime"]["compile"] is True
+
+
+def test_memory_savers_are_switched_on():
+    from sagegen.models import tiny
+    from sagegen.models.loading import place
+
+    pipe = tiny.build_tiny_pipeline("cogvideox")
+    notes = place(pipe, torch.device("cpu"), vae_tiling=True, vae_slicing=True)
+    assert notes == [] and pipe.vae.use_tiling and pipe.vae.use_slicing
+    pipe = SimpleNamespace(vae=SimpleNamespace(), to=lambda device: None)  # a VAE without the savers
+    notes = place(pipe, torch.device("cpu"), vae_slicing=True)  # reported, not fatal
+    assert len(notes) == 1 and "enable_slicing" in notes[0]
+    with pytest.raises(ValueError, match="offload"):
+        place(pipe, torch.device("cpu"), offload="disk")
