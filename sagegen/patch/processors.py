@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import threading
 import warnings
 from collections import Counter
 from typing import Any
@@ -48,13 +47,11 @@ class PatchSession:
         self.full_precision_names: frozenset[str] = frozenset()
         self.step_full_precision = False  # set per transformer forward by the step tracker
         self.attention_override = None  # analysis hook: fn(q, k, v, attn_mask, is_causal, scale) -> out
-        self.stats: Counter = Counter()
-        self._lock = threading.Lock()
+        self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
         self._warned: set[str] = set()
 
     def count(self, key: str, n: int = 1) -> None:
-        with self._lock:
-            self.stats[key] += n
+        self.stats[key] += n
 
     def warn_once(self, message: str) -> None:
         if message not in self._warned:

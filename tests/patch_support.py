@@ -1,0 +1,111 @@
+"""Helpers for the patcher tests: cached tiny pipelines, a pipeline runner, and an attention spy."""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from sagegen.models.tiny import TINY_CALL_DEFAULTS, build_tiny_pipeline
+
+# SDPA calls inside a transformer that are not attention-processor calls and stay on SDPA by design:
+# Mochi's caption attention-pool (one query token, head dim 512: not a kernel head dim).
+UNROUTED_BY_DESIGN = {"mochi": {"time_embed.pooler"}}
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_pipeline(family: str):
+    pipe = build_tiny_pipeline(family, seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(pipe, family: str, seed: int, prompt="a cat walks on the grass", **overrides) -> torch.Tensor:
+    """Latents of one generation (``output_type="latent"``), as fp32."""
+    kwargs = {**TINY_CALL_DEFAULTS[family], **overrides}
+    out = pipe(prompt=prompt, generator=torch.Generator().manual_seed(seed), output_type="latent", **kwargs)
+    return (out.frames if hasattr(out, "frames") else out.images).float()
+
+
+def rel_l1(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b||_1 / ||b||_1."""
+    return float((a.float() - b.float()).abs().sum() / b.float().abs().sum())
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0))
+
+
+def zeros_attention(q, k, v, mask, is_causal, scale):
+    return torch.zeros_like(q)
+
+
+class AttentionSpy(TorchFunctionMode):
+    """Records every torch SDPA call and every sagegen kernel call, with the module that made it.
+
+    ``roots`` maps a region name ("transformer", "text_encoder", "vae", ...) to a module; hooks on all their
+    submodules keep a stack, so each call is attributed to (region, qualified module name). Calls made outside
+    all roots are attributed to (None, None). Each record: kind ("sdpa" | "sage"), region, module, head dim,
+    the transformer forward index (0-based, -1 outside), and the call's attn_mask (or None).
+    Entered around a pipeline call, it sits *below* the patcher's own per-call mode, so it sees SDPA only when
+    the patcher did not take the call, and sees the sagegen op the patcher calls instead.
+    """
+
+    def __init__(self, roots: dict[str, torch.nn.Module]):
+        super().__init__()
+        self.records: list[dict] = []
+        self.forward_index = -1
+        self._stack: list[tuple[str, str]] = []
+        self._handles = []
+        for region, root in roots.items():
+            for name, module in root.named_modules():
+                self._handles.append(module.register_forward_pre_hook(self._push(region, name)))
+                self._handles.append(module.register_forward_hook(self._pop))
+            if region == "transformer":
+                self._handles.append(root.register_forward_pre_hook(self._next_forward))
+
+    def _push(self, region, name):
+        def hook(module, args):
+            self._stack.append((region, name))
+        return hook
+
+    def _pop(self, module, args, output):
+        self._stack.pop()
+
+    def _next_forward(self, module, args):
+        self.forward_index += 1
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = None
+        if func is F.scaled_dot_product_attention:
+            kind = "sdpa"
+        elif func in (torch.ops.sagegen.sageattn, torch.ops.sagegen.sageattn.default):
+            kind = "sage"
+        if kind is not None:
+            q = args[0] if args else kwargs["query"]
+            mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
+            region, module = self._stack[-1] if self._stack else (None, None)
+            self.records.append(dict(kind=kind, region=region, module=module, head_dim=q.shape[-1],
+                                     forward=self.forward_index if region == "transformer" else -1,
+                                     mask=mask))
+        return func(*args, **kwargs)
+
+    def select(self, kind=None, region=..., module=...):
+        return [r for r in self.records if (kind is None or r["kind"] == kind)
+                and (region is ... or r["region"] == region) and (module is ... or r["module"] == module)]
+
+    def modules(self, kind, region) -> collections.Counter:
+        return collections.Counter(r["module"] for r in self.select(kind, region))
+
+
+def pipeline_roots(pipe) -> dict[str, torch.nn.Module]:
+    return {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
