@@ -363,6 +363,10 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
     reporter = reporter or Reporter()
     dist = dist or distributed.info()
     device = distributed.device_for(job.device, dist)
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.set_device(device)  # one GPU per process: kernels and allocations stay on it
     rd = RunDir(job.resolve_out())
     new = build_manifest(job, dist, device)
     if rd.exists():

@@ -49,7 +49,7 @@ def compare_command(
     from rich.console import Console
 
     from .. import distributed
-    from .tables import compare_table, cpu_note, result_console, setup_lines
+    from .tables import attention_warnings, compare_table, cpu_note, result_console, setup_lines
 
     job, warnings = jobs.build_job(**params, variants=["sdpa", "sage"])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -67,6 +67,8 @@ def compare_command(
     if any(missing.values()):
         console.print("unfinished: " + ", ".join(f"{v} {n}" for v, n in missing.items() if n), style="yellow",
                       markup=False)
+    for warning in attention_warnings(m):
+        console.print(warning, style="yellow", markup=False)
     if cpu_note(m):
         console.print(cpu_note(m), style="yellow", markup=False)
     console.print(f"Output: {result.run_dir}", markup=False)

@@ -68,7 +68,7 @@ def run_command(
 
 
 def _print_outcome(result, variant) -> None:
-    from .tables import cpu_note, result_console, run_table, setup_lines
+    from .tables import attention_warnings, cpu_note, result_console, run_table, setup_lines
 
     console = result_console()
     m = result.manifest
@@ -79,6 +79,8 @@ def _print_outcome(result, variant) -> None:
     skipped = result.skipped.get(variant, 0)
     extra = f" ({skipped} already finished before this run)" if skipped else ""
     console.print(f"{done}/{len(m['samples'])} sample(s) finished{extra}.", markup=False)
+    for warning in attention_warnings(m):
+        console.print(warning, style="yellow", markup=False)
     if cpu_note(m):
         console.print(cpu_note(m), style="yellow", markup=False)
     console.print(f"Output: {result.run_dir}", markup=False)

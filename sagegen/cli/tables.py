@@ -111,3 +111,20 @@ def setup_lines(manifest: dict) -> list[str]:
             who = f" ({rank})" if len(ranks) > 1 else ""
             out.append(f"{variant}{who}: " + ", ".join(parts))
     return out
+
+
+def attention_warnings(manifest: dict) -> list[str]:
+    """Warnings when the sage variant did not (fully) run sagegen's kernels."""
+    out = []
+    for rank, s in manifest.get("setup", {}).get("sage", {}).items():
+        calls = s.get("attention_calls") or {}
+        if not calls:
+            continue
+        who = f" ({rank})" if len(manifest["setup"]["sage"]) > 1 else ""
+        if not calls.get("routed"):
+            out.append(f"warning{who}: no attention call went to sagegen in the sage variant ({calls}); its "
+                       "timings are the stock attention's")
+        elif calls.get("fallback"):
+            out.append(f"warning{who}: {calls['fallback']} of {calls['routed']} sagegen attention calls fell back "
+                       "to SDPA (see `sagegen env`)")
+    return out
