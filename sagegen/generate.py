@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,18 +19,11 @@ from typing import Any, Callable, Sequence
 
 from . import distributed
 from .config import DIFFUSION_CONFIG, SageConfig
+from .manifest import RunDirConflict, _jsonable, build_manifest, merge_manifest  # noqa: F401 (re-exported)
 from .models.presets import Preset
-from .rundir import SCHEMA, RunDir, now_iso, runs_root
+from .rundir import RunDir, runs_root
 
 VARIANTS = ("sdpa", "sage")
-# Settings that change the pixels: a run directory holds one value of each (resume checks them).
-FINGERPRINT_KEYS = ("model", "settings", "samples")
-
-
-class RunDirConflict(ValueError):
-    """The run directory already holds a run with other settings."""
-
-
 class BadPolicy(ValueError):
     """The precision policy does not fit the model (e.g. a block index out of range)."""
 
@@ -97,101 +89,6 @@ class RunResult:
     skipped: dict[str, int]
     setup: dict[str, dict]
     manifest: dict | None     # the final manifest (rank 0), None on other ranks
-
-
-# --------------------------------------------------------------------------------------------- manifest
-def _jsonable(obj: Any) -> Any:
-    if obj is None or isinstance(obj, (str, int, float, bool, list, dict)):
-        return obj
-    for attr in ("to_dict", "as_dict"):
-        if hasattr(obj, attr):
-            return getattr(obj, attr)()
-    import dataclasses
-
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return str(obj)
-
-
-def versions() -> dict:
-    from importlib import metadata
-
-    out = {"python": platform.python_version()}
-    for dist in ("torch", "triton", "diffusers", "transformers", "huggingface_hub", "accelerate", "sagegen"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-def gpu_info(device) -> dict | None:
-    import torch
-
-    if getattr(device, "type", str(device)) != "cuda" or not torch.cuda.is_available():
-        return None
-    from .kernels.backends import describe_cuda
-
-    props = torch.cuda.get_device_properties(device)
-    ok, why = describe_cuda(device)
-    return {"name": props.name, "capability": f"{props.major}.{props.minor}",
-            "memory_gib": round(props.total_memory / 2**30, 1), "count": torch.cuda.device_count(),
-            "cuda": torch.version.cuda, "triton_kernels": ok, "why": why}
-
-
-def build_manifest(job: Job, dist: distributed.DistInfo, device) -> dict:
-    p = job.preset
-    sage = "sage" in job.variants
-    return {
-        "schema": SCHEMA, "created": now_iso(), "command": list(job.command),
-        "model": {"name": p.name, "family": p.family, "hub_id": p.hub_id, "kind": p.kind, "fps": p.fps,
-                  "pipeline": p.pipeline, "model_path": job.model_path,
-                  "random_weights": bool(job.settings.get("random_weights")), "tiny": p.tiny},
-        "settings": dict(job.settings),
-        "runtime": {"device": getattr(device, "type", str(device)), "offload": job.offload,
-                    "compile": job.compile, "warmup": job.warmup, "world_size": dist.world_size},
-        "attention": {"sage": job.sage_config.to_dict() if sage else None,
-                      "policy": _jsonable(job.policy) if sage else None,
-                      "backend": job.backend if sage else None},
-        "variants": list(job.variants), "samples": [s.to_dict() for s in job.samples],
-        "timings": {}, "setup": {}, "versions": versions(), "gpu": gpu_info(device),
-    }
-
-
-def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b), key=str):
-            _diff(a.get(k), b.get(k), f"{path}.{k}", out)
-    elif a != b:
-        show = (lambda v: f"{len(v)} entries" if isinstance(v, list) and len(v) > 3 else json.dumps(v))
-        out.append(f"{path.lstrip('.')}: {show(a)} -> {show(b)}")
-
-
-def merge_manifest(current: dict | None, new: dict, where: Path) -> dict:
-    """The manifest after adding `new`'s run to `current`'s (RunDirConflict when they cannot share a folder)."""
-    if current is None:
-        return new
-    diffs: list[str] = []
-    for key in FINGERPRINT_KEYS:
-        a, b = current.get(key), new.get(key)
-        if key == "model":  # how the weights were found may differ between resumes; which model may not
-            a = {k: v for k, v in (a or {}).items() if k in ("name", "model_path", "random_weights")}
-            b = {k: v for k, v in b.items() if k in ("name", "model_path", "random_weights")}
-        _diff(a, b, key, diffs)
-    old_att, new_att = current.get("attention") or {}, new["attention"]
-    if new_att.get("sage") is not None and old_att.get("sage") is not None:
-        keys = ("sage", "policy", "backend")
-        _diff({k: old_att.get(k) for k in keys}, {k: new_att.get(k) for k in keys}, "attention", diffs)
-    if diffs:
-        raise RunDirConflict(f"run directory {where} already holds a different run ({'; '.join(diffs[:4])}); "
-                             "use another --out, or delete that folder to start over")
-    merged = dict(new)
-    merged["created"] = current.get("created", new["created"])
-    merged["variants"] = list(dict.fromkeys([*current.get("variants", []), *new["variants"]]))
-    merged["setup"] = current.get("setup", {})
-    if new_att.get("sage") is None:
-        merged["attention"] = old_att or new_att
-    return merged
 
 
 # ----------------------------------------------------------------------------------------------- timing

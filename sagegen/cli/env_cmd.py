@@ -38,7 +38,7 @@ def environment() -> dict:
     import torch
 
     from .. import distributed
-    from ..generate import versions
+    from ..manifest import versions
     from ..models.loading import hf_cache_dir, hf_offline
 
     gpus = []
