@@ -43,6 +43,25 @@ def test_random_pipeline_runs_with_embeddings_only(family):
     assert timings["denoise_s"] > 0
 
 
+@pytest.mark.parametrize("name", ["flux.1-dev", "sd3.5-medium", "hunyuanvideo"])
+def test_real_configs_with_shrunk_depth_and_full_vae(name):
+    """The published transformer config (1 layer of each kind, 2 heads) with the family's full-size VAE:
+    the random embeddings must fit the real text/pooled widths (4096, 768, 2048) end to end."""
+    arch = pytest.importorskip("sagegen.models.arch")
+    preset = resolve(name)
+    transformer = arch.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
+                                         config_overrides=arch.smoke_overrides(name))
+    pipe, overrides = random_weights.build_random_pipeline(preset, dtype=torch.bfloat16, transformer=transformer)
+    assert overrides("p", 0)["prompt_embeds"].shape[-1] == 4096
+    place(pipe, torch.device("cpu"))
+    size = 32 if preset.is_video else 64
+    settings = {"steps": 1, "frames": 5 if preset.is_video else None, "height": size, "width": size,
+                "guidance": preset.guidance, "negative_prompt": None, "max_sequence_length": preset.max_sequence_length}
+    frames, _, finite = generate_one(Loaded(pipe, "random", 0.0, overrides), preset, settings,
+                                     make_samples(["p"], [1])[0], torch.device("cpu"))
+    assert frames.shape[1:] == (size, size, 3) and finite
+
+
 def test_full_size_vae_configs_match_the_families():
     assert random_weights.scheduler("hunyuanvideo").config.shift == 7.0
     with pytest.raises(ValueError, match="no full-size VAE"):

@@ -121,7 +121,7 @@ def build_random_pipeline(preset: Preset, *, dtype, seed: int = 0, device="cpu",
         transformer = _transformer(preset, dtype, device, seed)
     if vae is None:
         vae = full_vae(family, seed + 1)
-    vae = vae.to(dtype=dtype)
+    torch.nn.Module.to(vae, dtype=dtype)  # (diffusers' .to warns about fp32-kept modules: these have none)
     parts: dict[str, Any] = {"transformer": transformer, "vae": vae, "scheduler": scheduler(family)}
     encoders = {"cogvideox": ("tokenizer", "text_encoder"),
                 "hunyuanvideo": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"),
