@@ -40,8 +40,7 @@ def compare_command(
 ) -> None:
     """Generate with the stock attention (sdpa) and with sagegen (sage); print the speedups.
 
-    Every prompt x seed runs with both attentions into one run directory (resumable), which feeds
-    `sagegen eval` and `sagegen report`.
+    Every prompt x seed runs with both into one run directory (resumable), for `sagegen eval` and `report`.
 
     Example: sagegen compare tiny-cogvideox --prompts smoke
     """

@@ -15,16 +15,16 @@ MEM = "Memory and speed"
 KER = "sagegen attention"
 OUT = "Output"
 
-Model = Annotated[str, typer.Argument(help="Model preset or alias (see `sagegen models`), e.g. cogvideox, "
+Model = Annotated[str, typer.Argument(metavar="MODEL", help="Model preset or alias (see `sagegen models`), e.g. cogvideox, "
                                            "flux, tiny-cogvideox.", show_default=False)]
-Prompt = Annotated[Optional[list[str]], typer.Option("--prompt", "-p", help="Prompt text (repeatable).",
+Prompt = Annotated[Optional[list[str]], typer.Option("--prompt", "-p", metavar="TEXT", help="Prompt text (repeatable).",
                                                      rich_help_panel=GEN, show_default=False)]
 Prompts = Annotated[Optional[str], typer.Option("--prompts", "-P", metavar="FILE|SET", rich_help_panel=GEN,
                                                 help="Prompt file (one per line, # comments) or a built-in "
                                                      "set: smoke, t2v, t2i.")]
-MaxPrompts = Annotated[Optional[int], typer.Option("--max-prompts", min=1, rich_help_panel=GEN,
+MaxPrompts = Annotated[Optional[int], typer.Option("--max-prompts", metavar="N", min=1, rich_help_panel=GEN,
                                                    help="Use only the first N prompts.")]
-Seed = Annotated[Optional[list[str]], typer.Option("--seed", "-s", rich_help_panel=GEN, show_default=False,
+Seed = Annotated[Optional[list[str]], typer.Option("--seed", "-s", metavar="SEEDS", rich_help_panel=GEN, show_default=False,
                                                    help="Seed(s): 7, 0,1,2 or 0-3 (repeatable; default 0). "
                                                         "Every prompt runs with every seed.")]
 Steps = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Denoising steps (default: the preset's).")]
@@ -32,14 +32,14 @@ Frames = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help=
 Height = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Height in pixels (default: the preset's).")]
 Width = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Width in pixels (default: the preset's).")]
 Guidance = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=GEN, help="Guidance scale (default: the preset's).")]
-Negative = Annotated[Optional[str], typer.Option("--negative-prompt", "-n", rich_help_panel=GEN,
+Negative = Annotated[Optional[str], typer.Option("--negative-prompt", "-n", metavar="TEXT", rich_help_panel=GEN,
                                                  help="Negative prompt.")]
 Dtype = Annotated[Literal["auto", "bfloat16", "float16", "float32"],
                   typer.Option(case_sensitive=False, rich_help_panel=GEN,
                                help="Model dtype; auto = the preset's recommended one.")]
-Device = Annotated[str, typer.Option(rich_help_panel=MEM, help="auto (this process's GPU, else CPU), cpu, "
+Device = Annotated[str, typer.Option(metavar="DEVICE", rich_help_panel=MEM, help="auto (this process's GPU, else CPU), cpu, "
                                                                "cuda or cuda:N.")]
-ModelPath = Annotated[Optional[Path], typer.Option("--model-path", rich_help_panel=GEN, show_default=False,
+ModelPath = Annotated[Optional[Path], typer.Option("--model-path", metavar="DIR", rich_help_panel=GEN, show_default=False,
                                                    help="A local diffusers pipeline folder to load instead of "
                                                         "the hub/cache.")]
 RandomWeights = Annotated[bool, typer.Option("--random-weights", rich_help_panel=GEN,
@@ -68,7 +68,7 @@ Backend = Annotated[Literal["auto", "triton", "reference"],
                     typer.Option(case_sensitive=False, rich_help_panel=KER,
                                  help="sagegen backend: auto (Triton on a supported GPU, else the emulation), "
                                       "triton or reference (the PyTorch emulation).")]
-Out = Annotated[Optional[Path], typer.Option("--out", "-o", rich_help_panel=OUT, show_default=False,
+Out = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUT, show_default=False,
                                              help="Run directory (default: runs/<model>-<settings hash>; "
                                                   "re-running resumes).")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help="No progress bars.")]

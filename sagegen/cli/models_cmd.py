@@ -29,7 +29,7 @@ def models_command(
 ) -> None:
     """List the model presets: hub ids, recommended defaults, local weights.
 
-    Weights are "built-in" (tiny models), "cached" (in the Hugging Face cache), "partial" or "not downloaded".
+    Weights: "built-in" (tiny models), "cached" (Hugging Face cache), "partial" or "not downloaded".
     """
     from rich.console import Console
     from rich.table import Table
