@@ -1,0 +1,100 @@
+"""bench/bench_model_step.py in its CPU smoke mode, and the full-size architecture table it uses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+import torch
+
+from sagegen.models import arch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("bench_model_step", ROOT / "bench" / "bench_model_step.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("model", ["cogvideox-5b", "hunyuanvideo"])
+def test_tiny_mode_writes_a_complete_report(model, tmp_path, seed):
+    bench = load_bench()
+    out = tmp_path / "step.json"
+    report = bench.main([model, "--tiny", "--out", str(out), "--warmup", "0", "--repeats", "1",
+                         "--seed", str(seed % 1000), "--compile", "--compile-backend", "eager"])
+    on_disk = json.loads(out.read_text())
+    assert on_disk["model"] == model and on_disk["tiny"] is True
+    for key in ("date", "device", "versions", "sage_config", "inputs", "results", "speedup", "patch_stats"):
+        assert key in on_disk, key
+    assert on_disk["versions"]["torch"] == torch.__version__ and on_disk["versions"]["diffusers"]
+    assert on_disk["sage_config"]["smooth_v"] is True
+    assert set(on_disk["results"]) == {"stock", "sagegen", "no_attention", "stock_compiled", "sagegen_compiled"}
+    assert all(r["median_s"] > 0 and len(r["times_s"]) == 1 for r in on_disk["results"].values())
+    assert report["patch_stats"]["routed"] > 0 and not report["patch_stats"].get("fallback")
+    diff = on_disk["diff_vs_stock"]
+    assert 0 < diff["sagegen"]["rel_l1"] < 0.05 and diff["sagegen"]["cosine"] > 0.999
+    assert diff["no_attention"]["rel_l1"] > 5 * diff["sagegen"]["rel_l1"]  # attention matters in the model
+    assert diff["sagegen_compiled"]["rel_l1"] < 0.05
+    assert on_disk["inputs"]["batch"] == arch.get_arch(model).batch
+
+
+def test_bad_arguments(tmp_path):
+    bench = load_bench()
+    with pytest.raises(SystemExit):
+        bench.main(["no-such-model", "--tiny", "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit):
+        bench.main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "x.json"), "--repeats", "0"])
+    with pytest.raises(SystemExit):
+        bench.main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "x.json"), "--sage-config", "[1]"])
+    assert not (tmp_path / "x.json").exists()
+
+
+# Tokens per sample of each model at its default resolution (/work/shared/anchors/attention-h200.md).
+ANCHOR_TOKENS = {"cogvideox-2b": 17776, "cogvideox-5b": 17776, "cogvideox1.5-5b": 45106, "hunyuanvideo": 119056,
+                 "flux.1-dev": 4608, "sd3.5-large": 4429}
+
+
+def test_default_shapes_match_the_anchors():
+    for name, tokens in ANCHOR_TOKENS.items():
+        assert arch.tokens_per_sample(name) == tokens, name
+    assert arch.tokens_per_sample("hunyuanvideo", height=544, width=960) == 67576  # the 544p anchor
+    mochi = arch.tokens_per_sample("mochi-1") - 256  # latent tokens; plus each sample's valid text tokens
+    assert mochi == 44520
+
+
+# Published sizes of the transformers (parameters, billions), as a check that the configs are the real ones.
+PARAMS_B = {"cogvideox-2b": 1.69, "cogvideox-5b": 5.57, "hunyuanvideo": 12.82, "mochi-1": 10.03,
+            "flux.1-dev": 11.90, "sd3.5-large": 8.06, "sd3.5-medium": 2.24}
+
+
+def test_full_size_configs_build_with_the_published_sizes():
+    for name, billions in PARAMS_B.items():
+        model = arch.build_transformer(name, device="meta")
+        n = sum(p.numel() for p in model.parameters()) / 1e9
+        assert abs(n - billions) / billions < 0.01, (name, n)
+    assert arch.get_arch("sd3.5-medium").config["dual_attention_layers"] == tuple(range(13))
+    with pytest.raises(ValueError, match="unknown architecture 'sdxl'.*cogvideox-5b"):
+        arch.get_arch("sdxl")
+
+
+@pytest.mark.parametrize("name", sorted(arch.ARCHS))
+def test_example_inputs_drive_every_architecture(name):
+    """Each config, shrunk to one layer of each kind, runs a forward on example_inputs at a small size."""
+    model = arch.build_transformer(name, dtype=torch.float32, device="cpu", config_overrides=arch.smoke_overrides(name))
+    a = arch.get_arch(name)
+    frames = (13 if a.family == "mochi" else 9) if a.frames else None
+    batch = 2 if a.family == "hunyuanvideo" else None  # HunyuanVideo's default step has no CFG batch
+    inputs = arch.example_inputs(name, batch=batch, height=64, width=64, frames=frames, dtype=torch.float32,
+                                 device="cpu")
+    with torch.no_grad():
+        out = model(**inputs)[0]
+    assert out.shape == inputs["hidden_states"].shape and torch.isfinite(out).all()
+    assert out.shape[0] == (batch or a.batch)
+    if a.family in ("hunyuanvideo", "mochi"):
+        mask = inputs["encoder_attention_mask"]
+        assert mask.sum(dim=1).unique().numel() == mask.shape[0] == 2  # prompts of different lengths
