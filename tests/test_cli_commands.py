@@ -59,6 +59,7 @@ USAGE_ERRORS = [
     (["run", "tiny", "--prompt", "a", "--dtype", "int8"], "'--dtype'"),
     (["compare", "tiny", "--prompts", "no-such-set"], "--prompts"),
     (["compare", "tiny", "--prompt", "a", "--fp-first-steps", "-1"], "'--fp-first-steps'"),
+    (["run", "tiny", "--prompt", "a", "--device", "tpu"], "--device"),
     (["bogus"], "No such command"),
     (["run", "tiny", "--prompt", "a", "--nope"], "No such option"),
 ]
@@ -70,6 +71,22 @@ def test_usage_errors_exit_2_with_one_line(args, expected, tmp_path):
     assert r.exit_code == 2, r.output
     assert expected in _one_error_line(r)
     assert not (tmp_path / "runs").exists()  # nothing written for a bad command line
+
+
+def test_triton_backend_on_cpu_needs_the_interpreter(monkeypatch, tmp_path):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest sets it for the kernel tests
+    r = runner.invoke(app, ["run", "tiny", "--prompt", "a", "--device", "cpu", "--backend", "triton"])
+    assert r.exit_code == 2 and "--backend" in _one_error_line(r) and "TRITON_INTERPRET=1" in r.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cuda_device_without_gpu_is_a_usage_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    r = runner.invoke(app, ["run", "tiny", "--prompt", "a", "--device", "cuda:1"])
+    assert r.exit_code == 2 and "no CUDA GPU" in _one_error_line(r)
 
 
 def test_model_path_must_be_a_pipeline_folder(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -92,8 +93,12 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                            "--random-weights")
     if frames is not None and not preset.is_video:
         raise UsageProblem(f"{preset.name} makes images; --frames is for video models", "--frames")
-    if offload != "none" and device.startswith("cpu"):
+    on_gpu = _check_device(device)
+    if offload != "none" and not on_gpu:
         raise UsageProblem("CPU offload needs a CUDA device; drop --offload or use --device cuda", "--offload")
+    if backend == "triton" and not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UsageProblem("the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 to interpret them on the "
+                           "CPU); use --backend auto or reference", "--backend")
     prompts_list = load_prompts(prompt or [], prompts, max_prompts)
     seeds = parse_seeds(seed or [])
     config = kernel_config(kernel or [])
@@ -114,6 +119,28 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
               command=command_line())
     return job, warnings
+
+
+def _check_device(device: str) -> bool:
+    """Validate --device; True when it means a CUDA GPU."""
+    import torch
+
+    if device == "auto":
+        return torch.cuda.is_available()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UsageProblem(f"{device!r} is not a device; use auto, cpu, cuda or cuda:N", "--device") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageProblem(f"{device!r}: sagegen runs on cpu or cuda devices", "--device")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageProblem("no CUDA GPU is visible to PyTorch (see `sagegen env`); use --device cpu or auto",
+                               "--device")
+        if dev.index is not None and dev.index >= count:
+            raise UsageProblem(f"{device}: only {count} GPU(s) visible (cuda:0..cuda:{count - 1})", "--device")
+    return dev.type == "cuda"
 
 
 def execute(job, *, quiet: bool, title: str):
