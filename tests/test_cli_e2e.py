@@ -61,6 +61,7 @@ def test_run_default_out_resume_and_latest_run(tmp_path):
     run_dir = latest_run()
     assert run_dir.parent == tmp_path / "runs" and run_dir.name.startswith("tiny-sd3-")
     assert "2/2 sample(s) finished" in r.output and f"Output: {run_dir}" in r.output
+    assert f"p000-s1: {run_dir}/samples/sdpa/p000-s1/image.png" in r.output
     assert RunDir(run_dir).variants == ["sdpa"]
     assert RunDir(run_dir).manifest["attention"]["sage"] is None
     # the sage half of a comparison can be added later: same settings, same default run directory

@@ -84,6 +84,20 @@ def _print_outcome(result, variant) -> None:
     if cpu_note(m):
         console.print(cpu_note(m), style="yellow", markup=False)
     console.print(f"Output: {result.run_dir}", markup=False)
+    _print_media(console, result.run_dir, variant, m)
+
+
+def _print_media(console, run_dir, variant, manifest, limit: int = 5) -> None:
+    """Where the videos/images of this variant are (the first few)."""
+    from ..rundir import RunDir
+
+    rd = RunDir(run_dir)
+    ids = rd.sample_ids(variant)
+    for sid in ids[:limit]:
+        media = rd.video_path(variant, sid) if manifest["model"]["kind"] == "video" else rd.image_path(variant, sid)
+        console.print(f"  {sid}: {media}", markup=False)
+    if len(ids) > limit:
+        console.print(f"  … and {len(ids) - limit} more under {rd.variant_dir(variant)}", markup=False)
 
 
 def register(app: typer.Typer) -> None:
