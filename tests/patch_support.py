@@ -23,10 +23,11 @@ def tiny_pipeline(family: str):
     return pipe
 
 
-def run(pipe, family: str, seed: int, prompt="a cat walks on the grass", **overrides) -> torch.Tensor:
-    """Latents of one generation (``output_type="latent"``), as fp32."""
+def run(pipe, family: str, seed: int, prompt="a cat walks on the grass", output_type="latent",
+        **overrides) -> torch.Tensor:
+    """One generation's latents (or decoded frames/images with ``output_type="pt"``), as fp32."""
     kwargs = {**TINY_CALL_DEFAULTS[family], **overrides}
-    out = pipe(prompt=prompt, generator=torch.Generator().manual_seed(seed), output_type="latent", **kwargs)
+    out = pipe(prompt=prompt, generator=torch.Generator().manual_seed(seed), output_type=output_type, **kwargs)
     return (out.frames if hasattr(out, "frames") else out.images).float()
 
 

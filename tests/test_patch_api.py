@@ -326,3 +326,43 @@ def test_torch_compile_traces_through_the_patch():
     assert explanation.graph_break_count == 0
     assert torch.equal(compiled, eager)
     assert patch_info(model)["stats"]["routed"] >= 4
+
+
+class SquareMaskModel(torch.nn.Module):
+    """Calls attention with the square text-padding mask HunyuanVideo used in diffusers 0.32: [B, 1, N, N],
+    True where both the query and the key are valid tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention(query_dim=128, heads=2, dim_head=64, processor=AttnProcessor2_0())
+
+    def forward(self, x, valid):
+        n = x.shape[1]
+        ok = torch.arange(n)[None, :] < torch.tensor(valid)[:, None]
+        return self.attn(x, attention_mask=(ok[:, None, :, None] & ok[:, None, None, :]))
+
+
+def test_square_padding_mask_becomes_a_key_mask(monkeypatch, seed):
+    masks = []
+    real = sagegen.api.sageattn
+
+    def spy(q, k, v, **kwargs):
+        masks.append(kwargs["attn_mask"])
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(sagegen.api, "sageattn", spy)
+    model, valid = SquareMaskModel(), [20, 37]
+    x = torch.randn(2, 48, 128)
+    sagegen.patch(model, allow_generic=True)
+    with torch.no_grad():
+        out = model(x, valid)
+    sagegen.unpatch(model)
+    assert [tuple(m.shape) for m in masks] == [(2, 1, 1, 48)]  # per key in the kernel, no 48x48 mask
+    assert masks[0][:, 0, 0].sum(dim=1).tolist() == valid
+    for b, n in enumerate(valid):  # each sample's valid tokens attend only each other, exactly as SDPA
+        with torch.no_grad():
+            alone = model(x[b:b + 1, :n], [n])
+        assert rel_l1(out[b, :n], alone[0]) < 0.05
+        # padded query rows have no key: zeros from attention, so only the output projection's bias remains
+        bias = model.attn.to_out[0].bias
+        assert torch.allclose(out[b, n:], bias.expand(48 - n, -1), atol=1e-6)

@@ -76,8 +76,8 @@ def test_spy_every_transformer_attention_goes_to_sagegen(family, pipe, seed):
             sagegen.patch(pipe)
         spy = AttentionSpy(roots)
         try:
-            with spy:
-                run(pipe, family, seed, num_inference_steps=2)
+            with spy:  # decoded output: the VAE runs too
+                run(pipe, family, seed, num_inference_steps=2, output_type="pt")
         finally:
             spy.close()
         spies[patched] = spy
@@ -98,9 +98,11 @@ def test_spy_every_transformer_attention_goes_to_sagegen(family, pipe, seed):
     for region in roots:
         if region != "transformer":
             assert spy.modules("sdpa", region) == stock.modules("sdpa", region), region
+    outside = [r for r in stock.select("sdpa") if r["region"] not in ("transformer", None)]
     if family in ("hunyuanvideo", "flux", "sd3"):  # CLIP/Llama text encoders use SDPA at a kernel head dim
-        outside = [r for r in stock.select("sdpa") if r["region"] not in ("transformer", None)]
         assert any(r["region"].startswith("text_encoder") and r["head_dim"] == 64 for r in outside)
+    if family in ("flux", "sd3"):  # their VAE's mid-block attention too (head dim 32)
+        assert any(r["region"] == "vae" and r["head_dim"] == 32 for r in outside)
 
 
 def collections_of(records, names):

@@ -74,15 +74,37 @@ class PatchSession:
             # Workaround: the PyTorch emulation (the CPU path) fails on some non-contiguous views (a .view in
             # kernels/reference.py quantize_int8 when N is a multiple of the block). The GPU path reads strides.
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        mask = bound["attn_mask"]
         if self.attention_override is not None:
             self.count("overridden")
-            out = self.attention_override(q, k, v, mask, bool(bound["is_causal"]), bound["scale"])
+            out = self.attention_override(q, k, v, bound["attn_mask"], bool(bound["is_causal"]), bound["scale"])
             return out if out.dtype == in_dtype else out.to(in_dtype)
+        mask, rows = _simplify_mask(bound["attn_mask"], q.shape[2])
         out = _api.sageattn(q, k, v, tensor_layout="HND", is_causal=bool(bound["is_causal"]),
                             sm_scale=bound["scale"], attn_mask=mask, config=self.config, backend=self.backend)
+        if rows is not None:
+            out = out * rows  # query rows with no key to attend: zeros, as sageattn gives fully masked rows
         self.count("routed")
         return out if out.dtype == in_dtype else out.to(in_dtype)
+
+
+def _simplify_mask(mask, n_q: int):
+    """A boolean [B, 1 or H, Nq, Nk] mask that is (valid query) x (valid key), the same for every head (the
+    square text-padding mask of HunyuanVideo in diffusers 0.32, or any padding mask a processor expanded to
+    Nq rows), becomes the key-padding mask [B, 1, 1, Nk], applied per key inside the kernel with no Nq x Nk
+    reads, plus the [B, 1, Nq, 1] query rows that have no key (their output is zero). Anything else is
+    returned unchanged."""
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 4 or n_q == 1 or mask.shape[2] != n_q:
+        return mask, None
+    first = mask[:, :1]
+    keys = first.any(dim=2, keepdim=True)
+    rows = first.any(dim=3, keepdim=True)
+    # Every row with a key must equal `keys` and every other row must be empty, in every head. Checked in
+    # chunks of query rows, so a huge mask is never materialised a second time.
+    step = max(1, (1 << 26) // max(1, mask.shape[0] * mask.shape[1] * mask.shape[3]))
+    for i in range(0, n_q, step):
+        if (mask[:, :, i:i + step] ^ (keys & rows[:, :, i:i + step])).any():
+            return mask, None
+    return keys, (None if bool(rows.all()) else rows)
 
 
 def _bind_sdpa(args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
