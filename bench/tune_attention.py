@@ -18,9 +18,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import sagegen  # noqa: E402
 from sagegen.kernels import triton_attn  # noqa: E402
 
-CANDIDATES = [  # block_q, block_k, num_warps, num_stages
-    (64, 128, 4, 3), (64, 128, 4, 4), (64, 128, 4, 2), (128, 128, 8, 3), (64, 64, 4, 3), (64, 256, 4, 3),
-    (128, 128, 4, 3),
+CANDIDATES = [  # block_q, block_k, num_warps, num_stages[, maxnreg]
+    (64, 128, 4, 3), (64, 128, 4, 2, 168), (64, 128, 4, 3, 168), (64, 64, 4, 2, 168), (64, 64, 4, 3),
 ]
 SHAPES = [(4, 32, 16384, 128), (2, 48, 17776, 64), (4, 32, 4096, 128), (4, 32, 4096, 64)]
 
@@ -38,8 +37,8 @@ def main():
         sdpa_ms = triton.testing.do_bench(lambda: F.scaled_dot_product_attention(q, k, v), warmup=50, rep=200,
                                           return_mode="median")
         print(f"{b},{h},{n},{d} sdpa {flops / sdpa_ms / 1e9:.0f} TFLOP/s", flush=True)
-        for bq, bk, w, st in CANDIDATES:
-            triton_attn.LAUNCH_OVERRIDES[(bq, bk, d)] = (w, st)
+        for bq, bk, w, st, *reg in CANDIDATES:
+            triton_attn.LAUNCH_OVERRIDES[(bq, bk, d)] = (w, st, *reg)
             cfg = sagegen.SageConfig(block_q=bq, block_k=bk)
             try:
                 ms = triton.testing.do_bench(lambda: sagegen.sageattn(q, k, v, config=cfg), warmup=50, rep=200,
@@ -48,9 +47,10 @@ def main():
                 print(f"  {bq},{bk},w{w},s{st}: {type(exc).__name__} {str(exc)[:120]}", flush=True)
                 continue
             row = {"shape": [b, h, n, d], "block_q": bq, "block_k": bk, "num_warps": w, "num_stages": st,
+                   "maxnreg": reg[0] if reg else None,
                    "tflops": flops / ms / 1e9, "sdpa_tflops": flops / sdpa_ms / 1e9, "ratio": sdpa_ms / ms}
             rows.append(row)
-            print(f"  {bq},{bk},w{w},s{st}: {row['tflops']:.0f} TFLOP/s = {row['ratio']:.2f}x sdpa", flush=True)
+            print(f"  {bq},{bk},w{w},s{st},r{reg}: {row['tflops']:.0f} TFLOP/s = {row['ratio']:.2f}x sdpa", flush=True)
         del q, k, v
     json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "triton": triton.__version__, "rows": rows}, open(args.out, "w"), indent=1)

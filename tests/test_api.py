@@ -68,7 +68,7 @@ def test_config_validation():
         SageConfig(block_k=48)
     with pytest.raises(ValueError, match="smooth_v must be a bool"):
         SageConfig(smooth_v=1)
-    assert SageConfig().blocks(64) == (128, 128) and SageConfig(block_k=32).blocks(128) == (128, 32)
+    assert SageConfig().blocks(64) == (64, 128) and SageConfig(block_k=32).blocks(128) == (64, 32)
     assert sagegen.DIFFUSION_CONFIG.smooth_v and not SageConfig().smooth_v
 
 

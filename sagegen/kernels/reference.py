@@ -15,10 +15,9 @@ import math
 import torch
 
 from ..config import SageConfig
-from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2E, MaskSpec
+from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
-LOG2_FP8_MAX = math.log2(FP8_MAX)
 
 
 def round_half_away(x: torch.Tensor) -> torch.Tensor:
@@ -182,30 +181,34 @@ def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
     """Online softmax·V over key blocks, exactly as the kernel orders it.
 
     s: scaled scores in log2 units [B, H, M, Nk]; vq_blocks: [B, H, n_blocks, block_k, D] (quantized V).
-    P = exp2(s - m + log2 448) with m the running row max, so its largest values land on e4m3's 448; each
-    block's P·V is accumulated fresh and added into the FP32 accumulator (or, for ``accum="fp22"``, into a
+    P = exp2(s - r + log2 448) with r the block's own row max (kept within REF_WINDOW of the running max), so
+    each block's largest value lands exactly on e4m3's 448; acc and l follow r. Each block's P·V is
+    accumulated fresh and added into the FP32 accumulator (or, for ``accum="fp22"``, into a
     single accumulator truncated to FP22 after every block). Returns the unnormalised output [B, H, M, D],
-    the row max m and the row sum l (both carry P's factor 448, which cancels in out = acc / l).
+    the reference max r and the row sum l (both carry P's factor 448, which cancels in out = acc / l).
     """
     B, H, M, _ = s.shape
     n_blocks, D = vq_blocks.shape[2], vq_blocks.shape[-1]
     sb = torch.nn.functional.pad(s, (0, pad_k), value=-math.inf).view(B, H, M, n_blocks, block_k)
-    m = torch.full((B, H, M), -math.inf, device=s.device)
+    m = torch.full((B, H, M), -math.inf, device=s.device)  # running row max
+    r = m.clone()  # the max that acc and l are relative to
     l = torch.zeros(B, H, M, device=s.device)
     acc = torch.zeros(B, H, M, D, device=s.device)
     for j in range(n_blocks):
         sj = sb[..., j, :]
-        m_new = torch.maximum(m, sj.amax(dim=-1))
-        m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        alpha = torch.exp2(m - m_safe)
-        p = torch.exp2(sj - (m_safe - LOG2_FP8_MAX)[..., None])
+        m_blk = sj.amax(dim=-1)
+        m = torch.maximum(m, m_blk)
+        r_new = torch.maximum(m_blk, m - REF_WINDOW)
+        r_safe = torch.where(torch.isinf(r_new), torch.zeros_like(r_new), r_new)
+        alpha = torch.exp2(r - r_safe)
+        p = torch.exp2(sj - (r_safe - LOG2_FP8_MAX)[..., None])
         l = l * alpha + p.sum(dim=-1)
         pq = p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float() if fp8 else p.to(torch.float16).float()
         acc = acc * alpha[..., None] + pq @ vq_blocks[:, :, j]
         if accum == "fp22":
             acc = truncate_fp22(acc)
-        m = m_new
-    return acc, m, l
+        r = r_new
+    return acc, r, l
 
 
 def attention_fp64(q, k, v, *, sm_scale: float, is_causal: bool = False, mask: MaskSpec | None = None):

@@ -5,6 +5,7 @@ Neither implementation imports the other; both import this.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,10 @@ LN2 = 0.6931471805599453
 FP8_MAX = 448.0  # largest finite float8 e4m3fn
 INT8_MAX = 127.0
 EPS = 1e-8  # a zero row/block/channel still gets a finite scale
+LOG2_FP8_MAX = math.log2(FP8_MAX)
+# P is quantized relative to its own key block's row max (the block's largest value lands exactly on 448),
+# as long as that max is within REF_WINDOW (log2 units) of the running max; acc and l follow that reference.
+REF_WINDOW = 8.0
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Triton attention kernel: INT8 Q·Kᵀ, FP8 (or fp16) P·V with two-level accumulation, online softmax.
 
 Scores live in log2 units (the softmax scale and log2(e) fold into the per-row Q scale) so the kernel uses
-`exp2`; the FP8 scale of P (448, e4m3's largest value) folds into the exponent, so P comes out of `exp2`
-ready for its cast. Each key block's P·V is computed fresh by the tensor cores and then added into an FP32
+`exp2`; the FP8 scale of P folds into the exponent, so P comes out of `exp2` ready for its cast, with each
+key block's row max on 448 (e4m3's largest value): the accumulator is kept relative to the current block's
+max (within a window below the running max), which costs nothing over the usual running-max rescale. Each key block's P·V is computed fresh by the tensor cores and then added into an FP32
 accumulator (two-level accumulation): the FP8 tensor cores' ~22-bit accumulator never spans more than one block.
 
 Q, K and V come from `triton_quant.quantize` as padded, contiguous buffers read through TMA tensor
@@ -17,15 +18,15 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
-from .spec import LOG2E, MaskSpec
+from .spec import LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
 _MASK_KINDS = {"none": MASK_NONE, "key": MASK_KEY, "bool": MASK_BOOL, "additive": MASK_ADD}
-LOG2_FP8_MAX = 8.807354922057604  # log2(448)
 # int32 -> fp32 without a conversion instruction: the bits of 1.5·2^23 + i read as fp32 equal 12582912 + i
 # exactly for |i| < 2^22, and |Q·Kᵀ| <= 127²·128 < 2^21 for head dims up to 128.
 _LOG2_FP8_MAX = tl.constexpr(LOG2_FP8_MAX)
+_REF_WINDOW = tl.constexpr(REF_WINDOW)
 
 
 @triton.jit
@@ -55,7 +56,7 @@ def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_o
 
 @triton.jit
 def _attn_block(
-    q, q_scale, m_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
+    q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
     qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K,
     BLOCK_N: tl.constexpr, CHUNK_D: tl.constexpr, FAST: tl.constexpr, TAIL: tl.constexpr,
     CAUSAL: tl.constexpr, K_PER_TOKEN: tl.constexpr, MASK_KIND: tl.constexpr, SMOOTH_Q: tl.constexpr,
@@ -72,9 +73,11 @@ def _attn_block(
         row_scale = q_scale * tl.load(ks_base + start_n)
         if TAIL:
             x = tl.where((offs_n < N_K)[None, :], x, float("-inf"))
-        m_new = tl.maximum(m_i, (tl.max(x, axis=1) - 12582912.0) * row_scale)
-        p = tl.math.exp2(x * row_scale[:, None] - (row_scale * 12582912.0 + m_new - _LOG2_FP8_MAX)[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
+        m_blk = (tl.max(x, axis=1) - 12582912.0) * row_scale
+        m_new = tl.maximum(m_i, m_blk)
+        r_new = tl.maximum(m_blk, m_new - _REF_WINDOW)
+        p = tl.math.exp2(x * row_scale[:, None] - (row_scale * 12582912.0 + r_new - _LOG2_FP8_MAX)[:, None])
+        alpha = tl.math.exp2(r_i - r_new)
     else:
         if K_PER_TOKEN:
             s = ((x - 12582912.0) * q_scale[:, None]) * tl.load(ks_base + offs_n)[None, :]
@@ -95,10 +98,12 @@ def _attn_block(
             s = tl.where((offs_n < N_K)[None, :], s, float("-inf"))
             if CAUSAL:
                 s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with every key masked so far
-        p = tl.math.exp2(s - (m_safe - _LOG2_FP8_MAX)[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
+        m_blk = tl.max(s, axis=1)
+        m_new = tl.maximum(m_i, m_blk)
+        r_new = tl.maximum(m_blk, m_new - _REF_WINDOW)
+        r_safe = tl.where(r_new == float("-inf"), 0.0, r_new)  # rows with every key masked so far
+        p = tl.math.exp2(s - (r_safe - _LOG2_FP8_MAX)[:, None])
+        alpha = tl.math.exp2(r_i - r_safe)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if PV_FP8:
         if EXACT_FP8_CAST:
@@ -109,7 +114,7 @@ def _attn_block(
     acc0 = _pv_update(acc0, pq, v_desc, v_row0, start_n, 0, alpha, PV_FP8)
     if SPLIT_D:
         acc1 = _pv_update(acc1, pq, v_desc, v_row0, start_n, CHUNK_D, alpha, PV_FP8)
-    return m_new, l_i, acc0, acc1
+    return m_new, r_new, l_i, acc0, acc1
 
 
 @triton.jit
@@ -142,7 +147,8 @@ def _attn_fwd_kernel(
 
     CHUNK_D: tl.constexpr = HEAD_DIM // 2 if SPLIT_D else HEAD_DIM
     v_row0 = bh_kv * HEAD_DIM if PV_FP8 else kv_row0
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # running row max of the scores
+    r_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # the max that acc and l are relative to
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Head-dim columns in one or two chunks: two halves keep the fresh per-block P·V result (which two-level
     # accumulation needs besides the accumulator) small enough not to spill registers at head dim 128.
@@ -153,22 +159,22 @@ def _attn_fwd_kernel(
     msk_base = MSK + b * stride_mb + h * stride_mh
     if CAUSAL:
         for start_n in range(0, tl.minimum(N_K, (start_m + 1) * BLOCK_M), BLOCK_N):
-            m_i, l_i, acc0, acc1 = _attn_block(
-                q, q_scale, m_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
-                qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
+            m_i, r_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0,
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
                 K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
     else:
         # Whole key blocks need no bounds check; the partial last block is peeled off.
         n_full = (N_K // BLOCK_N) * BLOCK_N
         for start_n in range(0, n_full, BLOCK_N):
-            m_i, l_i, acc0, acc1 = _attn_block(
-                q, q_scale, m_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
-                qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, False, CAUSAL,
+            m_i, r_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0,
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, False, CAUSAL,
                 K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
         if n_full < N_K:
-            m_i, l_i, acc0, acc1 = _attn_block(
-                q, q_scale, m_i, l_i, acc0, acc1, n_full, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
-                qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
+            m_i, r_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, r_i, l_i, acc0, acc1, n_full, offs_m, k_desc, v_desc, kv_row0, v_row0,
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
                 K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
 
     # acc and l both carry P's factor 448, which cancels here.
@@ -182,21 +188,22 @@ def _attn_fwd_kernel(
         _store_out(acc1, CHUNK_D + offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od,
                    N_Q, D, PV_FP8, SMOOTH_V)
     if RETURN_LSE:
-        lse = (m_i + tl.math.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
+        lse = (r_i + tl.math.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
 
 
 # Launch settings per (block_m, block_n, head_dim); tuned on an H200 (bench/tune_attention.py), and
 # overridable for tuning runs.
-LAUNCH_OVERRIDES: dict[tuple[int, int, int], tuple[int, int]] = {}
+LAUNCH_OVERRIDES: dict[tuple[int, int, int], tuple] = {}
 
 
-def launch_settings(block_m: int, block_n: int, head_dim: int) -> tuple[int, int]:
-    """(num_warps, num_stages): two warpgroups for 128-row tiles keep the accumulators out of local memory."""
+def launch_settings(block_m: int, block_n: int, head_dim: int) -> tuple:
+    """(num_warps, num_stages[, maxnreg]): one warpgroup per 64-row tile, so two CTAs share an SM and one's
+    softmax overlaps the other's tensor-core work; three stages of TMA loads in flight."""
     key = (block_m, block_n, head_dim)
     if key in LAUNCH_OVERRIDES:
         return LAUNCH_OVERRIDES[key]
-    return (8 if block_m >= 128 else 4), 2
+    return (8 if block_m >= 128 else 4), 3
 
 
 def sage_attention(
@@ -263,7 +270,8 @@ def sage_attention(
     else:
         v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, d_pad), [block_k, chunk_d])
     grid = (triton.cdiv(Nq, block_q), B * H)
-    num_warps, num_stages = launch_settings(block_q, block_k, d_pad)
+    num_warps, num_stages, *maxnreg = launch_settings(block_q, block_k, d_pad)
+    extra = {"maxnreg": maxnreg[0]} if maxnreg else {}
     _attn_fwd_kernel[grid](
         q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse,
         q_bias.stride(2) if config.smooth_q else 0,
@@ -273,7 +281,7 @@ def sage_attention(
         CAUSAL=is_causal, K_PER_TOKEN=config.k_granularity == "per_token", MASK_KIND=kind,
         SMOOTH_Q=config.smooth_q, SMOOTH_V=config.smooth_v, PV_FP8=config.pv_precision == "fp8",
         RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, **extra,
     )
     if not return_lse:
         return None
