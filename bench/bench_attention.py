@@ -163,12 +163,27 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
 
 
+def crossover(impls):
+    """sagegen (Triton, forced) vs SDPA default over sequence lengths: where the kernel starts to win."""
+    out = []
+    for d in (64, 128):
+        for n in (1024, 2048, 3072, 4096, 4608, 6144, 8192, 12288):
+            q, k, v = (torch.randn(2, 24, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            t_sage = time_ms(impls["sagegen"], q, k, v)
+            t_sdpa = time_ms(impls["sdpa_default"], q, k, v)
+            out.append({"d": d, "n": n, "b": 2, "h": 24, "sagegen_ms": t_sage, "sdpa_ms": t_sdpa,
+                        "speedup": t_sdpa / t_sage})
+            print(f"crossover d={d} n={n}: sagegen/sdpa = {t_sdpa / t_sage:.2f}x", flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--plot")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--crossover", action="store_true", help="also sweep lengths for backend='auto'")
     args = ap.parse_args()
     impls, why = implementations()
     result = {"environment": environment(), "method": __doc__.strip().splitlines()[2]}
@@ -177,6 +192,8 @@ def main():
     print(result["environment"], flush=True)
     if not args.no_accuracy:
         result["accuracy"] = accuracy(impls)
+    if args.crossover:
+        result["crossover"] = crossover(impls)
     result["speed"] = speed(QUICK if args.quick else SHAPES, impls)
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
