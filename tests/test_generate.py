@@ -215,3 +215,14 @@ def test_memory_savers_are_switched_on():
     assert len(notes) == 1 and "enable_slicing" in notes[0]
     with pytest.raises(ValueError, match="offload"):
         place(pipe, torch.device("cpu"), offload="disk")
+
+
+def test_load_time_goes_to_the_first_variant_that_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(generate, "_patcher", lambda: (lambda *a, **k: None, lambda pipe: None))
+    job = _job(tmp_path, variants=("sdpa",), prompts=("a",))
+    run_job(job, loader=_loader(FakePipe()), dist=DistInfo())
+    both = _job(tmp_path, variants=("sdpa", "sage"), prompts=("a",))
+    loader = lambda job, device: Loaded(pipe=FakePipe(), source="fake", load_s=1.5)  # noqa: E731
+    res = run_job(both, loader=loader, dist=DistInfo())
+    assert res.generated == {"sdpa": 0, "sage": 1}
+    assert res.manifest["setup"]["sage"]["rank0"]["load_s"] == 1.5
