@@ -243,3 +243,21 @@ def test_command_registry_skips_missing_and_stands_in_for_broken(monkeypatch):
     r = runner.invoke(target, ["broken"])
     assert r.exit_code == 1 and "kaput" in _one_error_line(r)
     assert runner.invoke(target, ["ghost"]).exit_code == 2
+
+
+def test_entry_point_fails_fast_with_an_empty_cache(tmp_path):
+    """A real process (import time included), HF_HUB_CACHE at an empty folder, no usable network."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "SAGEGEN_"))}
+    env.update(HF_HUB_CACHE=str(tmp_path / "empty-cache"), HF_ENDPOINT="http://127.0.0.1:9",
+               SAGEGEN_RUNS=str(tmp_path / "runs"))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "sagegen.cli.app", "run", "mochi", "--prompt", "a"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert time.perf_counter() - t0 < 30
+    assert proc.returncode == 1, proc.stderr
+    assert "genmo/mochi-1-preview" in proc.stderr and "empty-cache" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("Error:") == 1
