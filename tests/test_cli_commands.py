@@ -35,6 +35,8 @@ def _one_error_line(result):
 
 
 def test_help_lists_every_command():
+    r = runner.invoke(app, [])  # no arguments: the help, no error line (exit 2 as click does)
+    assert r.exit_code == 2 and "Usage" in r.output and "Error" not in r.output
     r = runner.invoke(app, ["--help"])
     assert r.exit_code == 0
     for cmd in ("run", "compare", "models", "env"):

@@ -120,6 +120,11 @@ def format_click_error(exc) -> str:
 
 
 def show_click_error(exc) -> None:
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `sagegen` alone: the help (already printed by rich)
+        text = exc.format_message().strip()
+        if text:
+            typer.echo(text, err=True)
+        return
     print_error(format_click_error(exc))
 
 
