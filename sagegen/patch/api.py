@@ -78,6 +78,12 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
 
     Patching an already patched object again updates its config/policy/backend and wraps any processor that
     was replaced in the meantime; it never wraps twice. Returns ``obj``.
+
+    Notes: patch after ``fuse_qkv_projections()`` / ``set_attn_processor`` (they replace processors). A step
+    policy reads the timestep once per transformer call (one host sync) and its Python branch splits
+    ``torch.compile`` graphs; without step rules the patched model compiles without graph breaks. The step
+    state belongs to the transformer: do not run one patched transformer from several threads at once with
+    a step policy.
     """
     transformer, pipe = _resolve(obj)
     family = _family(transformer, allow_generic)

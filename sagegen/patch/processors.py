@@ -14,6 +14,12 @@ Nothing module-global is replaced: torch-function modes are thread-local and liv
 one processor call, so text encoders, the VAE, other threads and other models never see the interception.
 If a user picked a non-native diffusers attention backend (flash-attn, xformers, ...), the dispatcher does
 not call SDPA; the wrapper notices that no call was routed and warns once.
+
+An intercepted call goes to sageattn when it can (4-D HND tensors, a kernel head dim, no dropout, no autograd,
+fp16/bf16 -- fp32 is cast to bf16 and back); otherwise it runs on SDPA unchanged and is counted as a fallback
+with its reason (``patch_info(obj)["stats"]``). Masks are passed on as SDPA defines them (bool: True =
+attend, or additive); a square padding mask is reduced to a per-key mask first (`_simplify_mask`).
+`torch.compile` traces through the mode and the sagegen custom op without graph breaks.
 """
 
 from __future__ import annotations
