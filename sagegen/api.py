@@ -52,8 +52,9 @@ def sageattn(
         return_lse: also return the natural-log log-sum-exp of each query row, [B, Hq, Nq] fp32.
         config: `SageConfig` (numerics and fallback policy); default `SageConfig()`.
         backend: ``"triton"``, ``"reference"`` (the PyTorch emulation of the same numerics) or ``"auto"``
-            (Triton on a supported CUDA GPU, the emulation on CPU). With ``TRITON_INTERPRET=1`` the Triton
-            backend also runs on CPU tensors.
+            (Triton on a supported CUDA GPU, the emulation on CPU; on the GPU, sequences shorter than the
+            measured crossover, ``kernels.backends.AUTO_MIN_TOKENS``, run PyTorch SDPA, which is faster
+            there). With ``TRITON_INTERPRET=1`` the Triton backend also runs on CPU tensors.
 
     Returns:
         out in q's layout and dtype, or ``(out, lse)`` when ``return_lse``.
@@ -194,7 +195,8 @@ def _sageattn_op(
     hnd = (lambda t: t) if tensor_layout == "HND" else (lambda t: t.transpose(1, 2))
     qh, kh, vh = hnd(q), hnd(k), hnd(v)
     mask = normalize_mask(attn_mask, qh.shape[0])
-    choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once)
+    choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once,
+                                     n_kv=kh.shape[2])
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = backends.run(choice, qh, kh, vh, hnd(out), sm_scale=sm_scale, is_causal=is_causal, mask=mask,
                        attn_mask=attn_mask, config=config, return_lse=return_lse)

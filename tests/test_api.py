@@ -155,3 +155,20 @@ def test_custom_op_and_compile_fullgraph(seed):
                           (q, k, v, None, False, 0.125, "NHD", True, "reference",
                            *sagegen.api._config_args(SageConfig())),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_auto_uses_sdpa_below_the_measured_crossover(monkeypatch):
+    monkeypatch.setattr(backends, "describe_cuda", lambda device: (True, "compute capability 9.0"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    class FakeQ:
+        device = torch.device("cuda")
+        shape = (1, 24, 4608, 128)  # Flux at 1024²
+
+    pick = lambda backend, n_kv: backends.choose(FakeQ, backend, SageConfig(), interpret=False,
+                                                  warn=print, n_kv=n_kv)[0]
+    assert pick("auto", 4608) == "sdpa"
+    assert pick("triton", 4608) == "triton"  # an explicit request is honoured
+    FakeQ.shape = (2, 48, 17776, 64)  # CogVideoX-5b
+    assert pick("auto", 17776) == "triton"
+    assert pick("auto", 300) == "sdpa"  # cross-attention to a short text: small work per head

@@ -38,8 +38,19 @@ def describe_cuda(device: torch.device) -> tuple[bool, str]:
     return True, f"compute capability {cap[0]}.{cap[1]}"
 
 
+# Below this many keys (and queries), `backend="auto"` runs PyTorch SDPA on the GPU: the quantized kernel's
+# fixed costs (the quantization pass, three extra launches) outweigh its faster main loop there. Measured on an
+# H200 (B=2, H=24, bf16; bench/results/attention-h200-*.json "crossover"): at head dims 64 and 128 the kernel
+# wins from ~6k tokens. Flux (4,608) and SD3.5 (4,429) at 1024² therefore keep SDPA under "auto".
+AUTO_MIN_TOKENS = 6144
+
+
+def auto_prefers_sdpa(n_q: int, n_kv: int) -> bool:
+    return n_q * n_kv < AUTO_MIN_TOKENS * AUTO_MIN_TOKENS
+
+
 def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool,
-           warn: Callable[[str], None]) -> tuple[str, SageConfig]:
+           warn: Callable[[str], None], n_kv: int | None = None) -> tuple[str, SageConfig]:
     """Pick "triton", "reference" or "sdpa" for a call, and the config it runs with."""
     if backend == "reference" or config.pv_accum == "fp22":
         return "reference", config  # fp22 accumulation is an analysis mode of the emulation only
@@ -54,6 +65,8 @@ def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool
             raise RuntimeError(f"sagegen's Triton kernels cannot run here: {why} (SageConfig.fallback='error')")
         warn(f"sagegen: Triton kernels unavailable ({why}); falling back to {config.fallback}")
         return config.fallback, config
+    if backend == "auto" and auto_prefers_sdpa(q.shape[2], n_kv if n_kv is not None else q.shape[2]):
+        return "sdpa", config
     if config.pv_precision == "fp8" and torch.cuda.get_device_capability(q.device) < FP8_CAPABILITY:
         warn("sagegen: this GPU has no FP8 tensor cores; using fp16 P·V (SageConfig.pv_precision='fp16')")
         config = config.replace(pv_precision="fp16")

@@ -38,8 +38,9 @@ def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.T
         padded = torch.nn.functional.pad(x.abs(), (0, 0, 0, n_blocks * block - N))
         amax = padded.view(B, H, n_blocks, block * D).amax(dim=-1)
         amax = amax.repeat_interleave(block, dim=-1)[..., :N]
-    scale = torch.clamp(amax, min=EPS) / INT8_MAX
-    q = round_half_away(x / scale[..., None]).clamp_(-INT8_MAX, INT8_MAX)
+    amax = torch.clamp(amax, min=EPS)
+    scale = amax / INT8_MAX
+    q = round_half_away(x * (INT8_MAX / amax)[..., None]).clamp_(-INT8_MAX, INT8_MAX)
     return q, scale
 
 
@@ -123,8 +124,9 @@ def sage_attention(
     v_mean = vf.mean(dim=2, keepdim=True) if config.smooth_v else None
     vs = vf - v_mean if config.smooth_v else vf
     if config.pv_precision == "fp8":
-        v_scale = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS) / FP8_MAX  # [B, Hkv, 1, D]
-        vq = (vs / v_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+        v_amax = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS)  # [B, Hkv, 1, D]
+        v_scale = v_amax / FP8_MAX
+        vq = (vs * (FP8_MAX / v_amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
         v_dequant = v_scale
     else:
         vq = vs.to(torch.float16).float()

@@ -57,14 +57,13 @@ def _load_tile(X, b, h, offs_n, offs_d, stride_xb, stride_xh, stride_xn, stride_
 def _int8_quantize(x, BLOCK: tl.constexpr, PER_TOKEN: tl.constexpr):
     """Symmetric INT8 with one scale per row or per tile (x is zero outside the valid region)."""
     if PER_TOKEN:
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.math.div_rn(tl.maximum(amax, _EPS), _INT8_MAX)
-        y = tl.math.div_rn(x, scale[:, None])
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), _EPS)
+        scale = tl.math.div_rn(amax, _INT8_MAX)
+        y = x * tl.math.div_rn(_INT8_MAX, amax)[:, None]
     else:
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-        scale_blk = tl.math.div_rn(tl.maximum(amax, _EPS), _INT8_MAX)
-        y = tl.math.div_rn(x, scale_blk)
-        scale = tl.zeros([BLOCK], dtype=tl.float32) + scale_blk
+        amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), _EPS)
+        y = x * tl.math.div_rn(_INT8_MAX, amax)
+        scale = tl.zeros([BLOCK], dtype=tl.float32) + tl.math.div_rn(amax, _INT8_MAX)
     y = tl.minimum(tl.maximum(_round_half_away(y), -_INT8_MAX), _INT8_MAX)
     return y.to(tl.int8), scale
 
@@ -125,7 +124,7 @@ def _kv_stats_kernel(
 
 @triton.jit
 def _quant_kv_kernel(
-    K, V, KMean, VMean, VScale, K8, KScale, VQ,
+    K, V, KMean, VMean, VInvScale, K8, KScale, VQ,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     H, N, D, N_PAD,
@@ -154,7 +153,7 @@ def _quant_kv_kernel(
     if SMOOTH_V:
         v = tl.where(valid, v - tl.load(VMean + stats)[None, :], 0.0)
     if FP8:
-        y = tl.math.div_rn(v, tl.load(VScale + stats)[None, :])
+        y = v * tl.load(VInvScale + stats)[None, :]
         y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)
         if EXACT_FP8_CAST:
             y = round_to_e4m3_grid(y)
@@ -222,14 +221,15 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
 
     fp8 = config.pv_precision == "fp8"
     k_mean, v_mean, vmin, vmax = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8)
-    v_scale = None
+    v_scale = v_inv_scale = None
     if fp8:
         if v_mean is not None:
             amax = torch.maximum(vmax - v_mean, v_mean - vmin)
         else:
             amax = torch.maximum(vmax, -vmin)
-        v_scale = torch.clamp(amax, min=EPS) / FP8_MAX
-        v_scale[:, D:] = 1.0
+        amax = torch.clamp(amax, min=EPS)
+        amax[:, D:] = FP8_MAX
+        v_scale, v_inv_scale = amax / FP8_MAX, FP8_MAX / amax
         vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=dev)
     else:
         vq = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.float16, device=dev)
@@ -237,7 +237,7 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     k_scale = torch.empty(B, Hkv, nk_pad, dtype=torch.float32, device=dev)
     dummy = k_scale
     _quant_kv_kernel[(nk_pad // block_k, B * Hkv)](
-        k, v, *(t if t is not None else dummy for t in (k_mean, v_mean, v_scale)), k8, k_scale, vq,
+        k, v, *(t if t is not None else dummy for t in (k_mean, v_mean, v_inv_scale)), k8, k_scale, vq,
         *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
         BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
         K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
