@@ -23,6 +23,7 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
+# Kernel accuracy on this machine, then compare -> eval -> report on the tiny random-weight CogVideoX.
 demo: $(STAMP)
 	$(PY) -m sagegen.demo
 

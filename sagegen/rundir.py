@@ -42,6 +42,13 @@ DEFAULT_RUNS_ROOT = "runs"
 
 
 # ----------------------------------------------------------------------------------------------- writes
+def _umask_mode() -> int:
+    """The mode a plainly created file gets (mkstemp's temporary files are 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` atomically: a temporary file in the same folder, fsync, then `os.replace`."""
     path = Path(path)
@@ -52,6 +59,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -80,6 +88,7 @@ def atomic_write_file(path: str | os.PathLike, writer: Callable[[Path], None]) -
     os.close(fd)
     try:
         writer(Path(tmp))
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -126,3 +126,20 @@ def test_latest_run_by_manifest_time_and_env(tmp_path, monkeypatch):
     monkeypatch.delenv("SAGEGEN_RUNS")
     monkeypatch.chdir(tmp_path)
     assert rundir.runs_root() == rundir.Path("runs")
+
+
+def test_atomic_writes_get_normal_permissions(tmp_path):
+    """Reports and manifests must be readable by others (a web server), not mkstemp's 0600."""
+    import os
+    import stat
+
+    from sagegen.rundir import atomic_write_file, atomic_write_json
+
+    mask = os.umask(0o022)
+    try:
+        a = atomic_write_json(tmp_path / "m.json", {"x": 1})
+        b = atomic_write_file(tmp_path / "v.bin", lambda p: p.write_bytes(b"1"))
+    finally:
+        os.umask(mask)
+    for p in (a, b):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644
