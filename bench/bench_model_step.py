@@ -18,6 +18,10 @@ the device, torch/triton/diffusers/sagegen versions and the date.
     python bench/bench_model_step.py hunyuanvideo --out bench/results/model-step-hunyuanvideo-h100.json
     python bench/bench_model_step.py cogvideox-5b --tiny --out /tmp/smoke.json   # CPU smoke test
 
+``patch_stats`` counts the routed attention calls; with ``--backend auto`` (default) sageattn itself runs
+PyTorch SDPA for sequences below its measured crossover (~6k tokens; counted as ``routed_auto_sdpa``), e.g.
+HunyuanVideo's 256-token text refiner; ``--backend triton`` forces the kernel everywhere.
+
 --tiny: the same code path on the CPU with the architecture shrunk to one layer of each kind and two heads
 (`arch.smoke_overrides`, same input interface) at 64x64 (9 or 13 frames); sagegen runs its PyTorch emulation.
 """
@@ -63,6 +67,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sage-config", default=None,
                    help='JSON object of SageConfig fields overriding DIFFUSION_CONFIG, e.g. \'{"smooth_v": false}\'')
+    p.add_argument("--backend", choices=("auto", "triton"), default="auto",
+                   help="sageattn backend for the patched runs (auto: SDPA below the ~6k-token crossover)")
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
     args = p.parse_args(argv)
     if args.warmup < 0 or args.repeats < 1:
@@ -188,7 +194,8 @@ def main(argv=None) -> dict:
             torch.cuda.empty_cache()
 
     record("stock", forward(model))
-    sagegen.patch(model, config)
+    backend = "auto" if args.tiny else args.backend
+    sagegen.patch(model, config, backend=backend)
     reset_stats(model)
     record("sagegen", forward(model))
     stats = dict(patch_info(model)["stats"])
@@ -201,7 +208,7 @@ def main(argv=None) -> dict:
         torch._dynamo.reset()
         record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend)))
         torch._dynamo.reset()
-        sagegen.patch(model, config)
+        sagegen.patch(model, config, backend=backend)
         record("sagegen_compiled", forward(torch.compile(model, backend=args.compile_backend)))
         sagegen.unpatch(model)
         torch._dynamo.reset()
@@ -222,7 +229,8 @@ def main(argv=None) -> dict:
         "benchmark": "model_step", "model": args.model, "tiny": args.tiny, "arch_source": arch.source,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
-        "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None, "sage_config": config.to_dict(), "warmup": args.warmup, "repeats": args.repeats,
+        "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,
+        "sage_config": config.to_dict(), "backend": backend, "warmup": args.warmup, "repeats": args.repeats,
         "build_s": build_s,
         "inputs": {"batch": batch, **size, "tokens_per_sample": archs.tokens_per_sample(args.model, **size),
                    "heads": cfg.get("num_attention_heads"), "head_dim": cfg.get("attention_head_dim"),

@@ -366,3 +366,15 @@ def test_square_padding_mask_becomes_a_key_mask(monkeypatch, seed):
         # padded query rows have no key: zeros from attention, so only the output projection's bias remains
         bias = model.attn.to_out[0].bias
         assert torch.allclose(out[b, n:], bias.expand(48 - n, -1), atol=1e-6)
+
+
+def test_auto_backend_crossover_is_reported_from_the_kernel_rule():
+    from sagegen.kernels import backends
+    from sagegen.patch.processors import _auto_prefers_sdpa
+
+    rule = getattr(backends, "auto_prefers_sdpa", None)
+    if rule is None:
+        pytest.skip("this sagegen has no auto crossover rule")
+    assert _auto_prefers_sdpa(256, 256) is True  # HunyuanVideo's text refiner
+    assert _auto_prefers_sdpa(17776, 17776) is False  # CogVideoX-5b
+    assert _auto_prefers_sdpa(4608, 4608) == bool(rule(4608, 4608))

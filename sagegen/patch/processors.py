@@ -90,7 +90,16 @@ class PatchSession:
         if rows is not None:
             out = out * rows  # query rows with no key to attend: zeros, as sageattn gives fully masked rows
         self.count("routed")
+        if self.backend == "auto" and q.device.type == "cuda" and _auto_prefers_sdpa(q.shape[2], k.shape[2]):
+            self.count("routed_auto_sdpa")  # sageattn's "auto" runs PyTorch SDPA below its speed crossover
         return out if out.dtype == in_dtype else out.to(in_dtype)
+
+
+def _auto_prefers_sdpa(n_q: int, n_kv: int) -> bool:
+    from ..kernels import backends
+
+    rule = getattr(backends, "auto_prefers_sdpa", None)
+    return bool(rule(n_q, n_kv)) if rule is not None else False
 
 
 def _simplify_mask(mask, n_q: int):
