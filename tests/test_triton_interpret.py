@@ -112,3 +112,24 @@ def test_kernel_accuracy_against_fp64(seed):
     t = sagegen.sageattn(q, k, v, backend="triton")
     ref, _ = attention_fp64(q, k, v, sm_scale=0.125)
     assert rel_l1(t, ref) < 0.045
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_padded_keys_do_not_touch_the_statistics(seed, backend):
+    """Whatever sits in key-padding positions (HunyuanVideo's padded text tokens) must not change the result:
+    masked keys are left out of the smoothing means and the INT8/FP8 scales, so the output is identical."""
+    q, k, v = qkv(2, 2, 2, 80, 150, 64, device=DEVICE)
+    keep = torch.ones(2, 1, 1, 150, dtype=torch.bool, device=DEVICE)
+    keep[0, ..., 120:] = False
+    keep[1, ..., 60:] = False
+    pad = ~keep[:, 0, 0, :, None].expand(-1, -1, 64)[:, None].expand(-1, 2, -1, -1)
+    k_junk = torch.where(pad, torch.full_like(k, 300.0), k)
+    v_junk = torch.where(pad, torch.full_like(v, -500.0), v)
+    cfg = SageConfig(smooth_v=True)
+    clean = sagegen.sageattn(q, k, v, attn_mask=keep, config=cfg, backend=backend)
+    junk = sagegen.sageattn(q, k_junk, v_junk, attn_mask=keep, config=cfg, backend=backend)
+    assert torch.equal(clean, junk)
+    from sagegen.kernels.reference import attention_fp64
+
+    ref, _ = attention_fp64(q, k, v, sm_scale=0.125, mask=sagegen.api.normalize_mask(keep, 2))
+    assert rel_l1(junk, ref) < 0.05

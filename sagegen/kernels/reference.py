@@ -36,7 +36,7 @@ def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.T
     else:
         n_blocks = -(-N // block)
         padded = torch.nn.functional.pad(x.abs(), (0, 0, 0, n_blocks * block - N))
-        amax = padded.view(B, H, n_blocks, block * D).amax(dim=-1)
+        amax = padded.reshape(B, H, n_blocks, block * D).amax(dim=-1)
         amax = amax.repeat_interleave(block, dim=-1)[..., :N]
     amax = torch.clamp(amax, min=EPS)
     scale = amax / INT8_MAX
@@ -49,7 +49,7 @@ def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
     B, H, N, D = x.shape
     n_blocks = -(-N // block)
     pad = n_blocks * block - N
-    sums = torch.nn.functional.pad(x, (0, 0, 0, pad)).view(B, H, n_blocks, block, D).sum(dim=3)
+    sums = torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(B, H, n_blocks, block, D).sum(dim=3)
     counts = torch.full((n_blocks,), float(block), device=x.device)
     counts[-1] = block - pad
     means = sums / counts[:, None]
@@ -60,6 +60,20 @@ def truncate_fp22(x: torch.Tensor) -> torch.Tensor:
     """Truncate fp32 to 13 mantissa bits: the FP8 tensor-core accumulator's precision."""
     bits = x.contiguous().view(torch.int32) & ~((1 << 10) - 1)
     return bits.view(torch.float32)
+
+
+def _live_keys(mask: MaskSpec, n_k: int) -> torch.Tensor | None:
+    """[B, 1, Nk, 1] fp32, 1 for keys a key-padding mask keeps (bias > -inf), 0 for masked ones."""
+    if mask.kind != "key":
+        return None
+    return (mask.tensor > -math.inf).float()[:, None, :, None]
+
+
+def _masked_mean(x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
+    """Mean over tokens (dim 2) of x [B, H, N, D], over live keys only when a key-padding mask is given."""
+    if live is None:
+        return x.mean(dim=2, keepdim=True)
+    return (x * live).sum(dim=2, keepdim=True) / live.sum(dim=2, keepdim=True).clamp(min=1.0)
 
 
 def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -113,16 +127,23 @@ def sage_attention(
     c = torch.tensor(sm_scale * LOG2E, dtype=torch.float32)
 
     qf, kf, vf = q.float(), k.float(), v.float()
-    k_mean = kf.mean(dim=2, keepdim=True) if config.smooth_k else None
+    # Keys masked out by a key-padding mask take no part in the statistics (means, scales): padding can
+    # hold anything, and it must not cost the real keys precision.
+    live = _live_keys(mask, Nk)
+    k_mean = _masked_mean(kf, live) if config.smooth_k else None
     ks = kf - k_mean if config.smooth_k else kf
+    if live is not None:
+        ks = ks * live
     q_mean = block_means(qf, block_q) if config.smooth_q else None
     qs = qf - q_mean if config.smooth_q else qf
 
     q8, q_scale = quantize_int8(qs, block_q, config.q_granularity == "per_token")
     k8, k_scale = quantize_int8(ks, block_k, config.k_granularity == "per_token")
 
-    v_mean = vf.mean(dim=2, keepdim=True) if config.smooth_v else None
+    v_mean = _masked_mean(vf, live) if config.smooth_v else None
     vs = vf - v_mean if config.smooth_v else vf
+    if live is not None:
+        vs = vs * live
     if config.pv_precision == "fp8":
         v_amax = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS)  # [B, Hkv, 1, D]
         v_scale = v_amax / FP8_MAX
@@ -140,7 +161,7 @@ def sage_attention(
 
     n_blocks = -(-Nk // block_k)
     pad_k = n_blocks * block_k - Nk
-    vq_blocks = torch.nn.functional.pad(vq, (0, 0, 0, pad_k)).view(B, H, n_blocks, block_k, D)
+    vq_blocks = torch.nn.functional.pad(vq, (0, 0, 0, pad_k)).reshape(B, H, n_blocks, block_k, D)
     q_scale_log2 = q_scale * c
 
     out = torch.empty(B, H, Nq, D, dtype=q.dtype, device=q.device)

@@ -238,7 +238,8 @@ def sage_attention(
     Hkv, Nk = k.shape[1], k.shape[2]
     block_q, block_k = config.blocks(D)
     d_pad = max(16, triton.next_power_of_2(D))
-    qq = quantize(q, k, v, config, block_q, block_k, d_pad)
+    key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
+    qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)
     c = sm_scale * LOG2E
 
     q_bias = qq.q_scale  # placeholder pointer when unused

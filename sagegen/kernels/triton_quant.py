@@ -94,15 +94,25 @@ def _quant_q_kernel(
 
 
 @triton.jit
+def _live_keys(KeyBias, b, offs_n, N, KEY_MASK: tl.constexpr):
+    """Which keys of the tile a key-padding mask keeps (its bias is > -inf); all of them without one."""
+    if KEY_MASK:
+        bias = tl.load(KeyBias + b * N + offs_n, mask=offs_n < N, other=float("-inf"))
+        return bias > float("-inf")
+    return offs_n >= 0
+
+
+@triton.jit
 def _kv_stats_kernel(
-    K, V, KSum, VSum, VMin, VMax,
+    K, V, KeyBias, KSum, VSum, VMin, VMax,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     H, N, D, N_BLOCKS,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
-    V_RANGE: tl.constexpr,
+    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr,
 ):
-    """Per-tile partial statistics over tokens: K's and V's channel sums, V's channel min and max."""
+    """Per-tile partial statistics over tokens: K's and V's channel sums, V's channel min and max
+    (keys masked out by a key-padding mask excluded)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -110,11 +120,14 @@ def _kv_stats_kernel(
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
+    live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)
     if K_SUM:
         k, _ = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
-        tl.store(KSum + out, tl.sum(k, axis=0))
+        tl.store(KSum + out, tl.sum(tl.where(live[:, None], k, 0.0), axis=0))
     if V_SUM or V_RANGE:
         v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
+        valid = valid & live[:, None]
+        v = tl.where(valid, v, 0.0)
         if V_SUM:
             tl.store(VSum + out, tl.sum(v, axis=0))
         if V_RANGE:
@@ -124,12 +137,12 @@ def _kv_stats_kernel(
 
 @triton.jit
 def _quant_kv_kernel(
-    K, V, KMean, VMean, VInvScale, K8, KScale, VQ,
+    K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     H, N, D, N_PAD,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
-    K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr,
+    K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr,
 ):
     """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
     scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile."""
@@ -142,16 +155,19 @@ def _quant_kv_kernel(
     stats = pid_bh * HEAD_DIM + offs_d
     row = pid_bh * N_PAD + offs_n
 
+    live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)[:, None]  # masked keys quantize as zeros
     k, valid = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
     if SMOOTH_K:
-        k = tl.where(valid, k - tl.load(KMean + stats)[None, :], 0.0)
+        k = k - tl.load(KMean + stats)[None, :]
+    k = tl.where(valid & live, k, 0.0)
     k8, k_scale = _int8_quantize(k, BLOCK, K_PER_TOKEN)
     tl.store(K8 + row[:, None] * HEAD_DIM + offs_d[None, :], k8)
     tl.store(KScale + row, k_scale)
 
     v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
     if SMOOTH_V:
-        v = tl.where(valid, v - tl.load(VMean + stats)[None, :], 0.0)
+        v = v - tl.load(VMean + stats)[None, :]
+    v = tl.where(valid & live, v, 0.0)
     if FP8:
         y = v * tl.load(VInvScale + stats)[None, :]
         y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)
@@ -179,9 +195,9 @@ class QuantizedQKV:
 STATS_BLOCK = 128
 
 
-def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range):
+def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
     """Channel statistics of k and v [B, H, N, D] in one pass: (k_mean, v_mean, v_min, v_max), each
-    [B*H, d_pad] fp32 or None."""
+    [B*H, d_pad] fp32 or None; over the keys a key-padding bias [B, N] keeps, when given."""
     B, H, N, D = k.shape
     if not (k_sum or v_sum or v_range):
         return None, None, None, None
@@ -190,17 +206,26 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range):
     ksum, vsum, vmin, vmax = new(k_sum), new(v_sum), new(v_range), new(v_range)
     dummy = next(t for t in (ksum, vsum, vmin) if t is not None)
     _kv_stats_kernel[(nb, B * H)](
-        k, v, *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
+        k, v, key_bias if key_bias is not None else dummy,
+        *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
         *k.stride(), *v.stride(), H, N, D, nb,
         BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
+        KEY_MASK=key_bias is not None,
     )
-    k_mean = ksum.sum(dim=1) / N if k_sum else None
-    v_mean = vsum.sum(dim=1) / N if v_sum else None
+    count = float(N)
+    if key_bias is not None:  # live keys per batch, one row per (batch, head)
+        count = (key_bias > float("-inf")).sum(dim=1).clamp(min=1).repeat_interleave(H)[:, None].float()
+    k_mean = ksum.sum(dim=1) / count if k_sum else None
+    v_mean = vsum.sum(dim=1) / count if v_sum else None
     return k_mean, v_mean, (vmin.amin(dim=1) if v_range else None), (vmax.amax(dim=1) if v_range else None)
 
 
-def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int) -> QuantizedQKV:
+def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int,
+             key_bias: torch.Tensor | None = None) -> QuantizedQKV:
     """Quantize q [B, Hq, Nq, D] and k, v [B, Hkv, Nk, D] (any strides) for the attention kernel.
+
+    key_bias: a key-padding mask as an fp32 bias [B, Nk] (contiguous; -inf = masked). Masked keys are left
+    out of the smoothing means and the scales, and quantize to zeros.
 
     Three launches: K/V channel statistics (one read of K and V), Q (one read), and K with V (one more
     read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
@@ -220,7 +245,7 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     )
 
     fp8 = config.pv_precision == "fp8"
-    k_mean, v_mean, vmin, vmax = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8)
+    k_mean, v_mean, vmin, vmax = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
     v_scale = v_inv_scale = None
     if fp8:
         if v_mean is not None:
@@ -237,10 +262,12 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     k_scale = torch.empty(B, Hkv, nk_pad, dtype=torch.float32, device=dev)
     dummy = k_scale
     _quant_kv_kernel[(nk_pad // block_k, B * Hkv)](
-        k, v, *(t if t is not None else dummy for t in (k_mean, v_mean, v_inv_scale)), k8, k_scale, vq,
+        k, v, key_bias if key_bias is not None else dummy,
+        *(t if t is not None else dummy for t in (k_mean, v_mean, v_inv_scale)), k8, k_scale, vq,
         *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
         BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
         K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
+        KEY_MASK=key_bias is not None,
     )
     shape = (B, Hkv, d_pad)
     return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean.view(shape) if k_mean is not None else None,
