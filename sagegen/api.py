@@ -63,6 +63,11 @@ def sageattn(
     _validate(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, return_lse, backend)
     d = q.shape[-1]
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(d)
+    n_dim = 2 if tensor_layout == "HND" else 1
+    if (backend == "auto" and q.is_cuda and not return_lse
+            and backends.auto_prefers_sdpa(q.shape[n_dim], k.shape[n_dim])):
+        # Below the crossover, stock SDPA is faster: call it directly (no custom op, no copies).
+        return backends.sdpa_direct(q, k, v, tensor_layout, attn_mask, is_causal, scale)
     out, lse = torch.ops.sagegen.sageattn(
         q, k, v, attn_mask, is_causal, scale, tensor_layout, return_lse, backend, *_config_args(config)
     )

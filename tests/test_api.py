@@ -172,3 +172,19 @@ def test_auto_uses_sdpa_below_the_measured_crossover(monkeypatch):
     FakeQ.shape = (2, 48, 17776, 64)  # CogVideoX-5b
     assert pick("auto", 17776) == "triton"
     assert pick("auto", 300) == "sdpa"  # cross-attention to a short text: small work per head
+
+
+def test_sdpa_direct_matches_the_math_in_both_layouts(seed):
+    """The path `auto` takes below the crossover on a GPU: plain SDPA, returned in the caller's layout."""
+    from sagegen.kernels.reference import attention_fp64
+
+    for layout in ("HND", "NHD"):
+        q, k, v = qkv(1, 4, 2, 30, 50, 64, layout=layout)
+        mask = torch.rand(1, 1, 30, 50) > 0.3
+        mask[..., 4, :] = False
+        out = backends.sdpa_direct(q, k, v, layout, mask, False, 0.125)
+        assert out.shape == q.shape
+        hnd = (lambda t: t) if layout == "HND" else (lambda t: t.transpose(1, 2))
+        ref, _ = attention_fp64(hnd(q), hnd(k), hnd(v), sm_scale=0.125,
+                                mask=sagegen.api.normalize_mask(mask, 1))
+        assert rel_l1(hnd(out), ref) < 2e-3 and torch.all(hnd(out)[:, :, 4] == 0)

@@ -10,13 +10,14 @@ from sagegen import SageConfig
 from sagegen.kernels.reference import attention_fp64, sage_attention
 
 pytestmark = gpu
+# backend="triton" throughout: "auto" runs SDPA below the measured crossover (~6k tokens).
 
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_accuracy_bar_on_gpu(seed, d):
     """N(0,1), B=1, H=8, N=4096: cos >= 0.9992 and rel L1 <= 0.039 (upstream SageAttention2: 0.9992/0.039)."""
     q, k, v = qkv(1, 8, 8, 4096, 4096, d, dtype=torch.bfloat16, device="cuda")
-    out = sagegen.sageattn(q, k, v)
+    out = sagegen.sageattn(q, k, v, backend="triton")
     ref, _ = attention_fp64(q, k, v, sm_scale=d**-0.5)
     print(f"d={d}: cos {cosine(out, ref):.6f} rel-L1 {rel_l1(out, ref):.4f}")
     assert cosine(out, ref) >= 0.9992 and rel_l1(out, ref) <= 0.039
@@ -28,7 +29,8 @@ def test_accuracy_bar_on_gpu(seed, d):
 def test_kernel_tracks_emulation_at_real_size(seed, layout, cfg):
     q, k, v = qkv(2, 8, 4, 4096 + 37, 4096 + 37, 128, dtype=torch.bfloat16, device="cuda", layout=layout)
     mask = torch.rand(2, 1, 1, k.shape[1 if layout == "NHD" else 2], device="cuda") > 0.2
-    t, lt = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, attn_mask=mask, return_lse=True)
+    t, lt = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, attn_mask=mask, return_lse=True,
+                             backend="triton")
     r, lr = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, attn_mask=mask, return_lse=True,
                              backend="reference")
     assert rel_l1(t, r) < 4e-3 and (lt - lr).abs().max() < 2e-3
@@ -55,7 +57,7 @@ def test_torch_compile_fullgraph_inductor(seed):
     q, k, v = qkv(1, 4, 4, 1000, 1000, 64, dtype=torch.bfloat16, device="cuda", layout="NHD")
 
     def f(q, k, v):
-        return sagegen.sageattn(q * 1.0, k, v, tensor_layout="NHD") + 1
+        return sagegen.sageattn(q * 1.0, k, v, tensor_layout="NHD", backend="triton") + 1
 
     compiled = torch.compile(f, fullgraph=True)
     assert torch.equal(compiled(q, k, v), f(q, k, v))
@@ -65,12 +67,12 @@ def test_hunyuan_like_key_padding_and_causal_cross(seed):
     q, k, v = qkv(2, 24, 24, 8192 + 256, 8192 + 256, 128, dtype=torch.bfloat16, device="cuda")
     keep = torch.ones(2, 1, 1, k.shape[2], dtype=torch.bool, device="cuda")
     keep[0, ..., -200:] = False
-    t = sagegen.sageattn(q, k, v, attn_mask=keep)
+    t = sagegen.sageattn(q, k, v, attn_mask=keep, backend="triton")
     ref, _ = attention_fp64(q[:, :4], k[:, :4], v[:, :4], sm_scale=128**-0.5,
                             mask=sagegen.api.normalize_mask(keep, 2))
     assert rel_l1(t[:, :4], ref) < 0.04
     q2, k2, v2 = qkv(1, 8, 8, 3000, 5000, 64, dtype=torch.float16, device="cuda")
-    t2 = sagegen.sageattn(q2, k2, v2, is_causal=True)
+    t2 = sagegen.sageattn(q2, k2, v2, is_causal=True, backend="triton")
     r2 = sagegen.sageattn(q2, k2, v2, is_causal=True, backend="reference")
     assert rel_l1(t2, r2) < 4e-3
 

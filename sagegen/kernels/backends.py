@@ -128,3 +128,18 @@ def sdpa_attention(q, k, v, out, *, sm_scale, is_causal, attn_mask, return_lse):
             s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
         lse[:, :, i:i + step] = torch.logsumexp(s, dim=-1)
     return lse
+
+
+def sdpa_direct(q, k, v, layout: str, attn_mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
+    """PyTorch SDPA on the caller's tensors (either layout), returned in that layout; fully masked rows 0."""
+    hnd = (lambda t: t) if layout == "HND" else (lambda t: t.transpose(1, 2))
+    qh, kh, vh = hnd(q), hnd(k), hnd(v)
+    group = qh.shape[1] // kh.shape[1]
+    if group > 1:
+        kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)
+    if attn_mask is None:
+        o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=is_causal, scale=sm_scale)
+    else:
+        mask = _full_mask(attn_mask, is_causal, qh.shape[2], kh.shape[2], q.device)
+        o = torch.nan_to_num(F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=sm_scale), nan=0.0)
+    return hnd(o)
