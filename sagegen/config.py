@@ -21,6 +21,9 @@ Fallback = Literal["sdpa", "reference", "error"]
 # 64 query rows x 128 keys measured fastest on an H200 at head dims 64 and 128 (bench/results/).
 DEFAULT_BLOCKS: dict[int, tuple[int, int]] = {32: (64, 128), 64: (64, 128), 96: (64, 128), 128: (64, 128)}
 SUPPORTED_HEAD_DIMS = tuple(sorted(DEFAULT_BLOCKS))
+# Ada / Ampere (mma.sync, no wgmma): 128 x 64 tiles with two warpgroups compile without register spills for
+# sm_80/86/89 at head dims 64 and 128 (bench/compile_check.py), where 64 x 128 spills. Not measured on such GPUs.
+PRE_HOPPER_BLOCKS = (128, 64)
 
 _CHOICES = {
     "q_granularity": ("per_token", "per_block"),
@@ -58,7 +61,7 @@ class SageConfig:
             ``"sdpa"`` (default): PyTorch SDPA with a one-time warning; ``"reference"``: the emulation;
             ``"error"``: raise.
         block_q, block_k: tile sizes (rows of Q, keys of K) the numerics follow. ``None`` picks the
-            default for the head dim (see ``DEFAULT_BLOCKS``).
+            default: 64 x 128 on Hopper (and in the emulation on CPU), 128 x 64 on Ada/Ampere.
     """
 
     q_granularity: Granularity = "per_token"
@@ -85,9 +88,13 @@ class SageConfig:
             if value is not None and (not isinstance(value, int) or value not in (16, 32, 64, 128, 256)):
                 raise ValueError(f"SageConfig.{name}={value!r}: use None or one of 16, 32, 64, 128, 256")
 
-    def blocks(self, head_dim: int) -> tuple[int, int]:
-        """The (block_q, block_k) tile sizes used for ``head_dim``."""
-        default_q, default_k = DEFAULT_BLOCKS.get(head_dim, (64, 128))
+    def blocks(self, head_dim: int, capability: tuple[int, int] | None = None) -> tuple[int, int]:
+        """The (block_q, block_k) tile sizes used for ``head_dim`` on a GPU of ``capability`` (None: Hopper's,
+        also what the emulation uses on CPU)."""
+        if capability is not None and tuple(capability) < (9, 0):
+            default_q, default_k = PRE_HOPPER_BLOCKS
+        else:
+            default_q, default_k = DEFAULT_BLOCKS.get(head_dim, (64, 128))
         return (self.block_q or default_q, self.block_k or default_k)
 
     def replace(self, **changes) -> "SageConfig":

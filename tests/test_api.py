@@ -69,6 +69,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="smooth_v must be a bool"):
         SageConfig(smooth_v=1)
     assert SageConfig().blocks(64) == (64, 128) and SageConfig(block_k=32).blocks(128) == (64, 32)
+    assert SageConfig().blocks(128, (8, 9)) == (128, 64) and SageConfig().blocks(128, (9, 0)) == (64, 128)
     assert sagegen.DIFFUSION_CONFIG.smooth_v and not SageConfig().smooth_v
 
 

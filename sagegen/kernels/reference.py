@@ -123,7 +123,7 @@ def sage_attention(
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = H // Hkv
-    block_q, block_k = config.blocks(D)
+    block_q, block_k = config.blocks(D, torch.cuda.get_device_capability(q.device) if q.is_cuda else None)
     c = torch.tensor(sm_scale * LOG2E, dtype=torch.float32)
 
     qf, kf, vf = q.float(), k.float(), v.float()

@@ -197,12 +197,14 @@ def _attn_fwd_kernel(
 LAUNCH_OVERRIDES: dict[tuple[int, int, int], tuple] = {}
 
 
-def launch_settings(block_m: int, block_n: int, head_dim: int) -> tuple:
+def launch_settings(block_m: int, block_n: int, head_dim: int, capability=None) -> tuple:
     """(num_warps, num_stages[, maxnreg]): one warpgroup per 64-row tile, so two CTAs share an SM and one's
     softmax overlaps the other's tensor-core work; three stages of TMA loads in flight."""
     key = (block_m, block_n, head_dim)
     if key in LAUNCH_OVERRIDES:
         return LAUNCH_OVERRIDES[key]
+    if capability is not None and tuple(capability) < (9, 0):
+        return (8 if block_m >= 128 else 4), 2  # cp.async double buffering; no TMA before Hopper
     if (block_m, block_n, head_dim) == (64, 128, 128):
         # Capping registers at 168 lets three CTAs share an SM (bench/results/tune-*.json: +5%).
         return 4, 2, 168
@@ -236,7 +238,8 @@ def sage_attention(
     mask = mask or MaskSpec()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    block_q, block_k = config.blocks(D)
+    capability = torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+    block_q, block_k = config.blocks(D, capability)
     d_pad = max(16, triton.next_power_of_2(D))
     key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
     qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)
@@ -274,7 +277,7 @@ def sage_attention(
     else:
         v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, d_pad), [block_k, chunk_d])
     grid = (triton.cdiv(Nq, block_q), B * H)
-    num_warps, num_stages, *maxnreg = launch_settings(block_q, block_k, d_pad)
+    num_warps, num_stages, *maxnreg = launch_settings(block_q, block_k, d_pad, capability)
     extra = {"maxnreg": maxnreg[0]} if maxnreg else {}
     _attn_fwd_kernel[grid](
         q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse,
