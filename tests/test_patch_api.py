@@ -325,7 +325,8 @@ def test_torch_compile_traces_through_the_patch():
         compiled = torch.compile(model, backend="eager")(**inputs)[0]
     assert explanation.graph_break_count == 0
     assert torch.equal(compiled, eager)
-    assert patch_info(model)["stats"]["routed"] >= 4
+    # diagnostics count eager calls only: counting inside traced code made dynamo recompile every call
+    assert patch_info(model)["stats"]["routed"] == 2
 
 
 class SquareMaskModel(torch.nn.Module):

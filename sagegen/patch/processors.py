@@ -20,12 +20,24 @@ fp16/bf16 -- fp32 is cast to bf16 and back); otherwise it runs on SDPA unchanged
 with its reason (``patch_info(obj)["stats"]``). Masks are passed on as SDPA defines them (bool: True =
 attend, or additive); a square padding mask is reduced to a per-key mask first (`_simplify_mask`).
 `torch.compile` traces through the mode and the sagegen custom op without graph breaks.
+
+Under ``torch.compile`` (`torch.compiler.is_compiling()`, which dynamo reads as a constant while tracing) the
+wrapper takes a path with no Python side effects: no counters, no warnings, no per-call state. Everything it
+reads is settings that change only when the patch changes (config, backend, policy names), so dynamo's
+guards hold from one call to the next: a compiled patched model compiles once per input shape, like the
+stock one. (The diagnostic counters used to be incremented inside the traced code; dynamo then guarded on
+their values, so every call failed a guard and recompiled the whole model -- 20 s a call for CogVideoX-5b
+with inductor.) Consequences: calls run by compiled code are not counted in ``patch_info(...)["stats"]``,
+and the square-padding-mask reduction (`_simplify_mask`, which branches on tensor values) is skipped, so such
+a mask reaches sageattn unreduced (same result: sageattn applies any boolean mask and gives zeros for rows
+with no key).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import types
 import warnings
 from collections import Counter
 from typing import Any
@@ -57,9 +69,13 @@ class PatchSession:
         self._warned: set[str] = set()
 
     def count(self, key: str, n: int = 1) -> None:
+        if _compiling():  # never inside traced code: dynamo would guard on the counts and recompile each call
+            return
         self.stats[key] += n
 
     def warn_once(self, message: str) -> None:
+        if _compiling():
+            return
         if message not in self._warned:
             self._warned.add(message)
             warnings.warn(message, RuntimeWarning, stacklevel=4)
@@ -84,15 +100,21 @@ class PatchSession:
             self.count("overridden")
             out = self.attention_override(q, k, v, bound["attn_mask"], bool(bound["is_causal"]), bound["scale"])
             return out if out.dtype == in_dtype else out.to(in_dtype)
-        mask, rows = _simplify_mask(bound["attn_mask"], q.shape[2])
+        mask, rows = (bound["attn_mask"], None) if _compiling() else _simplify_mask(bound["attn_mask"], q.shape[2])
         out = _api.sageattn(q, k, v, tensor_layout="HND", is_causal=bool(bound["is_causal"]),
                             sm_scale=bound["scale"], attn_mask=mask, config=self.config, backend=self.backend)
         if rows is not None:
             out = out * rows  # query rows with no key to attend: zeros, as sageattn gives fully masked rows
         self.count("routed")
-        if self.backend == "auto" and q.device.type == "cuda" and _auto_prefers_sdpa(q.shape[2], k.shape[2]):
+        if (not _compiling() and self.backend == "auto" and q.device.type == "cuda"
+                and _auto_prefers_sdpa(q.shape[2], k.shape[2])):
             self.count("routed_auto_sdpa")  # sageattn's "auto" runs PyTorch SDPA below its speed crossover
         return out if out.dtype == in_dtype else out.to(in_dtype)
+
+
+def _compiling() -> bool:
+    """Whether dynamo is tracing this code (a constant True to dynamo, False when run eagerly)."""
+    return torch.compiler.is_compiling()
 
 
 def _auto_prefers_sdpa(n_q: int, n_kv: int) -> bool:
@@ -169,9 +191,85 @@ class _SdpaRouter(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is _SDPA:
-            self.seen += 1
+            if not _compiling():
+                self.seen += 1
             return self.session.route(args, kwargs)
         return func(*args, **kwargs)
+
+
+def _rebind(original, session: PatchSession):
+    """The original processor's ``__call__`` function re-created over a copy of its module's globals in which
+    ``F`` (``torch.nn.functional``) answers ``scaled_dot_product_attention`` with ``session.route`` and
+    ``dispatch_attention_fn`` routes diffusers' native backend the same way; None where the function names
+    neither (the torch-function mode then routes it under compile too).
+
+    Used only while dynamo traces: there the torch-function mode is fragile (torch 2.11 graph-breaks on Tensor
+    methods implemented in Python, e.g. ``unflatten``, while a mode is active, and the code resumed after such
+    a break ran plain SDPA). Calling through a substitute function is ordinary Python that dynamo inlines.
+    The copy has no ``__name__``, so dynamo reads the globals from the copy rather than from the module.
+    """
+    fn = inspect.getattr_static(type(original), "__call__", None)
+    fn = getattr(fn, "__func__", fn)
+    if not isinstance(fn, types.FunctionType):
+        return None
+    scope = dict(fn.__globals__)
+    replaced = False
+    if scope.get("F") is F:
+        scope["F"] = _routed_functional(session)
+        replaced = True
+    dispatch = scope.get("dispatch_attention_fn")
+    if callable(dispatch):
+        scope["dispatch_attention_fn"] = _routed_dispatch(session, dispatch)
+        replaced = True
+    if not replaced:
+        return None
+    scope.pop("__name__", None)
+    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    return new
+
+
+def _routed_functional(session: PatchSession) -> types.ModuleType:
+    """A copy of the ``torch.nn.functional`` namespace whose SDPA is ``session.route``."""
+    ns = types.ModuleType("torch.nn.functional")
+    ns.__dict__.update(F.__dict__)
+
+    def scaled_dot_product_attention(*args, **kwargs):
+        return session.route(args, kwargs)
+
+    ns.scaled_dot_product_attention = scaled_dot_product_attention
+    return ns
+
+
+def _routed_dispatch(session: PatchSession, dispatch):
+    """``dispatch_attention_fn`` for a rebound processor: diffusers' native backend ([B, N, H, D] tensors,
+    permuted to SDPA's [B, H, N, D], a [B, Nk] mask read as [B, 1, 1, Nk]) goes to ``session.route``;
+    anything else (another backend, context parallelism, extra attention kwargs) to diffusers unchanged."""
+
+    def dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                              enable_gqa=False, attention_kwargs=None, *, backend=None, parallel_config=None):
+        if backend is None and parallel_config is None and not attention_kwargs and _native_active():
+            if (attn_mask is not None and attn_mask.ndim == 2 and attn_mask.shape[0] == query.shape[0]
+                    and attn_mask.shape[1] == key.shape[1]):
+                attn_mask = attn_mask[:, None, None, :]
+            q, k, v = (t.permute(0, 2, 1, 3) for t in (query, key, value))
+            out = session.route((q, k, v), dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                                                scale=scale, enable_gqa=enable_gqa))
+            return out.permute(0, 2, 1, 3)
+        return dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs,
+                        backend=backend, parallel_config=parallel_config)
+
+    return dispatch_attention_fn
+
+
+def _native_active() -> bool:
+    try:
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+    except ImportError:
+        return False
+    name, _ = _AttentionBackendRegistry.get_active_backend()
+    return name == AttentionBackendName.NATIVE
 
 
 class SageProcessorBase:
@@ -181,6 +279,7 @@ class SageProcessorBase:
         object.__setattr__(self, "_sage_original", original)
         object.__setattr__(self, "_sage_name", name)
         object.__setattr__(self, "_sage_session", session)
+        object.__setattr__(self, "_sage_rebound", _rebind(original, session))
 
     @property
     def original(self):
@@ -191,6 +290,13 @@ class SageProcessorBase:
         if session.step_full_precision or self._sage_name in session.full_precision_names:
             session.count("full_precision_calls")
             return self._sage_original(attn, *args, **kwargs)
+        if _compiling():
+            # Traced by dynamo: no bookkeeping, and no torch-function mode where avoidable (see the module doc).
+            rebound = self._sage_rebound
+            if rebound is not None:
+                return rebound(self._sage_original, attn, *args, **kwargs)
+            with _SdpaRouter(session):
+                return self._sage_original(attn, *args, **kwargs)
         router = _SdpaRouter(session)
         with router:
             out = self._sage_original(attn, *args, **kwargs)
