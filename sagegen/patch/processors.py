@@ -19,10 +19,11 @@ An intercepted call goes to sageattn when it can (4-D HND tensors, a kernel head
 fp16/bf16 -- fp32 is cast to bf16 and back); otherwise it runs on SDPA unchanged and is counted as a fallback
 with its reason (``patch_info(obj)["stats"]``). Masks are passed on as SDPA defines them (bool: True =
 attend, or additive); a square padding mask is reduced to a per-key mask first (`_simplify_mask`).
-`torch.compile` traces through the mode and the sagegen custom op without graph breaks.
-
 Under ``torch.compile`` (`torch.compiler.is_compiling()`, which dynamo reads as a constant while tracing) the
-wrapper takes a path with no Python side effects: no counters, no warnings, no per-call state. Everything it
+wrapper does not enter the mode: it calls a copy of the original processor's ``__call__`` whose globals answer
+``F.scaled_dot_product_attention`` / ``dispatch_attention_fn`` with the same routing (`_rebind`), which dynamo
+inlines as plain Python, so ``torch.ops.sagegen.sageattn`` lands in the graph. That path has no Python side
+effects: no counters, no warnings, no per-call state. Everything it
 reads is settings that change only when the patch changes (config, backend, policy names), so dynamo's
 guards hold from one call to the next: a compiled patched model compiles once per input shape, like the
 stock one. (The diagnostic counters used to be incremented inside the traced code; dynamo then guarded on
