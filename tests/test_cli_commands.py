@@ -264,3 +264,16 @@ def test_entry_point_fails_fast_with_an_empty_cache(tmp_path):
     assert "genmo/mochi-1-preview" in proc.stderr and "empty-cache" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert [ln.startswith("Error:") for ln in proc.stderr.splitlines()].count(True) == 1
+
+
+def test_env_names_the_auto_crossover_on_a_gpu(monkeypatch):
+    import torch
+
+    from sagegen.cli import env_cmd
+    from sagegen.kernels import backends
+
+    monkeypatch.setattr(backends, "describe_cuda", lambda device: (True, "compute capability 9.0"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    choice = env_cmd.kernel_choice(torch.device("cuda", 0))
+    assert choice["variant"] == "triton" and "FP8" in choice["detail"]
+    assert f"{backends.AUTO_MIN_TOKENS:,}" in choice["why"] and "SDPA" in choice["why"]

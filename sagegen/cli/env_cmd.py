@@ -28,10 +28,16 @@ def kernel_choice(device) -> dict:
     if not ok:
         return {"variant": DIFFUSION_CONFIG.fallback, "detail": f"fallback ({DIFFUSION_CONFIG.fallback})",
                 "why": why}
+    from ..kernels.backends import AUTO_MIN_TOKENS
+
     cap = torch.cuda.get_device_capability(device)
+    short = (f"; below {AUTO_MIN_TOKENS:,} tokens (Nq·Nk < {AUTO_MIN_TOKENS:,}²) PyTorch SDPA, faster there "
+             "(crossover measured on an H200)")
     if cap >= FP8_CAPABILITY:
-        return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP8 P·V with FP32 two-level accumulation", "why": why}
-    return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP16 P·V (no FP8 tensor cores below 8.9)", "why": why}
+        return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP8 P·V with FP32 two-level accumulation",
+                "why": why + short, "auto_min_tokens": AUTO_MIN_TOKENS}
+    return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP16 P·V (no FP8 tensor cores below 8.9)",
+            "why": why + short, "auto_min_tokens": AUTO_MIN_TOKENS}
 
 
 def environment() -> dict:
