@@ -22,7 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import sagegen  # noqa: E402
-from sagegen.kernels import triton_attn, triton_quant  # noqa: E402
+from sagegen.kernels import triton_quant  # noqa: E402
 from sagegen.kernels.reference import attention_fp64  # noqa: E402
 
 SHAPES = [  # B, H, N, D
