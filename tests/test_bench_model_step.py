@@ -1,24 +1,22 @@
-"""bench/bench_model_step.py in its CPU smoke mode, and the full-size architecture table it uses."""
+"""`sagegen bench` / bench/bench_model_step.py (sagegen.stepbench) in its CPU smoke mode, and the full-size
+architecture table it uses."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 import torch
 
 from sagegen.models import arch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_model_step", ROOT / "bench" / "bench_model_step.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from sagegen import stepbench
+
+    return stepbench
 
 
 @pytest.mark.parametrize("model", ["cogvideox-5b", "hunyuanvideo"])
@@ -98,3 +96,23 @@ def test_example_inputs_drive_every_architecture(name):
     if a.family in ("hunyuanvideo", "mochi"):
         mask = inputs["encoder_attention_mask"]
         assert mask.sum(dim=1).unique().numel() == mask.shape[0] == 2  # prompts of different lengths
+
+
+def test_sagegen_bench_command(tmp_path, monkeypatch):
+    """The CLI command runs the same benchmark; an unknown model is a usage error (exit 2)."""
+    from typer.testing import CliRunner
+
+    from sagegen.cli.app import app
+
+    runner = CliRunner()
+    out = tmp_path / "b.json"
+    r = runner.invoke(app, ["bench", "cogvideox-2b", "--random-weights", "--tiny", "--warmup", "0", "--repeats",
+                            "1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    assert report["model"] == "cogvideox-2b" and report["results"]["sagegen"]["median_s"] > 0
+    monkeypatch.setenv("SAGEGEN_RUNS", str(tmp_path / "runs"))
+    r = runner.invoke(app, ["bench", "not-a-model"])
+    assert r.exit_code == 2 and "unknown MODEL" in r.output
+    r = runner.invoke(app, ["bench", "cogvideox-2b", "--tiny", "--repeats", "many"])
+    assert r.exit_code == 2 and "bad benchmark option" in r.output

@@ -1,0 +1,259 @@
+"""One denoising step of a full-size transformer with random weights: stock attention vs `sagegen.patch`.
+
+Builds the real diffusers transformer of an architecture in `sagegen.models.arch` (random bf16 weights, built on
+the GPU, nothing downloaded) and times its forward at the model's default resolution, with the CFG batch where
+the pipeline batches guidance (CogVideoX, Mochi, SD3.5 large/medium), in up to five variants:
+
+  stock           the model as diffusers runs it (PyTorch SDPA, default backend choice)
+  sagegen         after ``sagegen.patch`` (default DIFFUSION_CONFIG unless --sage-config)
+  no_attention    patched, every routed attention call answered with zeros: a lower bound on the time of
+                  everything but attention (so 1 - no_attention/stock bounds attention's share from below)
+  stock_compiled / sagegen_compiled   the same under ``torch.compile`` (with --compile)
+
+Median of --repeats runs after --warmup runs, timed with CUDA events; peak memory per variant; the output
+difference (cosine, relative L1, max abs) of each variant against stock at the same inputs. Writes JSON with
+the device, torch/triton/diffusers/sagegen versions and the date.
+
+    sagegen bench cogvideox-5b --random-weights --out bench/results/model-step-cogvideox-5b-h100.json
+    sagegen bench hunyuanvideo --compile --out bench/results/model-step-hunyuanvideo-h100.json
+    sagegen bench cogvideox-5b --tiny --out /tmp/smoke.json   # CPU smoke test
+    (python bench/bench_model_step.py ... takes the same arguments)
+
+``patch_stats`` counts the routed attention calls; with ``--backend auto`` (default) sageattn itself runs
+PyTorch SDPA for sequences below its measured crossover (~6k tokens; counted as ``routed_auto_sdpa``), e.g.
+HunyuanVideo's 256-token text refiner; ``--backend triton`` forces the kernel everywhere.
+
+--tiny: the same code path on the CPU with the architecture shrunk to one layer of each kind and two heads
+(`arch.smoke_overrides`, same input interface) at 64x64 (9 or 13 frames); sagegen runs its PyTorch emulation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+import sagegen
+from sagegen.models import arch as archs
+from sagegen.patch import patch_info, reset_stats, set_attention_override
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", choices=sorted(archs.ARCHS), metavar="MODEL",
+                   help=f"architecture: {', '.join(archs.ARCHS)}")
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--random-weights", action="store_true", default=True,
+                   help="the architecture's full size with random weights (always: nothing is downloaded)")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke mode (shrunk architecture, small inputs)")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile of both sides")
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch", type=int, default=None, help="samples per step (default: the pipeline's CFG batch)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sage-config", default=None,
+                   help='JSON object of SageConfig fields overriding DIFFUSION_CONFIG, e.g. \'{"smooth_v": false}\'')
+    p.add_argument("--backend", choices=("auto", "triton"), default="auto",
+                   help="sageattn backend for the patched runs (auto: SDPA below the ~6k-token crossover)")
+    p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
+    args = p.parse_args(argv)
+    if args.warmup < 0 or args.repeats < 1:
+        p.error("--warmup must be >= 0 and --repeats >= 1")
+    for name in ("batch", "height", "width", "frames"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name} must be >= 1")
+    if args.sage_config:
+        try:
+            args.sage_config = json.loads(args.sage_config)
+        except json.JSONDecodeError as exc:
+            p.error(f"--sage-config is not valid JSON: {exc}")
+        if not isinstance(args.sage_config, dict):
+            p.error("--sage-config must be a JSON object of SageConfig fields")
+    return args
+
+
+class Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def measure(self, fn, warmup: int, repeats: int):
+        """(output of the last run, list of seconds per timed run, peak memory in GB or None)."""
+        out = None
+        for _ in range(warmup):
+            out = fn()
+        self.sync()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(repeats):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1000.0)
+            else:
+                t0 = time.perf_counter()
+                out = fn()
+                times.append(time.perf_counter() - t0)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
+        return out, times, peak
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    a, b = out.double().flatten(), ref.double().flatten()
+    return {"cosine": float(torch.nn.functional.cosine_similarity(a, b, dim=0)),
+            "rel_l1": float((a - b).abs().sum() / b.abs().sum()),
+            "max_abs": float((a - b).abs().max()), "finite": bool(torch.isfinite(out).all())}
+
+
+def versions() -> dict:
+    import diffusers
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001 - CPU machines may lack it
+        triton_version = None
+    return {"torch": torch.__version__, "triton": triton_version, "diffusers": diffusers.__version__,
+            "sagegen": sagegen.__version__, "python": platform.python_version(), "cuda": torch.version.cuda}
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"name": props.name, "capability": list(torch.cuda.get_device_capability(device)),
+                "memory_gb": round(props.total_memory / 2**30, 1)}
+    return {"name": platform.processor() or platform.machine(), "capability": None, "memory_gb": None,
+            "threads": torch.get_num_threads()}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    arch = archs.get_arch(args.model)
+    dtype = DTYPES[args.dtype]
+    if args.tiny:
+        device = torch.device("cpu")
+        overrides = archs.smoke_overrides(args.model)
+        size = dict(height=args.height or 64, width=args.width or 64,
+                    frames=(args.frames or (13 if arch.family == "mochi" else 9)) if arch.frames else None)
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("bench_model_step.py needs a CUDA GPU (or --tiny for the CPU smoke mode)")
+        device = torch.device("cuda")
+        overrides = None
+        size = dict(height=args.height or arch.height, width=args.width or arch.width,
+                    frames=(args.frames or arch.frames) if arch.frames else None)
+    batch = args.batch or arch.batch
+    config = sagegen.DIFFUSION_CONFIG.replace(**args.sage_config) if args.sage_config else sagegen.DIFFUSION_CONFIG
+
+    t0 = time.perf_counter()
+    model = archs.build_transformer(args.model, dtype=dtype, device=device, seed=args.seed,
+                                    config_overrides=overrides)
+    build_s = time.perf_counter() - t0
+    inputs = archs.example_inputs(args.model, batch=batch, dtype=dtype, device=device, seed=args.seed + 1, **size)
+    timer = Timer(device)
+    results, outputs = {}, {}
+
+    def forward(m):
+        def run():
+            with torch.inference_mode():
+                return m(**inputs)[0]
+        return run
+
+    def record(variant, fn):
+        out, times, peak = timer.measure(fn, args.warmup, args.repeats)
+        outputs[variant] = out.float().cpu()
+        results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak}
+        print(f"{variant:>17}: {statistics.median(times) * 1000:9.1f} ms  (runs: "
+              f"{', '.join(f'{t * 1000:.1f}' for t in times)})" + (f"  peak {peak:.1f} GB" if peak else ""),
+              flush=True)
+        del out
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    record("stock", forward(model))
+    backend = "auto" if args.tiny else args.backend
+    sagegen.patch(model, config, backend=backend)
+    reset_stats(model)
+    record("sagegen", forward(model))
+    stats = dict(patch_info(model)["stats"])
+    if not args.no_zero_attention:
+        set_attention_override(model, lambda q, k, v, mask, is_causal, scale: torch.zeros_like(q))
+        record("no_attention", forward(model))
+        set_attention_override(model, None)
+    sagegen.unpatch(model)
+    if args.compile:
+        torch._dynamo.reset()
+        record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend)))
+        torch._dynamo.reset()
+        sagegen.patch(model, config, backend=backend)
+        record("sagegen_compiled", forward(torch.compile(model, backend=args.compile_backend)))
+        sagegen.unpatch(model)
+        torch._dynamo.reset()
+
+    stock = results["stock"]["median_s"]
+    summary = {
+        "speedup": stock / results["sagegen"]["median_s"],
+        "diff_vs_stock": {v: compare(o, outputs["stock"]) for v, o in outputs.items() if v != "stock"},
+    }
+    if "no_attention" in results:
+        summary["attention_share_lower_bound"] = 1.0 - results["no_attention"]["median_s"] / stock
+        summary["sagegen_attention_share_lower_bound"] = (
+            1.0 - results["no_attention"]["median_s"] / results["sagegen"]["median_s"])
+    if args.compile:
+        summary["speedup_compiled"] = results["stock_compiled"]["median_s"] / results["sagegen_compiled"]["median_s"]
+    cfg = dict(model.config)
+    report = {
+        "benchmark": "model_step", "model": args.model, "tiny": args.tiny, "arch_source": arch.source,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
+        "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,
+        "sage_config": config.to_dict(), "backend": backend, "warmup": args.warmup, "repeats": args.repeats,
+        "build_s": build_s,
+        "inputs": {"batch": batch, **size, "tokens_per_sample": archs.tokens_per_sample(args.model, **size),
+                   "heads": cfg.get("num_attention_heads"), "head_dim": cfg.get("attention_head_dim"),
+                   "layers": cfg.get("num_layers"), "single_layers": cfg.get("num_single_layers"),
+                   "shapes": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}},
+        "patch_stats": stats, "results": results, **summary,
+    }
+    if stats.get("fallback") or not stats.get("routed"):
+        print(f"warning: the patched step routed {stats.get('routed', 0)} attention calls and fell back on "
+              f"{stats.get('fallback', 0)}: {stats}", file=sys.stderr)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(tmp, args.out)
+    d = summary["diff_vs_stock"]["sagegen"]
+    print(f"speedup {summary['speedup']:.3f}x; sagegen vs stock: cosine {d['cosine']:.6f}, rel-L1 {d['rel_l1']:.4f}; "
+          f"wrote {args.out}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
