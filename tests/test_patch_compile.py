@@ -120,3 +120,28 @@ def test_compiled_eager_and_unpatched_agree_with_the_emulation():
         torch._dynamo.reset()
         torch.testing.assert_close(torch.compile(model, backend="aot_eager")(**inputs)[0], stock,
                                    rtol=0, atol=0)
+
+
+def test_compiled_patched_mochi_runs_attention_eagerly_through_sagegen():
+    """Mochi's own processor breaks dynamo's graph; its attention runs eagerly between graph breaks (a break
+    inside the re-bound processor made dynamo resume in the wrong globals: NameError on torch 2.11), still
+    routed to sagegen, with the eager result."""
+    model, inputs = _tiny("mochi-1")
+    with torch.inference_mode():
+        stock = model(**inputs)[0]
+        stock_recorder = Recorder()
+        torch.compile(model, backend=stock_recorder)(**inputs)
+        torch._dynamo.reset()
+        sagegen.patch(model)
+        eager = model(**inputs)[0]
+        before = patch_info(model)["stats"].get("routed", 0)
+        recorder = Recorder()
+        compiled = torch.compile(model, backend=recorder)
+        out = compiled(**inputs)[0]
+        routed = patch_info(model)["stats"].get("routed", 0) - before
+    n_attn = len(attention_modules(model))
+    assert routed >= n_attn > 0
+    assert torch.equal(out, eager) and not torch.equal(out, stock)
+    # No SDPA beyond what stock's graphs hold (the caption attention-pool: not a processor, head dim 512).
+    assert recorder.count("scaled_dot_product_attention") <= stock_recorder.count("scaled_dot_product_attention")
+    sagegen.unpatch(model)

@@ -198,6 +198,18 @@ class _SdpaRouter(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# Families whose diffusers processor breaks dynamo's graph (Mochi: a data-dependent ``nonzero``): a break inside
+# the re-bound function makes dynamo resume in the wrong globals (NameError on torch 2.11 with inductor, seen
+# on an H200), so under compile their attention runs eagerly, routed as in eager mode, between graph breaks.
+EAGER_UNDER_COMPILE = frozenset({"mochi"})
+
+
+@torch.compiler.disable
+def _eager_under_compile(original, session: PatchSession, attn, args, kwargs):
+    with _SdpaRouter(session):
+        return original(attn, *args, **kwargs)
+
+
 def _rebind(original, session: PatchSession):
     """The original processor's ``__call__`` function re-created over a copy of its module's globals in which
     ``F`` (``torch.nn.functional``) answers ``scaled_dot_product_attention`` with ``session.route`` and
@@ -292,6 +304,8 @@ class SageProcessorBase:
             session.count("full_precision_calls")
             return self._sage_original(attn, *args, **kwargs)
         if _compiling():
+            if session.family in EAGER_UNDER_COMPILE:
+                return _eager_under_compile(self._sage_original, session, attn, args, kwargs)
             # Traced by dynamo: no bookkeeping, and no torch-function mode where avoidable (see the module doc).
             rebound = self._sage_rebound
             if rebound is not None:
