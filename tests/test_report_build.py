@@ -108,3 +108,13 @@ def test_cli_report_defaults_to_latest(tmp_path, monkeypatch):
     assert str(run / "report" / "report.html") in res.output.replace("\n", "")
     res = CliRunner().invoke(app, ["report", str(run), "--gain", "0"])
     assert res.exit_code == 2 and "--gain" in res.output
+
+
+def test_contact_sheet_is_wide_enough_for_its_title():
+    from sagegen.report.contact import contact_sheet
+
+    frames = np.random.default_rng(0).integers(0, 255, (1, 32, 32, 3), dtype=np.uint8)
+    title = "sagegen: tiny-flux — baseline (sdpa) vs sagegen, |diff| amplified"
+    narrow = contact_sheet([("a cat", frames, frames)], thumb=32)
+    titled = contact_sheet([("a cat", frames, frames)], thumb=32, title=title)
+    assert titled.shape[1] > narrow.shape[1] and titled.shape[1] >= 8 * len(title) // 2

@@ -47,8 +47,10 @@ def contact_sheet(
                 im.paste(Image.fromarray(t), (label_w + c * (tw + pad), y))
         blocks.append(np.asarray(im))
         width = max(width or 0, w)
-    if title:
-        tb = Image.new("RGB", (width or 400, 26), BG)
+    if title:  # the sheet is at least as wide as its title (one small image made it cut the title off)
+        title_w = int(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(title, font=font(15))) + 12
+        width = max(width or 0, title_w)
+        tb = Image.new("RGB", (width, 26), BG)
         ImageDraw.Draw(tb).text((6, 5), title, fill=FG, font=font(15))
         blocks.insert(0, np.asarray(tb))
     out = [np.pad(b, ((0, 0), (0, (width or b.shape[1]) - b.shape[1]), (0, 0)), constant_values=BG[0]) for b in blocks]
