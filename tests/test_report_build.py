@@ -7,6 +7,7 @@ import json
 import re
 
 import numpy as np
+from pathlib import Path
 import pytest
 import typer
 from PIL import Image
@@ -118,3 +119,17 @@ def test_contact_sheet_is_wide_enough_for_its_title():
     narrow = contact_sheet([("a cat", frames, frames)], thumb=32)
     titled = contact_sheet([("a cat", frames, frames)], thumb=32, title=title)
     assert titled.shape[1] > narrow.shape[1] and titled.shape[1] >= 8 * len(title) // 2
+
+
+def test_cpu_runs_say_their_timings_are_not_speed(tmp_path):
+    from sagegen.rundir import RunDir, atomic_write_json
+
+    run_path = make_synthetic_run(tmp_path / "r", prompts=["a boat"], frames=3, height=32, width=32, sigma=3.0)
+    options = ReportOptions(mp4=False, contact=False)
+    manifest = dict(RunDir(run_path).manifest, gpu=None)
+    atomic_write_json(Path(run_path) / "manifest.json", manifest)
+    html = Path(build_report(run_path, options, log=lambda s: None)["html"]).read_text()
+    assert "not speed measurements" in html
+    atomic_write_json(Path(run_path) / "manifest.json", dict(manifest, gpu={"name": "NVIDIA H200", "count": 1}))
+    html = Path(build_report(run_path, options, log=lambda s: None)["html"]).read_text()
+    assert "not speed measurements" not in html

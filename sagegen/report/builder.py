@@ -247,7 +247,8 @@ def build_report(
         "subtitle": f"{run.path.resolve()} · {run.kind} · {len(run.samples)} sample(s) · created {m.get('created', '?')}",
         "kind": run.kind, "gain": opts.gain, "rows": rows, "warnings": warnings, "links": links,
         "metrics_html": metrics_html,
-        "timings_html": H.table(thead, trows) if timings else '<p class="muted">No timings in the manifest.</p>',
+        "timings_html": (H.table(thead, trows) + _cpu_timing_note(m)) if timings
+        else '<p class="muted">No timings in the manifest.</p>',
         "model": model, "settings": m.get("settings") or {},
         "attention": {k: v for k, v in (m.get("attention") or {}).items()},
         "environment": {**(m.get("versions") or {}), "gpu": m.get("gpu")},
@@ -255,3 +256,11 @@ def build_report(
     }
     written["html"] = atomic_write_text(out / "report.html", H.render(doc))
     return written
+
+
+def _cpu_timing_note(manifest: dict) -> str:
+    """Runs without a GPU time sagegen's PyTorch emulation: say so next to the speedups."""
+    if manifest.get("gpu"):
+        return ""
+    return ('<p class="muted">Run without a GPU: sagegen ran its PyTorch emulation of the kernels (correct, not '
+            'fast), so these times are not speed measurements.</p>')
