@@ -5,9 +5,9 @@ import base64
 import io
 import json
 import re
+from pathlib import Path
 
 import numpy as np
-from pathlib import Path
 import pytest
 import typer
 from PIL import Image
