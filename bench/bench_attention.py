@@ -52,9 +52,22 @@ def sageattention_106():
     return (lambda q, k, v: upstream(q.half(), k.half(), v.half(), tensor_layout="HND")), None
 
 
+def forced_kernel(name):
+    """sagegen with SAGEGEN_KERNEL=name (the Gluon or the portable Triton kernel) for one call."""
+    def run(q, k, v):
+        old = os.environ.get("SAGEGEN_KERNEL")
+        os.environ["SAGEGEN_KERNEL"] = name
+        try:
+            return sagegen.sageattn(q, k, v, backend="triton")
+        finally:
+            os.environ.pop("SAGEGEN_KERNEL") if old is None else os.environ.__setitem__("SAGEGEN_KERNEL", old)
+    return run
+
+
 def implementations():
     impls = {
         "sagegen": lambda q, k, v: sagegen.sageattn(q, k, v, backend="triton"),
+        "sagegen_triton_kernel": forced_kernel("triton"),
         "sdpa_default": sdpa(None),
         "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
         "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),

@@ -1,5 +1,6 @@
-"""Compile sagegen's attention kernel for sm90 without a GPU and report registers, spills and the matrix
-instructions in its SASS (IGMMA/QGMMA/HGMMA on Hopper): costs no device time.
+"""Compile sagegen's attention kernels (Triton, and the Hopper Gluon one) for sm90 without a GPU and report
+registers, spills and the matrix instructions in their SASS (IGMMA/QGMMA/HGMMA on Hopper): costs no device
+time.
 
     python bench/compile_check.py [--head-dim 128] [--sass out.sass]
 """
@@ -59,6 +60,31 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
                           options={"num_warps": warps, "num_stages": num_stages})
 
 
+def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: int | None = None,
+                  maxnreg: int | None = None):
+    """The Hopper Gluon kernel (`gluon_attn`) at its launch settings, compiled for `arch` without a GPU."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from sagegen.kernels import gluon_attn
+
+    bq, bk = SageConfig().blocks(head_dim)
+    default_stages, default_reg = gluon_attn.launch_settings(head_dim)
+    q_l, k_l, v_l = gluon_attn.shared_layouts(bq, bk, head_dim)
+    fn = gluon_attn._attn_fwd_sm90
+    names = list(inspect.signature(fn.fn).parameters)
+    const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
+                 SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True)
+    desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
+            "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
+            "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}
+    ptr = {**PTR, "KV_LEN": "*i32"}
+    sig = {n: "constexpr" if n in const else desc.get(n) or ptr.get(n) or ("fp32" if n == "sm_scale_log2" else "i32")
+           for n in names}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": 4, "maxnreg": maxnreg or default_reg})
+
+
 def _cuobjdump(kernel, flag: str) -> str:
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -81,7 +107,8 @@ def summary(kernel) -> dict:
     return {"registers": int(regs.group(1)) if regs else None, "stack": int(stack.group(1)) if stack else None,
             "shared_bytes": kernel.metadata.shared,
             "matrix_ops": {k: v for k, v in ops.items() if "MMA" in k},
-            "mufu": ops.get("MUFU", 0), "ldl/stl": ops.get("LDL", 0) + ops.get("STL", 0)}
+            "mufu": ops.get("MUFU", 0), "ldl/stl": ops.get("LDL", 0) + ops.get("STL", 0),
+            "shfl_idx": len(re.findall(r"SHFL\.IDX", sass))}
 
 
 def main():
@@ -94,6 +121,10 @@ def main():
         print(name, summary(k))
         if args.sass and name == "default":
             open(args.sass, "w").write(sass_of(k))
+    k = compile_gluon(args.head_dim)
+    print("gluon (sm90)", summary(k))
+    if args.sass:
+        open(args.sass + ".gluon", "w").write(sass_of(k))
 
 
 if __name__ == "__main__":

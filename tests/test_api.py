@@ -189,3 +189,22 @@ def test_sdpa_direct_matches_the_math_in_both_layouts(seed):
         ref, _ = attention_fp64(hnd(q), hnd(k), hnd(v), sm_scale=0.125,
                                 mask=sagegen.api.normalize_mask(mask, 1))
         assert rel_l1(hnd(out), ref) < 2e-3 and torch.all(hnd(out)[:, :, 4] == 0)
+
+
+def test_hopper_gluon_kernel_eligibility(monkeypatch):
+    """Which calls the sm90 Gluon kernel takes (the rest run the Triton kernel), with a reason for each."""
+    from sagegen.kernels import triton_attn
+    from sagegen.kernels.spec import MaskSpec
+
+    monkeypatch.setattr(triton_attn, "interpreting", lambda: False)
+    applies = lambda cap=(9, 0), cfg=SageConfig(), d=128, blocks=(64, 128), causal=False, mask=MaskSpec(): (
+        triton_attn.gluon_applies(cap, cfg, d, blocks, causal, mask))
+    assert applies() is None and applies(d=64) is None and applies(cfg=SageConfig(smooth_v=True)) is None
+    assert "sm90" in applies(cap=(8, 9)) and "sm90" in applies(cap=None) and "sm90" in applies(cap=(10, 0))
+    assert "causal" in applies(causal=True)
+    assert "mask" in applies(mask=MaskSpec("bool", torch.ones(1, 1, 4, 4, dtype=torch.bool)))
+    assert "per-token" in applies(cfg=SageConfig(k_granularity="per_token"))
+    assert "fp16" in applies(cfg=SageConfig(pv_precision="fp16"))
+    assert "64x128" in applies(d=32) and "64x128" in applies(blocks=(128, 64))
+    monkeypatch.setattr(triton_attn, "interpreting", lambda: True)
+    assert "interpreter" in applies()

@@ -45,3 +45,25 @@ def test_kernel_compiles_without_spills(arch, d, fields, ops):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["stack"] == 0 and report["ldl/stl"] == 0, report
     assert ops <= set(report["matrix_ops"]), report
+
+
+GLUON_SCRIPT = """
+import json, sys
+sys.path.insert(0, "bench")
+from compile_check import compile_gluon, summary
+print(json.dumps(summary(compile_gluon(int(sys.argv[1])))))
+"""
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_gluon_kernel_compiles_for_hopper(d):
+    """sm90 Gluon kernel: IGMMA and QGMMA, no spills at its register cap, and P reaches the FP8 multiply
+    without a shuffle (V's keys are stored in the accumulator's order)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT, str(d)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["stack"] == 0 and report["ldl/stl"] == 0, report
+    assert {"IGMMA", "QGMMA"} <= set(report["matrix_ops"]), report
+    assert report["shfl_idx"] == 0, report

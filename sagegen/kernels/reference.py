@@ -25,6 +25,12 @@ def round_half_away(x: torch.Tensor) -> torch.Tensor:
     return torch.trunc(x + 0.5 * torch.sign(x))
 
 
+def _div(a: float, t: torch.Tensor) -> torch.Tensor:
+    """a / t correctly rounded, as the kernels' div_rn: `a / t` with a Python number computes
+    t.reciprocal() * a, which is off by an ulp now and then (and flips an int8 rounding)."""
+    return torch.full_like(t, a) / t
+
+
 def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """INT8-quantize x [B, H, N, D] (fp32) with one scale per token or per `block` tokens.
 
@@ -40,7 +46,7 @@ def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.T
         amax = amax.repeat_interleave(block, dim=-1)[..., :N]
     amax = torch.clamp(amax, min=EPS)
     scale = amax / INT8_MAX
-    q = round_half_away(x * (INT8_MAX / amax)[..., None]).clamp_(-INT8_MAX, INT8_MAX)
+    q = round_half_away(x * _div(INT8_MAX, amax)[..., None]).clamp_(-INT8_MAX, INT8_MAX)
     return q, scale
 
 
@@ -147,7 +153,7 @@ def sage_attention(
     if config.pv_precision == "fp8":
         v_amax = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS)  # [B, Hkv, 1, D]
         v_scale = v_amax / FP8_MAX
-        vq = (vs * (FP8_MAX / v_amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+        vq = (vs * _div(FP8_MAX, v_amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
         v_dequant = v_scale
     else:
         vq = vs.to(torch.float16).float()

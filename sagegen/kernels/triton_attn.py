@@ -12,6 +12,8 @@ descriptors; this module knows nothing of the public API's layouts beyond the ou
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -211,6 +213,37 @@ def launch_settings(block_m: int, block_n: int, head_dim: int, capability=None) 
     return (8 if block_m >= 128 else 4), 3
 
 
+# Which kernel runs on Hopper: "auto" (the Gluon kernel where it applies, else this file's), "triton" (always
+# this file's: the portable kernel, also what the interpreter runs), or "gluon" (fail where it does not apply).
+KERNEL_ENV = "SAGEGEN_KERNEL"
+
+
+def gluon_permutes_v() -> bool:
+    from . import gluon_attn
+
+    return gluon_attn.PERMUTE_V
+
+
+def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int, int], is_causal: bool,
+                  mask: MaskSpec) -> str | None:
+    """None if `gluon_attn` can run this call, else why not (one line)."""
+    if capability is None or capability[0] != 9:
+        return "the Gluon kernel is sm90-only"
+    if interpreting():
+        return "the Triton interpreter runs the Triton kernel"
+    if is_causal or mask.kind != "none":
+        return "causal and masked calls use the Triton kernel"
+    if config.pv_precision != "fp8" or config.k_granularity != "per_block" or config.smooth_q:
+        return "fp16 P·V, per-token K scales and Q smoothing use the Triton kernel"
+    if d_pad not in (64, 128) or tuple(blocks) != (64, 128):
+        return "the Gluon kernel has 64x128 tiles at head dims 64 and 128"
+    try:
+        from . import gluon_attn  # noqa: F401
+    except Exception as exc:  # a Triton without Gluon's Hopper API
+        return f"Gluon unavailable ({type(exc).__name__})"
+    return None
+
+
 def sage_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -242,7 +275,14 @@ def sage_attention(
     block_q, block_k = config.blocks(D, capability)
     d_pad = max(16, triton.next_power_of_2(D))
     key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
-    qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)
+    choice = os.environ.get(KERNEL_ENV, "auto")
+    why_not = None if choice == "triton" else gluon_applies(capability, config, d_pad, (block_q, block_k),
+                                                            is_causal, mask)
+    if choice == "gluon" and why_not:
+        raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
+    use_gluon = choice != "triton" and why_not is None
+    qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias,
+                  permute_v_keys=use_gluon and gluon_permutes_v())
     c = sm_scale * LOG2E
 
     q_bias = qq.q_scale  # placeholder pointer when unused
@@ -266,6 +306,13 @@ def sage_attention(
         m_strides = (0, 0, 0, 0)
 
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else qq.q_scale
+    if use_gluon:
+        from . import gluon_attn
+
+        gluon_attn.launch(qq, out, lse if return_lse else None, None, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
+                          block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
+                          permuted_v=gluon_permutes_v())
+        return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
     vs = qq.v_scale if qq.v_scale is not None else qq.q_scale
     vm = qq.v_mean if qq.v_mean is not None else vs
     nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
@@ -290,8 +337,11 @@ def sage_attention(
         RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128,
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
-    if not return_lse:
-        return None
+    return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
+
+
+def _finish_lse(lse, q, qq, H, Hkv, D, sm_scale):
+    """Add back what K smoothing took out of every score of a row: q · mean(K) · scale."""
     if qq.k_mean is not None:
         k_mean = qq.k_mean[..., :D].repeat_interleave(H // Hkv, dim=1) if Hkv != H else qq.k_mean[..., :D]
         lse += (q.float() @ k_mean[..., None])[..., 0] * sm_scale

@@ -143,9 +143,12 @@ def _quant_kv_kernel(
     H, N, D, N_PAD,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
     K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr,
+    PERMUTE_KEYS: tl.constexpr,
 ):
     """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
-    scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile."""
+    scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile. PERMUTE_KEYS stores the FP8 V's keys in
+    the order `gluon_attn` feeds P to the tensor cores (within every 16 keys, bit 3 of the index moves
+    below bits 1-2), so P needs no shuffles there."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -174,7 +177,11 @@ def _quant_kv_kernel(
         if EXACT_FP8_CAST:
             y = round_to_e4m3_grid(y)
         col = pid_bh * HEAD_DIM + offs_d
-        tl.store(VQ + col[:, None] * N_PAD + offs_n[None, :], tl.trans(y.to(tl.float8e4nv)))
+        vt = tl.trans(y.to(tl.float8e4nv))
+        if PERMUTE_KEYS:  # a relabelling in registers, so the store stays contiguous
+            vt = tl.reshape(tl.permute(tl.reshape(vt, (HEAD_DIM, BLOCK // 16, 2, 4, 2)), (0, 1, 3, 2, 4)),
+                            (HEAD_DIM, BLOCK))
+        tl.store(VQ + col[:, None] * N_PAD + offs_n[None, :], vt)
     else:
         tl.store(VQ + row[:, None] * HEAD_DIM + offs_d[None, :], v.to(tl.float16))
 
@@ -221,11 +228,12 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
 
 
 def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int,
-             key_bias: torch.Tensor | None = None) -> QuantizedQKV:
+             key_bias: torch.Tensor | None = None, permute_v_keys: bool = False) -> QuantizedQKV:
     """Quantize q [B, Hq, Nq, D] and k, v [B, Hkv, Nk, D] (any strides) for the attention kernel.
 
     key_bias: a key-padding mask as an fp32 bias [B, Nk] (contiguous; -inf = masked). Masked keys are left
     out of the smoothing means and the scales, and quantize to zeros.
+    permute_v_keys: store FP8 V's keys in `gluon_attn`'s order (see `_quant_kv_kernel`).
 
     Three launches: K/V channel statistics (one read of K and V), Q (one read), and K with V (one more
     read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
@@ -254,7 +262,7 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
             amax = torch.maximum(vmax, -vmin)
         amax = torch.clamp(amax, min=EPS)
         amax[:, D:] = FP8_MAX
-        v_scale, v_inv_scale = amax / FP8_MAX, FP8_MAX / amax
+        v_scale, v_inv_scale = amax / FP8_MAX, torch.full_like(amax, FP8_MAX) / amax  # correctly rounded
         vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=dev)
     else:
         vq = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.float16, device=dev)
@@ -267,7 +275,7 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
         BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
         K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
-        KEY_MASK=key_bias is not None,
+        KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8,
     )
     shape = (B, Hkv, d_pad)
     return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean.view(shape) if k_mean is not None else None,

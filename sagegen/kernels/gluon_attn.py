@@ -1,0 +1,252 @@
+"""Hopper (sm90) attention kernel in Gluon: the same numerics as `triton_attn`'s fast path, with the
+tensor-core work scheduled by hand.
+
+Why a second kernel: Triton waits for every `tl.dot` whose result is not an accumulator right after issuing
+it, so in `triton_attn` the softmax never overlaps a matrix multiply of the same warpgroup (bench/NOTES.md,
+v1.6). Gluon exposes `warpgroup_mma(..., is_async=True)` and `warpgroup_mma_wait`, so here the next key
+block's INT8 Q·Kᵀ runs on the tensor cores while this block's exp2 runs (FlashAttention-3's intra-warpgroup
+overlap), and the FP8 P·V of each block is still computed fresh and added into the FP32 accumulator
+(two-level accumulation).
+
+Scope (the launcher in `triton_attn` sends everything else to the Triton kernel): sm90, no causal mask,
+per-block K scales, no Q smoothing, FP8 P·V, head dims 64 and 128 (padded), masks: none, or a key-padding
+mask that is a valid prefix per batch (given as key lengths). Same math, op for op, as `triton_attn` with
+FAST=True, so `reference.py` stays its oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .spec import LOG2_FP8_MAX, REF_WINDOW
+
+_LOG2_FP8_MAX = gl.constexpr(LOG2_FP8_MAX)
+_REF_WINDOW = gl.constexpr(REF_WINDOW)
+_MAGIC = gl.constexpr(0x4B400000)  # int32 bits of 1.5·2^23: (i + _MAGIC) read as fp32 is 12582912 + i, exactly
+_MAGIC_F = gl.constexpr(12582912.0)
+# The TMA load was renamed after Triton 3.6 (async_copy_global_to_shared -> async_load).
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, blk, STAGES: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+    """TMA loads of key block `blk` (K and the transposed FP8 V) into ring slot blk % STAGES."""
+    slot = blk % STAGES
+    bar = bars.index(slot)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [kv_row0 + blk * BLOCK_N, 0], bar, k_smem.index(slot))
+    _tma_load(v_desc, [v_row0, blk * BLOCK_N], bar, v_smem.index(slot))
+
+
+@gluon.jit
+def _softmax_block(s, q_scale, ks, m_i, r_i, l_i, start_n, N_K, TAIL: gl.constexpr, s_layout: gl.constexpr):
+    """Scores of one key block (raw int32) -> P (fp32, on e4m3's scale), the rescale factor, new row stats.
+
+    Identical to `triton_attn._attn_block` with FAST=True: max, scale and shift work on the magic-offset
+    floats, and the scale and the shift are one FMA inside exp2."""
+    x = (s + _MAGIC).to(gl.float32, bitcast=True)
+    if TAIL:
+        offs_n = start_n + gl.arange(0, s.shape[1], layout=gl.SliceLayout(0, s_layout))
+        x = gl.where(gl.expand_dims(offs_n < N_K, 0), x, float("-inf"))
+    row_scale = q_scale * ks
+    m_blk = (gl.max(x, axis=1) - _MAGIC_F) * row_scale
+    m_new = gl.maximum(m_i, m_blk)
+    r_new = gl.maximum(m_blk, m_new - _REF_WINDOW)
+    shift = row_scale * _MAGIC_F + r_new - _LOG2_FP8_MAX
+    p = gl.exp2(x * gl.expand_dims(row_scale, 1) - gl.expand_dims(shift, 1))
+    alpha = gl.exp2(r_i - r_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, r_new, l_i
+
+
+@gluon.jit
+def _p_operand(p, p_layout: gl.constexpr, PERMUTED_V: gl.constexpr):
+    """P (fp32, accumulator layout) -> FP8 in the register layout of the P·V multiply's A operand."""
+    p8 = p.to(gl.float8e4nv)
+    if PERMUTED_V:
+        # In the accumulator a thread holds key columns 2t, 2t+1 of every 8-column group; the FP8 A operand
+        # wants keys 4t..4t+3 of every 16. Relabelling the keys (bit 3 of the column moves below the lane
+        # bits) makes the two layouts the same registers; V was stored with its keys in that order.
+        BM: gl.constexpr = p.shape[0]
+        BN: gl.constexpr = p.shape[1]
+        p8 = p8.reshape([BM, BN // 16, 2, 4, 2]).permute((0, 1, 3, 2, 4)).reshape([BM, BN])
+        return gl.convert_layout(p8, p_layout, assert_trivial=True)
+    return gl.convert_layout(p8, p_layout)
+
+
+@gluon.jit
+def _attn_fwd_sm90(
+    q_desc, k_desc, v_desc, QS, KS, VS, VM, KV_LEN, Out, Lse,
+    stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+    H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+    HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
+):
+    gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, BLOCK_N, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                      instr_shape=[16, HEAD_DIM, 32])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    start_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    bh_kv = b * (H // GROUP) + h // GROUP
+    n_keys = N_K
+    if HAS_KV_LEN:
+        n_keys = gl.load(KV_LEN + b)
+    n_blocks = gl.cdiv(n_keys, BLOCK_N)
+    kv_row0 = bh_kv * NK_PAD
+    v_row0 = bh_kv * HEAD_DIM
+    ks_base = KS + kv_row0
+
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    _tma_load(q_desc, [pid_bh * NQ_PAD + start_m * BLOCK_M, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        if i < n_blocks:
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i, STAGES, BLOCK_N)
+
+    offs_m = start_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+    q_scale = gl.load(QS + pid_bh * NQ_PAD + offs_m) * sm_scale_log2
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)  # running row max of the scores
+    r_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)  # the max that acc and l are relative to
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
+    o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(bars.index(0), 0)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    ks = gl.load(ks_base)
+
+    # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
+    # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
+    for j in range(0, n_blocks - 1):
+        nxt = j + 1
+        mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        ks_next = gl.load(ks_base + nxt * BLOCK_N)
+        p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, False,
+                                                 s_layout)
+        p8 = _p_operand(p, p_layout, PERMUTED_V)
+        slot = j % STAGES
+        pv_tok = warpgroup_mma(p8, v_smem.index(slot).permute((1, 0)), o_zero, use_acc=False, is_async=True)
+        s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
+        if j + STAGES < n_blocks:
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, STAGES, BLOCK_N)
+        ks = ks_next
+
+    # The last block: the only one that can be partial.
+    last = n_blocks - 1
+    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, last * BLOCK_N, n_keys, True,
+                                             s_layout)
+    p8 = _p_operand(p, p_layout, PERMUTED_V)
+    pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
+                           is_async=True)
+    pv = warpgroup_mma_wait(0, deps=(pv_tok,))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
+              stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
+              SMOOTH_V, RETURN_LSE, s_layout, o_layout)
+
+
+@gluon.jit
+def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
+              stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+              BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
+              s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """O = acc / l, undo V's FP8 scale (and smoothing), store rows row0.. of head (b, h); the LSE too."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    # acc and l both carry P's factor 448, which cancels here.
+    l_o = gl.convert_layout(l_i, row_o)
+    inv_l = gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    o = acc * gl.expand_dims(inv_l, 1) * gl.expand_dims(gl.load(VS + v_row0 + offs_d), 0)
+    if SMOOTH_V:
+        v_mean = gl.expand_dims(gl.load(VM + v_row0 + offs_d), 0)
+        o = gl.where(gl.expand_dims(l_o > 0, 1), o + v_mean, 0.0)
+    offs_mo = row0 + gl.arange(0, BLOCK_M, layout=row_o)
+    o_ptrs = (Out + b * stride_ob + h * stride_oh + gl.expand_dims(offs_mo, 1) * stride_om
+              + gl.expand_dims(offs_d, 0) * stride_od)
+    o_mask = gl.expand_dims(offs_mo < N_Q, 1) & gl.expand_dims(offs_d < D, 0)
+    gl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=o_mask)
+    if RETURN_LSE:
+        offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        lse = (r_i + gl.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
+        gl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
+
+
+def shared_layouts(block_m: int, block_n: int, head_dim: int):
+    """NVMMA shared layouts of the Q, K and transposed-V tiles (what the TMA descriptors carry)."""
+    return (gl.NVMMASharedLayout.get_default_for([block_m, head_dim], gl.int8),
+            gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gl.int8),
+            gl.NVMMASharedLayout.get_default_for([head_dim, block_n], gl.float8e4nv))
+
+
+# V's keys stored in `_p_operand`'s order (no shuffles for P); False only to measure the difference.
+PERMUTE_V = True
+# (ring slots, register cap) per padded head dim; bench/tune_gluon.py measures the alternatives.
+LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
+
+
+def launch_settings(head_dim: int) -> tuple[int, int | None]:
+    """Three K+V ring slots at head dim 128 (104 KiB of shared memory: two CTAs per SM, 254 registers);
+    four at head dim 64 with registers capped at 168 so that three CTAs share an SM."""
+    if head_dim in LAUNCH_OVERRIDES:
+        return LAUNCH_OVERRIDES[head_dim]
+    return (3, None) if head_dim >= 128 else (4, 168)
+
+
+def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, n_k: int, d: int,
+           block_m: int, block_n: int, smooth_v: bool, sm_scale_log2: float, permuted_v: bool = True) -> None:
+    """Run the kernel on quantized buffers from `triton_quant.quantize`.
+
+    out: [B, H, Nq, D], any strides; lse: [B, H, Nq] fp32 or None; kv_len: int32 [B] valid-prefix key
+    lengths or None; permuted_v: V's keys are in `_p_operand`'s order (`quantize(..., permute_v_keys=True)`).
+    """
+    d_pad = qq.q8.shape[-1]
+    nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
+    stages, maxnreg = launch_settings(d_pad)
+    q_l, k_l, v_l = shared_layouts(block_m, block_n, d_pad)
+    q_desc = TensorDescriptor.from_tensor(qq.q8.view(-1, d_pad), [block_m, d_pad], q_l)
+    k_desc = TensorDescriptor.from_tensor(qq.k8.view(-1, d_pad), [block_n, d_pad], k_l)
+    v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, nk_pad), [d_pad, block_n], v_l)
+    vm = qq.v_mean if qq.v_mean is not None else qq.v_scale
+    grid = (triton.cdiv(n_q, block_m), out.shape[0] * H)
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
+    _attn_fwd_sm90[grid](
+        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, qq.v_scale, vm,
+        kv_len if kv_len is not None else qq.q_scale, out, lse if lse is not None else qq.q_scale,
+        *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+        H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
+        SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, num_warps=4, **extra,
+    )
