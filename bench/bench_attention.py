@@ -52,13 +52,13 @@ def sageattention_106():
     return (lambda q, k, v: upstream(q.half(), k.half(), v.half(), tensor_layout="HND")), None
 
 
-def forced_kernel(name):
+def forced_kernel(name, mask=None):
     """sagegen with SAGEGEN_KERNEL=name (the Gluon or the portable Triton kernel) for one call."""
     def run(q, k, v):
         old = os.environ.get("SAGEGEN_KERNEL")
         os.environ["SAGEGEN_KERNEL"] = name
         try:
-            return sagegen.sageattn(q, k, v, backend="triton")
+            return sagegen.sageattn(q, k, v, attn_mask=mask, backend="triton")
         finally:
             os.environ.pop("SAGEGEN_KERNEL") if old is None else os.environ.__setitem__("SAGEGEN_KERNEL", old)
     return run
@@ -190,6 +190,36 @@ def crossover(impls):
     return out
 
 
+MASKED = [(1, 24, 67576, 128, 216), (2, 24, 67576, 128, 216), (1, 24, 119056, 128, 216)]  # B, H, N, D, padded
+
+
+def masked(impls):
+    """HunyuanVideo's calls: video + 256 text tokens, text padding masked per key (valid keys first). SDPA
+    gets the same mask (what the stock model runs) and, for reference, none."""
+    rows = []
+    for b, h, n, d, pad in MASKED:
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        mask = torch.ones(b, 1, 1, n, dtype=torch.bool, device="cuda")
+        mask[..., n - pad:] = False
+        flops = 4 * b * h * n * (n - pad) * d
+        fns = {"sagegen": lambda: sagegen.sageattn(q, k, v, attn_mask=mask, backend="triton"),
+               "sagegen_triton_kernel": lambda: forced_kernel("triton", mask)(q, k, v),
+               "sdpa_default_masked": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+               "sdpa_default_unmasked": lambda: F.scaled_dot_product_attention(q, k, v)}
+        row = {"shape": [b, h, n, d], "masked_keys": pad, "ms": {}, "tflops": {}}
+        for name, fn in fns.items():
+            row["ms"][name] = time_ms(fn)
+            row["tflops"][name] = flops / row["ms"][name] / 1e9
+        base = row["ms"]["sdpa_default_masked"]
+        row["speedup_vs_sdpa_default_masked"] = {k_: base / t for k_, t in row["ms"].items()}
+        rows.append(row)
+        print(f"masked {b},{h},{n},{d} pad={pad}: " + " ".join(f"{k_}={t:.0f}" for k_, t in row["tflops"].items())
+              + f" | sagegen/sdpa(masked)={row['speedup_vs_sdpa_default_masked']['sagegen']:.2f}x", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -197,6 +227,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--crossover", action="store_true", help="also sweep lengths for backend='auto'")
+    ap.add_argument("--masked", action="store_true", help="also HunyuanVideo's key-padded calls")
     args = ap.parse_args()
     impls, why = implementations()
     result = {"environment": environment(), "method": __doc__.strip().splitlines()[2]}
@@ -208,6 +239,8 @@ def main():
     if args.crossover:
         result["crossover"] = crossover(impls)
     result["speed"] = speed(QUICK if args.quick else SHAPES, impls)
+    if args.masked:
+        result["masked"] = masked(impls)
     tmp = args.out + ".tmp"
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1)

@@ -197,14 +197,36 @@ def test_hopper_gluon_kernel_eligibility(monkeypatch):
     from sagegen.kernels.spec import MaskSpec
 
     monkeypatch.setattr(triton_attn, "interpreting", lambda: False)
-    applies = lambda cap=(9, 0), cfg=SageConfig(), d=128, blocks=(64, 128), causal=False, mask=MaskSpec(): (
-        triton_attn.gluon_applies(cap, cfg, d, blocks, causal, mask))
+    applies = lambda cap=(9, 0), cfg=SageConfig(), d=128, blocks=(64, 128), causal=False, mask=MaskSpec(), \
+        key_lengths=None: triton_attn.gluon_applies(cap, cfg, d, blocks, causal, mask, key_lengths)
     assert applies() is None and applies(d=64) is None and applies(cfg=SageConfig(smooth_v=True)) is None
     assert "sm90" in applies(cap=(8, 9)) and "sm90" in applies(cap=None) and "sm90" in applies(cap=(10, 0))
     assert "causal" in applies(causal=True)
     assert "mask" in applies(mask=MaskSpec("bool", torch.ones(1, 1, 4, 4, dtype=torch.bool)))
+    key = MaskSpec("key", torch.zeros(2, 8))
+    assert "prefix" in applies(mask=key) and applies(mask=key, key_lengths=torch.tensor([8, 5])) is None
     assert "per-token" in applies(cfg=SageConfig(k_granularity="per_token"))
     assert "fp16" in applies(cfg=SageConfig(pv_precision="fp16"))
     assert "64x128" in applies(d=32) and "64x128" in applies(blocks=(128, 64))
     monkeypatch.setattr(triton_attn, "interpreting", lambda: True)
     assert "interpreter" in applies()
+
+
+def test_key_prefix_lengths():
+    """Key-padding masks that only cut the end of the keys become per-batch lengths; anything else is None."""
+    from sagegen.kernels.triton_attn import key_prefix_lengths
+
+    inf = float("-inf")
+    bias = torch.zeros(3, 6)
+    bias[0, 4:] = inf
+    bias[2, 1:] = inf
+    assert key_prefix_lengths(bias).tolist() == [4, 6, 1]
+    hole = bias.clone()
+    hole[1, 2] = inf  # a masked key before a live one
+    assert key_prefix_lengths(hole) is None
+    soft = bias.clone()
+    soft[1, 0] = -2.0  # a finite bias is not padding
+    assert key_prefix_lengths(soft) is None
+    empty = bias.clone()
+    empty[2, 0] = inf  # a batch with no live key
+    assert key_prefix_lengths(empty) is None

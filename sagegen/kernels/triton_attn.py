@@ -224,15 +224,28 @@ def gluon_permutes_v() -> bool:
     return gluon_attn.PERMUTE_V
 
 
+def key_prefix_lengths(key_bias: torch.Tensor) -> torch.Tensor | None:
+    """int32 [B] valid-key counts when a key-padding bias [B, Nk] is 0 on a prefix of the keys and -inf after
+    it (text padded at the end, as HunyuanVideo's), with at least one valid key; else None. One host sync."""
+    live = key_bias > float("-inf")
+    n = live.sum(dim=1)
+    prefix = live.int().cumprod(dim=1).sum(dim=1) == n
+    ok = prefix.all() & (key_bias.masked_fill(~live, 0.0) == 0).all() & (n > 0).all()
+    return n.to(torch.int32) if bool(ok) else None
+
+
 def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int, int], is_causal: bool,
-                  mask: MaskSpec) -> str | None:
-    """None if `gluon_attn` can run this call, else why not (one line)."""
+                  mask: MaskSpec, key_lengths: torch.Tensor | None = None) -> str | None:
+    """None if `gluon_attn` can run this call, else why not (one line). key_lengths: `key_prefix_lengths`
+    of a key-padding mask."""
     if capability is None or capability[0] != 9:
         return "the Gluon kernel is sm90-only"
     if interpreting():
         return "the Triton interpreter runs the Triton kernel"
-    if is_causal or mask.kind != "none":
-        return "causal and masked calls use the Triton kernel"
+    if is_causal or mask.kind not in ("none", "key"):
+        return "causal and dense-masked calls use the Triton kernel"
+    if mask.kind == "key" and key_lengths is None:
+        return "key-padding masks other than a valid prefix use the Triton kernel"
     if config.pv_precision != "fp8" or config.k_granularity != "per_block" or config.smooth_q:
         return "fp16 P·V, per-token K scales and Q smoothing use the Triton kernel"
     if d_pad not in (64, 128) or tuple(blocks) != (64, 128):
@@ -276,8 +289,10 @@ def sage_attention(
     d_pad = max(16, triton.next_power_of_2(D))
     key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
     choice = os.environ.get(KERNEL_ENV, "auto")
+    hopper = choice != "triton" and capability is not None and capability[0] == 9 and not interpreting()
+    key_lengths = key_prefix_lengths(key_bias) if key_bias is not None and hopper else None
     why_not = None if choice == "triton" else gluon_applies(capability, config, d_pad, (block_q, block_k),
-                                                            is_causal, mask)
+                                                            is_causal, mask, key_lengths)
     if choice == "gluon" and why_not:
         raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
     use_gluon = choice != "triton" and why_not is None
@@ -309,7 +324,7 @@ def sage_attention(
     if use_gluon:
         from . import gluon_attn
 
-        gluon_attn.launch(qq, out, lse if return_lse else None, None, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
+        gluon_attn.launch(qq, out, lse if return_lse else None, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
                           block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
                           permuted_v=gluon_permutes_v())
         return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
