@@ -52,9 +52,9 @@ def sageattn(
         return_lse: also return the natural-log log-sum-exp of each query row, [B, Hq, Nq] fp32.
         config: `SageConfig` (numerics and fallback policy); default `SageConfig()`.
         backend: ``"triton"``, ``"reference"`` (the PyTorch emulation of the same numerics) or ``"auto"``
-            (Triton on a supported CUDA GPU, the emulation on CPU; on the GPU, sequences shorter than the
-            measured crossover, ``kernels.backends.AUTO_MIN_TOKENS``, run PyTorch SDPA, which is faster
-            there). With ``TRITON_INTERPRET=1`` the Triton backend also runs on CPU tensors.
+            (Triton on a supported CUDA GPU, the emulation on CPU; on the GPU, calls with less work than the
+            measured crossover, ``kernels.backends.auto_prefers_sdpa`` (batch·heads·Nq·Nk), run PyTorch SDPA,
+            which is faster there). With ``TRITON_INTERPRET=1`` the Triton backend also runs on CPU tensors.
 
     Returns:
         out in q's layout and dtype, or ``(out, lse)`` when ``return_lse``.
@@ -65,7 +65,7 @@ def sageattn(
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(d)
     n_dim = 2 if tensor_layout == "HND" else 1
     if (backend == "auto" and q.is_cuda and not return_lse
-            and backends.auto_prefers_sdpa(q.shape[n_dim], k.shape[n_dim])):
+            and backends.auto_prefers_sdpa(q.shape[n_dim], k.shape[n_dim], q.shape[0] * q.shape[3 - n_dim], d)):
         # Below the crossover, stock SDPA is faster: call it directly (no custom op, no copies).
         return backends.sdpa_direct(q, k, v, tensor_layout, attn_mask, is_causal, scale)
     out, lse = torch.ops.sagegen.sageattn(

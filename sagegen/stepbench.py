@@ -20,7 +20,7 @@ the device, torch/triton/diffusers/sagegen versions and the date.
     (python bench/bench_model_step.py ... takes the same arguments)
 
 ``patch_stats`` counts the routed attention calls; with ``--backend auto`` (default) sageattn itself runs
-PyTorch SDPA for sequences below its measured crossover (~6k tokens; counted as ``routed_auto_sdpa``), e.g.
+PyTorch SDPA for calls below its measured crossover (batch·heads·Nq·Nk; counted as ``routed_auto_sdpa``), e.g.
 HunyuanVideo's 256-token text refiner; ``--backend triton`` forces the kernel everywhere.
 
 --tiny: the same code path on the CPU with the architecture shrunk to one layer of each kind and two heads
@@ -70,7 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--sage-config", default=None,
                    help='JSON object of SageConfig fields overriding DIFFUSION_CONFIG, e.g. \'{"smooth_v": false}\'')
     p.add_argument("--backend", choices=("auto", "triton"), default="auto",
-                   help="sageattn backend for the patched runs (auto: SDPA below the ~6k-token crossover)")
+                   help="sageattn backend for the patched runs (auto: SDPA below the measured crossover)")
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
     args = p.parse_args(argv)
     if args.warmup < 0 or args.repeats < 1:

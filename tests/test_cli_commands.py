@@ -276,4 +276,5 @@ def test_env_names_the_auto_crossover_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     choice = env_cmd.kernel_choice(torch.device("cuda", 0))
     assert choice["variant"] == "triton" and "FP8" in choice["detail"]
-    assert f"{backends.AUTO_MIN_TOKENS:,}" in choice["why"] and "SDPA" in choice["why"]
+    assert backends.crossover_note() in choice["why"] and "SDPA" in choice["why"]
+    assert choice["auto_min_work"] == backends.AUTO_MIN_WORK

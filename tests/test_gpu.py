@@ -10,7 +10,7 @@ from sagegen import SageConfig
 from sagegen.kernels.reference import attention_fp64, sage_attention
 
 pytestmark = gpu
-# backend="triton" throughout: "auto" runs SDPA below the measured crossover (~6k tokens).
+# backend="triton" throughout: "auto" runs SDPA below the measured crossover (backends.auto_prefers_sdpa).
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -376,6 +376,9 @@ def test_auto_backend_crossover_is_reported_from_the_kernel_rule():
     rule = getattr(backends, "auto_prefers_sdpa", None)
     if rule is None:
         pytest.skip("this sagegen has no auto crossover rule")
-    assert _auto_prefers_sdpa(256, 256) is True  # HunyuanVideo's text refiner
-    assert _auto_prefers_sdpa(17776, 17776) is False  # CogVideoX-5b
-    assert _auto_prefers_sdpa(4608, 4608) == bool(rule(4608, 4608))
+    assert _auto_prefers_sdpa(256, 256, 2 * 24, 128) is True  # HunyuanVideo's text refiner
+    assert _auto_prefers_sdpa(17776, 17776, 2 * 48, 64) is False  # CogVideoX-5b
+    assert _auto_prefers_sdpa(4608, 4608, 24, 128) is True  # Flux-dev 1024² (0.96x measured)
+    assert _auto_prefers_sdpa(4429, 4429, 2 * 38, 64) is False  # SD3.5-large 1024², CFG (1.13x measured)
+    assert _auto_prefers_sdpa(4608, 4608, 48, 64) is True  # 0.99x measured
+    assert _auto_prefers_sdpa(4608, 4608, 48, 128) == bool(rule(4608, 4608, 48, 128)) is False  # 1.07x

@@ -28,16 +28,15 @@ def kernel_choice(device) -> dict:
     if not ok:
         return {"variant": DIFFUSION_CONFIG.fallback, "detail": f"fallback ({DIFFUSION_CONFIG.fallback})",
                 "why": why}
-    from ..kernels.backends import AUTO_MIN_TOKENS
+    from ..kernels.backends import AUTO_MIN_WORK, crossover_note
 
     cap = torch.cuda.get_device_capability(device)
-    short = (f"; below {AUTO_MIN_TOKENS:,} tokens (Nq·Nk < {AUTO_MIN_TOKENS:,}²) PyTorch SDPA, faster there "
-             "(crossover measured on an H200)")
+    short = "; " + crossover_note()
     if cap >= FP8_CAPABILITY:
         return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP8 P·V with FP32 two-level accumulation",
-                "why": why + short, "auto_min_tokens": AUTO_MIN_TOKENS}
+                "why": why + short, "auto_min_work": AUTO_MIN_WORK}
     return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP16 P·V (no FP8 tensor cores below 8.9)",
-            "why": why + short, "auto_min_tokens": AUTO_MIN_TOKENS}
+            "why": why + short, "auto_min_work": AUTO_MIN_WORK}
 
 
 def environment() -> dict:

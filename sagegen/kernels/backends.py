@@ -38,15 +38,29 @@ def describe_cuda(device: torch.device) -> tuple[bool, str]:
     return True, f"compute capability {cap[0]}.{cap[1]}"
 
 
-# Below this many keys (and queries), `backend="auto"` runs PyTorch SDPA on the GPU: the quantized kernel's
-# fixed costs (the quantization pass, three extra launches) outweigh its faster main loop there. Measured on an
-# H200 (B=2, H=24, bf16; bench/results/attention-h200-*.json "crossover"): at head dims 64 and 128 the kernel
-# wins from ~6k tokens. Flux (4,608) and SD3.5 (4,429) at 1024² therefore keep SDPA under "auto".
-AUTO_MIN_TOKENS = 6144
+# Below this much work, `backend="auto"` runs PyTorch SDPA on the GPU: the quantized kernel's fixed costs (the
+# quantization pass, its extra launches, a grid too small to fill the GPU) outweigh its faster main loop.
+# Work = batch·heads·Nq·Nk, per head dim; measured on an H200 (bench/results/attention-h200-*-gluon.json,
+# "crossover" at B·H = 48 and the Flux / SD3.5 shapes): at head dim 128 the kernel is 0.96x at B·H=24,
+# 4,608 tokens (Flux) and 1.07x at B·H=48, 4,608; at head dim 64 0.99x at B·H=48, 4,608, 1.07x at 6,144
+# and 1.13x at B·H=76, 4,429 (SD3.5-large with CFG).
+AUTO_MIN_WORK = {64: 1.2e9, 128: 9.0e8}  # head dims <= 64 use the first, larger ones the second
 
 
-def auto_prefers_sdpa(n_q: int, n_kv: int) -> bool:
-    return n_q * n_kv < AUTO_MIN_TOKENS * AUTO_MIN_TOKENS
+def auto_min_work(head_dim: int) -> float:
+    return AUTO_MIN_WORK[64] if head_dim <= 64 else AUTO_MIN_WORK[128]
+
+
+def auto_prefers_sdpa(n_q: int, n_kv: int, batch_heads: int = 1, head_dim: int = 128) -> bool:
+    """Whether `backend="auto"` runs PyTorch SDPA for this call (less work than the measured crossover)."""
+    return batch_heads * n_q * n_kv < auto_min_work(head_dim)
+
+
+def crossover_note() -> str:
+    """The auto rule in words (for `sagegen env` and docs)."""
+    return (f"below B·H·Nq·Nk = {AUTO_MIN_WORK[64]:.2g} (head dim <= 64) or {AUTO_MIN_WORK[128]:.2g} (larger) "
+            f"PyTorch SDPA, faster there: about {int((AUTO_MIN_WORK[64] / 48) ** 0.5):,} / "
+            f"{int((AUTO_MIN_WORK[128] / 48) ** 0.5):,} tokens at 48 batch·heads (crossover measured on an H200)")
 
 
 def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool,
@@ -65,7 +79,8 @@ def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool
             raise RuntimeError(f"sagegen's Triton kernels cannot run here: {why} (SageConfig.fallback='error')")
         warn(f"sagegen: Triton kernels unavailable ({why}); falling back to {config.fallback}")
         return config.fallback, config
-    if backend == "auto" and auto_prefers_sdpa(q.shape[2], n_kv if n_kv is not None else q.shape[2]):
+    if backend == "auto" and auto_prefers_sdpa(q.shape[2], n_kv if n_kv is not None else q.shape[2],
+                                               q.shape[0] * q.shape[1], q.shape[3]):
         return "sdpa", config
     if config.pv_precision == "fp8" and torch.cuda.get_device_capability(q.device) < FP8_CAPABILITY:
         warn("sagegen: this GPU has no FP8 tensor cores; using fp16 P·V (SageConfig.pv_precision='fp16')")

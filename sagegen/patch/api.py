@@ -72,9 +72,10 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
             the rest of the SageAttention2 numerics). ``None``: ``DIFFUSION_CONFIG``.
         policy: a `PrecisionPolicy` naming blocks and/or first/last steps that keep full-precision attention.
         backend: passed to `sagegen.sageattn`. ``"auto"``: the Triton kernel on a supported GPU, except for
-            sequences below sageattn's measured speed crossover (``kernels.backends.AUTO_MIN_TOKENS``, ~6k
-            tokens: e.g. Flux and SD3.5 at 1024², HunyuanVideo's 256-token text refiner), which run PyTorch SDPA
-            because it is faster there (counted as ``routed_auto_sdpa`` in `patch_info`); the emulation on CPU.
+            calls below sageattn's measured speed crossover (``kernels.backends.auto_prefers_sdpa``: batch·heads·
+            Nq·Nk per head dim, ~4.3k-5k tokens at 48 batch·heads; e.g. Flux at 1024², HunyuanVideo's
+            256-token text refiner), which run PyTorch SDPA because it is faster there (counted as
+            ``routed_auto_sdpa`` in `patch_info`); the emulation on CPU.
             ``"triton"`` forces the quantized kernel for every call; ``"reference"`` the emulation.
         allow_generic: patch a transformer class that is not in ``SUPPORTED_MODELS`` too, by the same generic
             route (every processor's SDPA call goes to sagegen). Off by default: unknown models raise.

@@ -108,7 +108,7 @@ class PatchSession:
             out = out * rows  # query rows with no key to attend: zeros, as sageattn gives fully masked rows
         self.count("routed")
         if (not _compiling() and self.backend == "auto" and q.device.type == "cuda"
-                and _auto_prefers_sdpa(q.shape[2], k.shape[2])):
+                and _auto_prefers_sdpa(q.shape[2], k.shape[2], q.shape[0] * q.shape[1], q.shape[3])):
             self.count("routed_auto_sdpa")  # sageattn's "auto" runs PyTorch SDPA below its speed crossover
         return out if out.dtype == in_dtype else out.to(in_dtype)
 
@@ -118,11 +118,11 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def _auto_prefers_sdpa(n_q: int, n_kv: int) -> bool:
+def _auto_prefers_sdpa(n_q: int, n_kv: int, batch_heads: int = 1, head_dim: int = 128) -> bool:
     from ..kernels import backends
 
     rule = getattr(backends, "auto_prefers_sdpa", None)
-    return bool(rule(n_q, n_kv)) if rule is not None else False
+    return bool(rule(n_q, n_kv, batch_heads, head_dim)) if rule is not None else False
 
 
 def _simplify_mask(mask, n_q: int):
