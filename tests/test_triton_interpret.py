@@ -139,11 +139,11 @@ def test_permuted_v_keys_are_a_relabelling():
     """quantize(permute_v_keys=True) stores the same FP8 V with keys in gluon_attn's order."""
     from sagegen.kernels.triton_quant import quantize
 
-    q, k, v = (torch.randn(1, 2, 200, 64) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 200, 64, device=DEVICE) for _ in range(3))
     cfg = SageConfig()
     plain = quantize(q, k, v, cfg, 64, 128, 64).v.float()
     perm = quantize(q, k, v, cfg, 64, 128, 64, permute_v_keys=True).v.float()
-    n = torch.arange(plain.shape[-1])
+    n = torch.arange(plain.shape[-1], device=DEVICE)
     pos = (n & ~15) | (((n >> 1) & 3) << 2) | (((n >> 3) & 1) << 1) | (n & 1)
     assert sorted(pos.tolist()) == n.tolist() and not torch.equal(pos, n)
     assert torch.equal(perm[..., pos], plain)
