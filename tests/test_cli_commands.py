@@ -275,6 +275,6 @@ def test_env_names_the_auto_crossover_on_a_gpu(monkeypatch):
     monkeypatch.setattr(backends, "describe_cuda", lambda device: (True, "compute capability 9.0"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     choice = env_cmd.kernel_choice(torch.device("cuda", 0))
-    assert choice["variant"] == "triton" and "FP8" in choice["detail"]
+    assert choice["variant"] == "triton" and "FP8" in choice["detail"] and "Gluon" in choice["detail"]
     assert backends.crossover_note() in choice["why"] and "SDPA" in choice["why"]
     assert choice["auto_min_work"] == backends.AUTO_MIN_WORK

@@ -1,5 +1,7 @@
 """GPU checks at real sizes (H100/H200); skipped without CUDA. CPU-side twins are in test_triton_interpret.py."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -132,3 +134,22 @@ def test_hopper_kernels_key_padding_prefix(seed, monkeypatch, kernel):
     # makes that visible in rel-L1. Accuracy against fp64 is what must not move.
     assert rel_l1(t, r) < 1.5e-3 and (lt - lr).abs().max() < 5e-4
     assert abs(rel_l1(t, ref) - rel_l1(r, ref)) < 0.02 * rel_l1(r, ref)
+
+
+@pytest.mark.parametrize("cap", [(8, 9), (8, 6), (8, 0)], ids=["ada-sm89", "ampere-sm86", "ampere-sm80"])
+def test_pre_hopper_variants_forced_on_this_card(seed, monkeypatch, cap):
+    """The Ada (FP8 P·V) and Ampere (fp16 P·V) variants, forced here by reporting their compute capability:
+    their tile sizes, warps and stages, and Ampere's automatic switch to fp16 P·V, against the emulation
+    (which picks the same tiles) and fp64. The instructions are still this card's."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    monkeypatch.setattr(sagegen.api, "_warned", set())
+    q, k, v = qkv(2, 8, 4, 3000 + 7, 2500 + 3, 128, dtype=torch.bfloat16, device="cuda", layout="NHD")
+    cfg = SageConfig(smooth_v=True)
+    with pytest.warns(RuntimeWarning, match="fp16") if cap < (8, 9) else warnings.catch_warnings():
+        t = sagegen.sageattn(q, k, v, tensor_layout="NHD", config=cfg, backend="triton")
+    r_cfg = cfg if cap >= (8, 9) else cfg.replace(pv_precision="fp16")
+    r = sagegen.sageattn(q, k, v, tensor_layout="NHD", config=r_cfg, backend="reference")
+    ref, _ = attention_fp64(*(x.transpose(1, 2) for x in (q, k, v)), sm_scale=128**-0.5)
+    err = rel_l1(t.transpose(1, 2), ref)
+    print(f"sm{cap[0]}{cap[1]} variant: vs emu {rel_l1(t, r):.2e}, vs fp64 {err:.4f}")
+    assert rel_l1(t, r) < 1.5e-3 and err < 0.04

@@ -32,6 +32,11 @@ def kernel_choice(device) -> dict:
 
     cap = torch.cuda.get_device_capability(device)
     short = "; " + crossover_note()
+    if cap[0] == 9:
+        return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP8 P·V with FP32 two-level accumulation; the Hopper "
+                "Gluon kernel (gluon_attn.py) for unmasked, key-padded and GQA calls, the Triton kernel for "
+                "causal and dense masks (SAGEGEN_KERNEL=triton forces it)",
+                "why": why + short, "auto_min_work": AUTO_MIN_WORK}
     if cap >= FP8_CAPABILITY:
         return {"variant": "triton", "detail": "INT8 Q·Kᵀ + FP8 P·V with FP32 two-level accumulation",
                 "why": why + short, "auto_min_work": AUTO_MIN_WORK}
