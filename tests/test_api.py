@@ -230,3 +230,14 @@ def test_key_prefix_lengths():
     empty = bias.clone()
     empty[2, 0] = inf  # a batch with no live key
     assert key_prefix_lengths(empty) is None
+
+
+def test_capability_override_picks_the_other_generation_tiles(monkeypatch):
+    from sagegen.config import PRE_HOPPER_BLOCKS
+    from sagegen.kernels.spec import device_capability
+
+    monkeypatch.setenv("SAGEGEN_CAPABILITY", "8.9")
+    assert device_capability(torch.device("cuda", 0)) == (8, 9)
+    assert SageConfig().blocks(128, device_capability(None)) == PRE_HOPPER_BLOCKS
+    monkeypatch.setenv("SAGEGEN_CAPABILITY", "8")
+    assert device_capability(None) == (8, 0)

@@ -138,10 +138,10 @@ def test_hopper_kernels_key_padding_prefix(seed, monkeypatch, kernel):
 
 @pytest.mark.parametrize("cap", [(8, 9), (8, 6), (8, 0)], ids=["ada-sm89", "ampere-sm86", "ampere-sm80"])
 def test_pre_hopper_variants_forced_on_this_card(seed, monkeypatch, cap):
-    """The Ada (FP8 P·V) and Ampere (fp16 P·V) variants, forced here by reporting their compute capability:
-    their tile sizes, warps and stages, and Ampere's automatic switch to fp16 P·V, against the emulation
-    (which picks the same tiles) and fp64. The instructions are still this card's."""
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cap)
+    """The Ada (FP8 P·V) and Ampere (fp16 P·V) variants, forced here with SAGEGEN_CAPABILITY: their tile
+    sizes, warps and stages, and Ampere's automatic switch to fp16 P·V, against the emulation (which picks the
+    same tiles) and fp64. Triton still compiles for this card."""
+    monkeypatch.setenv("SAGEGEN_CAPABILITY", f"{cap[0]}.{cap[1]}")
     monkeypatch.setattr(sagegen.api, "_warned", set())
     q, k, v = qkv(2, 8, 4, 3000 + 7, 2500 + 3, 128, dtype=torch.bfloat16, device="cuda", layout="NHD")
     cfg = SageConfig(smooth_v=True)

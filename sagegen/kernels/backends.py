@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import SageConfig
-from .spec import MaskSpec
+from .spec import MaskSpec, device_capability
 
 MIN_CAPABILITY = (8, 0)  # Ampere: INT8 tensor cores
 FP8_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores
@@ -32,7 +32,7 @@ def describe_cuda(device: torch.device) -> tuple[bool, str]:
         return False, f"device {device} is not a CUDA GPU"
     if not triton_available():
         return False, "Triton is not installed"
-    cap = torch.cuda.get_device_capability(device)
+    cap = device_capability(device)
     if cap < MIN_CAPABILITY:
         return False, f"compute capability {cap[0]}.{cap[1]} < 8.0 (no INT8 tensor-core path)"
     return True, f"compute capability {cap[0]}.{cap[1]}"
@@ -82,7 +82,7 @@ def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool
     if backend == "auto" and auto_prefers_sdpa(q.shape[2], n_kv if n_kv is not None else q.shape[2],
                                                q.shape[0] * q.shape[1], q.shape[3]):
         return "sdpa", config
-    if config.pv_precision == "fp8" and torch.cuda.get_device_capability(q.device) < FP8_CAPABILITY:
+    if config.pv_precision == "fp8" and device_capability(q.device) < FP8_CAPABILITY:
         warn("sagegen: this GPU has no FP8 tensor cores; using fp16 P·V (SageConfig.pv_precision='fp16')")
         config = config.replace(pv_precision="fp16")
     return "triton", config

@@ -15,7 +15,7 @@ import math
 import torch
 
 from ..config import SageConfig
-from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec
+from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, device_capability
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
 
@@ -129,7 +129,7 @@ def sage_attention(
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     group = H // Hkv
-    block_q, block_k = config.blocks(D, torch.cuda.get_device_capability(q.device) if q.is_cuda else None)
+    block_q, block_k = config.blocks(D, device_capability(q.device) if q.is_cuda else None)
     c = torch.tensor(sm_scale * LOG2E, dtype=torch.float32)
 
     qf, kf, vf = q.float(), k.float(), v.float()

@@ -6,6 +6,7 @@ Neither implementation imports the other; both import this.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,20 @@ LOG2_FP8_MAX = math.log2(FP8_MAX)
 # P is quantized relative to its own key block's row max (the block's largest value lands exactly on 448),
 # as long as that max is within REF_WINDOW (log2 units) of the running max; acc and l follow that reference.
 REF_WINDOW = 8.0
+
+# Pick tiles, launch settings and kernel variants as on another GPU generation, e.g. "8.9" (Ada) or "8.0"
+# (Ampere), while the code still runs on this card: how the variants are tested on a Hopper GPU. Triton keeps
+# compiling for the real device.
+CAPABILITY_ENV = "SAGEGEN_CAPABILITY"
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability sagegen plans for: the device's, or SAGEGEN_CAPABILITY ("major.minor")."""
+    forced = os.environ.get(CAPABILITY_ENV)
+    if forced:
+        major, _, minor = forced.partition(".")
+        return int(major), int(minor or 0)
+    return tuple(torch.cuda.get_device_capability(device))
 
 
 @dataclass

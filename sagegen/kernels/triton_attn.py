@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
-from .spec import LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec
+from .spec import LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, device_capability
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
@@ -284,7 +284,7 @@ def sage_attention(
     mask = mask or MaskSpec()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    capability = torch.cuda.get_device_capability(q.device) if q.is_cuda else None
+    capability = device_capability(q.device) if q.is_cuda else None
     block_q, block_k = config.blocks(D, capability)
     d_pad = max(16, triton.next_power_of_2(D))
     key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None

@@ -1,0 +1,50 @@
+"""Where the quantization pass's time goes on the GPU: per-kernel times from torch.profiler for
+`triton_quant.quantize` at one shape (default B=4, H=32, N=8192, D=128, bf16).
+
+    python bench/profile_quant.py [--shape 4 32 8192 128] [--permute]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from sagegen import SageConfig  # noqa: E402
+from sagegen.kernels import triton_quant  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", type=int, nargs=4, default=[4, 32, 8192, 128])
+    ap.add_argument("--permute", action="store_true", help="V keys in the Gluon kernel's order")
+    ap.add_argument("--smooth-v", action="store_true")
+    args = ap.parse_args()
+    b, h, n, d = args.shape
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = SageConfig(smooth_v=args.smooth_v)
+    run = lambda: triton_quant.quantize(q, k, v, cfg, 64, 128, d, permute_v_keys=args.permute)
+    for _ in range(5):
+        run()
+    torch.cuda.synchronize()
+    reps = 20
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / reps, e.count // reps) for e in prof.key_averages()
+            if e.device_time_total > 0]
+    total = sum(t for _, t, _ in rows)
+    bytes_moved = 3 * q.numel() * 2 + 2 * k.numel() * 2 + 3 * q.numel()  # bf16 reads (K, V twice), 8-bit writes
+    print(f"shape {args.shape}: GPU time per quantize {total:.1f} us; {bytes_moved / total / 1e6:.2f} TB/s "
+          f"if Q read once and K, V twice")
+    for name, t, c in sorted(rows, key=lambda r: -r[1]):
+        print(f"  {t:8.1f} us  x{c}  {name[:90]}")
+
+
+if __name__ == "__main__":
+    main()
