@@ -145,3 +145,20 @@ def test_compiled_patched_mochi_runs_attention_eagerly_through_sagegen():
     # No SDPA beyond what stock's graphs hold (the caption attention-pool: not a processor, head dim 512).
     assert recorder.count("scaled_dot_product_attention") <= stock_recorder.count("scaled_dot_product_attention")
     sagegen.unpatch(model)
+
+
+def test_mochi_under_compile_compiles_its_attention_wrapper_once():
+    """Mochi's processor breaks dynamo's graph, so its attention runs eagerly between breaks; the wrapper must
+    not specialise on each layer (guards on every layer's name hit dynamo's recompile limit at 8 layers)."""
+    arch = archs.get_arch("mochi-1")
+    overrides = {**archs.smoke_overrides("mochi-1"), "num_layers": 4}
+    model = archs.build_transformer("mochi-1", dtype=torch.bfloat16, device="cpu", seed=0,
+                                    config_overrides=overrides)
+    inputs = archs.example_inputs("mochi-1", batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64,
+                                  width=64, frames=arch.frames and 7)
+    sagegen.patch(model, backend="reference")
+    with torch.no_grad():
+        eager = model(**inputs)[0]
+        with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
+            out = torch.compile(model, backend=Recorder())(**inputs)[0]
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)

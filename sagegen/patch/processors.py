@@ -205,9 +205,15 @@ EAGER_UNDER_COMPILE = frozenset({"mochi"})
 
 
 @torch.compiler.disable
-def _eager_under_compile(original, session: PatchSession, attn, args, kwargs):
+def _eager_under_compile(processor, attn, args, kwargs):
+    """The whole patched call, outside dynamo: it reads only the processor object here, so the traced caller
+    guards on nothing that differs between layers (guards on each layer's name hit dynamo's recompile limit)."""
+    session = processor._sage_session
+    if session.step_full_precision or processor._sage_name in session.full_precision_names:
+        session.count("full_precision_calls")
+        return processor._sage_original(attn, *args, **kwargs)
     with _SdpaRouter(session):
-        return original(attn, *args, **kwargs)
+        return processor._sage_original(attn, *args, **kwargs)
 
 
 def _rebind(original, session: PatchSession):
@@ -300,12 +306,12 @@ class SageProcessorBase:
 
     def _sage_call(self, attn, args, kwargs):
         session = self._sage_session
+        if _compiling() and session.family in EAGER_UNDER_COMPILE:
+            return _eager_under_compile(self, attn, args, kwargs)
         if session.step_full_precision or self._sage_name in session.full_precision_names:
             session.count("full_precision_calls")
             return self._sage_original(attn, *args, **kwargs)
         if _compiling():
-            if session.family in EAGER_UNDER_COMPILE:
-                return _eager_under_compile(self._sage_original, session, attn, args, kwargs)
             # Traced by dynamo: no bookkeeping, and no torch-function mode where avoidable (see the module doc).
             rebound = self._sage_rebound
             if rebound is not None:
