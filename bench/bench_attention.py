@@ -228,6 +228,8 @@ def main():
     ap.add_argument("--no-accuracy", action="store_true")
     ap.add_argument("--crossover", action="store_true", help="also sweep lengths for backend='auto'")
     ap.add_argument("--masked", action="store_true", help="also HunyuanVideo's key-padded calls")
+    ap.add_argument("--shape", type=int, nargs=4, action="append", metavar=("B", "H", "N", "D"),
+                    help="measure these shapes instead (repeatable)")
     args = ap.parse_args()
     impls, why = implementations()
     result = {"environment": environment(), "method": __doc__.strip().splitlines()[2]}
@@ -238,7 +240,7 @@ def main():
         result["accuracy"] = accuracy(impls)
     if args.crossover:
         result["crossover"] = crossover(impls)
-    result["speed"] = speed(QUICK if args.quick else SHAPES, impls)
+    result["speed"] = speed(args.shape or (QUICK if args.quick else SHAPES), impls)
     if args.masked:
         result["masked"] = masked(impls)
     tmp = args.out + ".tmp"

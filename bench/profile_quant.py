@@ -23,7 +23,17 @@ def main():
     ap.add_argument("--shape", type=int, nargs=4, default=[4, 32, 8192, 128])
     ap.add_argument("--permute", action="store_true", help="V keys in the Gluon kernel's order")
     ap.add_argument("--smooth-v", action="store_true")
+    ap.add_argument("--warps", nargs=3, type=int, metavar=("STATS", "Q", "KV"), action="append",
+                    help="warps per CTA of the three launches (repeatable: one profile each)")
     args = ap.parse_args()
+    for warps in args.warps or [None]:
+        if warps:
+            triton_quant.QUANT_WARPS.update(zip(("stats", "q", "kv"), warps))
+            print(f"warps stats/q/kv = {warps}")
+        profile_once(args)
+
+
+def profile_once(args):
     b, h, n, d = args.shape
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cfg = SageConfig(smooth_v=args.smooth_v)
