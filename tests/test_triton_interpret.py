@@ -147,3 +147,30 @@ def test_permuted_v_keys_are_a_relabelling():
     pos = (n & ~15) | (((n >> 1) & 3) << 2) | (((n >> 3) & 1) << 1) | (n & 1)
     assert sorted(pos.tolist()) == n.tolist() and not torch.equal(pos, n)
     assert torch.equal(perm[..., pos], plain)
+
+
+def test_gluon_build_failure_falls_back_to_the_triton_kernel(monkeypatch, seed):
+    """A Triton whose Gluon cannot build the Hopper kernel: one warning, the same result from the Triton kernel
+    (V re-quantized in plain key order), and no retry afterwards."""
+    from triton.compiler.errors import CompilationError
+
+    from sagegen.kernels import gluon_attn, triton_attn
+
+    q, k, v = qkv(1, 2, 2, 70, 140, 64, device=DEVICE)
+    monkeypatch.setenv("SAGEGEN_KERNEL", "triton")
+    expected = sagegen.sageattn(q, k, v, backend="triton")
+    monkeypatch.delenv("SAGEGEN_KERNEL")
+    monkeypatch.setattr(triton_attn, "_gluon_broken", [])
+    real_applies = triton_attn.gluon_applies
+    monkeypatch.setattr(triton_attn, "gluon_applies",
+                        lambda *a, **kw: None if not triton_attn._gluon_broken else real_applies((9, 0), *a[1:], **kw))
+
+    def broken(*args, **kwargs):
+        raise CompilationError(None, None, "unsupported layout")
+
+    monkeypatch.setattr(gluon_attn, "launch", broken)
+    with pytest.warns(RuntimeWarning, match="Gluon kernel did not build"):
+        out = sagegen.sageattn(q, k, v, backend="triton")
+    assert torch.equal(out, expected)
+    assert "did not build" in triton_attn.gluon_applies((9, 0), SageConfig(), 64, (64, 128), False,
+                                                        triton_attn.MaskSpec())

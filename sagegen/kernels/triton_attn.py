@@ -13,10 +13,13 @@ descriptors; this module knows nothing of the public API's layouts beyond the ou
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import triton
 import triton.language as tl
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
@@ -218,6 +221,17 @@ def launch_settings(block_m: int, block_n: int, head_dim: int, capability=None) 
 KERNEL_ENV = "SAGEGEN_KERNEL"
 
 
+GLUON_BUILD_ERRORS = (CompilationError, OutOfResources, PTXASError)
+_gluon_broken: list[str] = []  # why the Gluon kernel failed to build in this process (then never retried)
+
+
+def _gluon_failed(exc: Exception) -> None:
+    why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
+    _gluon_broken.append(why)
+    warnings.warn(f"sagegen: the Hopper Gluon kernel did not build with this Triton ({why}); using the "
+                  "portable Triton kernel from now on", RuntimeWarning, stacklevel=4)
+
+
 def gluon_permutes_v() -> bool:
     from . import gluon_attn
 
@@ -240,6 +254,8 @@ def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int,
     of a key-padding mask."""
     if capability is None or capability[0] != 9:
         return "the Gluon kernel is sm90-only"
+    if _gluon_broken:
+        return f"the Gluon kernel did not build here ({_gluon_broken[0]})"
     if interpreting():
         return "the Triton interpreter runs the Triton kernel"
     if is_causal or mask.kind not in ("none", "key"):
@@ -299,6 +315,21 @@ def sage_attention(
     qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias,
                   permute_v_keys=use_gluon and gluon_permutes_v())
     c = sm_scale * LOG2E
+    if use_gluon:
+        from . import gluon_attn
+
+        lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
+        try:
+            gluon_attn.launch(qq, out, lse, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
+                              block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
+                              permuted_v=gluon_permutes_v())
+            return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
+        except GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel
+            if choice == "gluon":
+                raise
+            _gluon_failed(exc)
+            if gluon_permutes_v():
+                qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)
 
     q_bias = qq.q_scale  # placeholder pointer when unused
     if config.smooth_q:
@@ -321,13 +352,6 @@ def sage_attention(
         m_strides = (0, 0, 0, 0)
 
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else qq.q_scale
-    if use_gluon:
-        from . import gluon_attn
-
-        gluon_attn.launch(qq, out, lse if return_lse else None, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
-                          block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
-                          permuted_v=gluon_permutes_v())
-        return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
     vs = qq.v_scale if qq.v_scale is not None else qq.q_scale
     vm = qq.v_mean if qq.v_mean is not None else vs
     nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
