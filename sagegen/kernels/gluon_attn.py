@@ -194,7 +194,8 @@ def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
         v_mean = gl.expand_dims(gl.load(VM + v_row0 + offs_d), 0)
         o = gl.where(gl.expand_dims(l_o > 0, 1), o + v_mean, 0.0)
     offs_mo = row0 + gl.arange(0, BLOCK_M, layout=row_o)
-    o_ptrs = (Out + b * stride_ob + h * stride_oh + gl.expand_dims(offs_mo, 1) * stride_om
+    # int64 offsets: outputs past 2^31 elements (large batches of HunyuanVideo 720p) must not wrap
+    o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + gl.expand_dims(offs_mo, 1) * stride_om
               + gl.expand_dims(offs_d, 0) * stride_od)
     o_mask = gl.expand_dims(offs_mo < N_Q, 1) & gl.expand_dims(offs_d < D, 0)
     gl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=o_mask)

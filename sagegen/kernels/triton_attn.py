@@ -161,7 +161,7 @@ def _attn_fwd_kernel(
     acc1 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
 
     qb_row = QB + (pid_bh * (NQ_PAD // BLOCK_M) + start_m) * stride_qbm
-    msk_base = MSK + b * stride_mb + h * stride_mh
+    msk_base = MSK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
     if CAUSAL:
         for start_n in range(0, tl.minimum(N_K, (start_m + 1) * BLOCK_M), BLOCK_N):
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
@@ -185,7 +185,7 @@ def _attn_fwd_kernel(
     # acc and l both carry P's factor 448, which cancels here.
     inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
     vs_off = bh_kv * HEAD_DIM
-    o_base = Out + b * stride_ob + h * stride_oh
+    o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh  # no wrap past 2^31
     offs_d0 = tl.arange(0, CHUNK_D)
     _store_out(acc0, offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
                PV_FP8, SMOOTH_V)

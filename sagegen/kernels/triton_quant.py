@@ -49,7 +49,9 @@ def interpreting() -> bool:
 @triton.jit
 def _load_tile(X, b, h, offs_n, offs_d, stride_xb, stride_xh, stride_xn, stride_xd, N, D):
     valid = (offs_n < N)[:, None] & (offs_d < D)[None, :]
-    ptrs = X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd
+    # int64 base: tensors past 2^31 elements must not wrap (the per-row terms stay within one batch item)
+    ptrs = (X + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh + offs_n[:, None] * stride_xn
+            + offs_d[None, :] * stride_xd)
     return tl.load(ptrs, mask=valid, other=0.0).to(tl.float32), valid
 
 
@@ -88,9 +90,9 @@ def _quant_q_kernel(
         tl.store(BlockMean + (pid_bh * (N_PAD // BLOCK) + pid_n) * HEAD_DIM + offs_d, mu_blk)
         x = tl.where(valid, x - mu_blk[None, :], 0.0)
     y, scale = _int8_quantize(x, BLOCK, PER_TOKEN)
-    row = pid_bh * N_PAD + offs_n
-    tl.store(Y + row[:, None] * HEAD_DIM + offs_d[None, :], y)
-    tl.store(Scale + row, scale)
+    head = pid_bh.to(tl.int64) * N_PAD * HEAD_DIM  # int64: the int8 buffer may pass 2^31 elements
+    tl.store(Y + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], y)
+    tl.store(Scale + pid_bh * N_PAD + offs_n, scale)
 
 
 @triton.jit
@@ -156,7 +158,7 @@ def _quant_kv_kernel(
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     stats = pid_bh * HEAD_DIM + offs_d
-    row = pid_bh * N_PAD + offs_n
+    head = pid_bh.to(tl.int64) * N_PAD * HEAD_DIM  # int64: the 8-bit buffers may pass 2^31 elements
 
     live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)[:, None]  # masked keys quantize as zeros
     k, valid = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
@@ -164,8 +166,8 @@ def _quant_kv_kernel(
         k = k - tl.load(KMean + stats)[None, :]
     k = tl.where(valid & live, k, 0.0)
     k8, k_scale = _int8_quantize(k, BLOCK, K_PER_TOKEN)
-    tl.store(K8 + row[:, None] * HEAD_DIM + offs_d[None, :], k8)
-    tl.store(KScale + row, k_scale)
+    tl.store(K8 + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], k8)
+    tl.store(KScale + pid_bh * N_PAD + offs_n, k_scale)
 
     v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
     if SMOOTH_V:
@@ -176,14 +178,13 @@ def _quant_kv_kernel(
         y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)
         if EXACT_FP8_CAST:
             y = round_to_e4m3_grid(y)
-        col = pid_bh * HEAD_DIM + offs_d
         vt = tl.trans(y.to(tl.float8e4nv))
         if PERMUTE_KEYS:  # a relabelling in registers, so the store stays contiguous
             vt = tl.reshape(tl.permute(tl.reshape(vt, (HEAD_DIM, BLOCK // 16, 2, 4, 2)), (0, 1, 3, 2, 4)),
                             (HEAD_DIM, BLOCK))
-        tl.store(VQ + col[:, None] * N_PAD + offs_n[None, :], vt)
+        tl.store(VQ + head + offs_d[:, None] * N_PAD + offs_n[None, :], vt)
     else:
-        tl.store(VQ + row[:, None] * HEAD_DIM + offs_d[None, :], v.to(tl.float16))
+        tl.store(VQ + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], v.to(tl.float16))
 
 
 @dataclass
