@@ -305,13 +305,17 @@ def sage_attention(
     d_pad = max(16, triton.next_power_of_2(D))
     key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
     choice = os.environ.get(KERNEL_ENV, "auto")
-    hopper = choice != "triton" and capability is not None and capability[0] == 9 and not interpreting()
-    key_lengths = key_prefix_lengths(key_bias) if key_bias is not None and hopper else None
-    why_not = None if choice == "triton" else gluon_applies(capability, config, d_pad, (block_q, block_k),
-                                                            is_causal, mask, key_lengths)
+    why_not, key_lengths = "SAGEGEN_KERNEL=triton", None
+    if choice != "triton":
+        blocks = (block_q, block_k)
+        why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, MaskSpec() if key_bias is not None
+                                else mask)
+        if why_not is None and key_bias is not None:  # the host sync only when the mask is all that is left
+            key_lengths = key_prefix_lengths(key_bias)
+            why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, mask, key_lengths)
     if choice == "gluon" and why_not:
         raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
-    use_gluon = choice != "triton" and why_not is None
+    use_gluon = why_not is None
     qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias,
                   permute_v_keys=use_gluon and gluon_permutes_v())
     c = sm_scale * LOG2E
