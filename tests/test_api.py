@@ -241,3 +241,16 @@ def test_capability_override_picks_the_other_generation_tiles(monkeypatch):
     assert SageConfig().blocks(128, device_capability(None)) == PRE_HOPPER_BLOCKS
     monkeypatch.setenv("SAGEGEN_CAPABILITY", "8")
     assert device_capability(None) == (8, 0)
+
+
+def test_kernel_switches_reject_bad_values(monkeypatch):
+    from sagegen.kernels.spec import device_capability
+
+    monkeypatch.setenv("SAGEGEN_CAPABILITY", "ampere")
+    with pytest.raises(ValueError, match="SAGEGEN_CAPABILITY='ampere'"):
+        device_capability(None)
+    monkeypatch.delenv("SAGEGEN_CAPABILITY")
+    monkeypatch.setenv("SAGEGEN_KERNEL", "cuda")
+    q, k, v = qkv(1, 2, 2, 16, 16, 32)
+    with pytest.raises(ValueError, match="SAGEGEN_KERNEL='cuda'"):
+        sagegen.sageattn(q, k, v, backend="triton")

@@ -32,6 +32,8 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     forced = os.environ.get(CAPABILITY_ENV)
     if forced:
         major, _, minor = forced.partition(".")
+        if not (major.isdigit() and (minor.isdigit() or not minor)):
+            raise ValueError(f"{CAPABILITY_ENV}={forced!r}: expected a compute capability such as '8.9' or '9.0'")
         return int(major), int(minor or 0)
     return tuple(torch.cuda.get_device_capability(device))
 

@@ -305,6 +305,8 @@ def sage_attention(
     d_pad = max(16, triton.next_power_of_2(D))
     key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
     choice = os.environ.get(KERNEL_ENV, "auto")
+    if choice not in ("auto", "triton", "gluon"):
+        raise ValueError(f"{KERNEL_ENV}={choice!r}: expected 'auto', 'triton' or 'gluon'")
     why_not, key_lengths = "SAGEGEN_KERNEL=triton", None
     if choice != "triton":
         blocks = (block_q, block_k)
