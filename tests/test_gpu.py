@@ -91,18 +91,27 @@ def test_smooth_v_cuts_kernel_error_on_biased_v(seed):
     assert smooth <= 0.6 * plain
 
 
-@pytest.mark.parametrize("kernel", ["gluon", "triton"])
-@pytest.mark.parametrize("d,hkv,nq,nk", [(128, 8, 4096 + 37, 3000 + 5), (64, 2, 1000 + 3, 5000 + 77),
-                                         (128, 4, 64, 128), (96, 8, 777, 129)])
-def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, nk):
-    """Both kernels (SAGEGEN_KERNEL) against the emulation and fp64: odd lengths, GQA, V smoothing, LSE."""
-    if kernel == "gluon" and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon kernel is sm90-only")
+KERNELS = ["gluon", "triton"]
+
+
+def _use_kernel(monkeypatch, kernel: str, cfg: SageConfig) -> SageConfig:
+    if kernel.startswith("gluon") and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernels are sm90-only")
     monkeypatch.setenv("SAGEGEN_KERNEL", kernel)
+    return cfg
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d,hkv,nq,nk", [(128, 8, 4096 + 37, 3000 + 5), (64, 2, 1000 + 3, 5000 + 77),
+                                         (128, 4, 64, 128), (96, 8, 777, 129), (64, 8, 100, 50),
+                                         (128, 8, 300, 192)])
+def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, nk):
+    """Every kernel (SAGEGEN_KERNEL) against the emulation and fp64: odd lengths, GQA, V smoothing, LSE;
+    key counts of one partial block, two, and a partial third."""
+    cfg = _use_kernel(monkeypatch, kernel, SageConfig(smooth_v=True))
     q, _, _ = qkv(2, 8, hkv, nq, nk, d, dtype=torch.bfloat16, device="cuda")
     _, k, v = qkv(2, 8, hkv, nq, nk, d, dtype=torch.bfloat16, device="cuda")
     v = v + 3.0
-    cfg = SageConfig(smooth_v=True)
     t, lt = sagegen.sageattn(q, k, v, config=cfg, return_lse=True, backend="triton")
     r, lr = sagegen.sageattn(q, k, v, config=cfg, return_lse=True, backend="reference")
     ref, _ = attention_fp64(q, k, v, sm_scale=d**-0.5)
@@ -112,20 +121,18 @@ def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, n
     assert cosine(t, ref) > 0.999
 
 
-@pytest.mark.parametrize("kernel", ["gluon", "triton"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_hopper_kernels_key_padding_prefix(seed, monkeypatch, kernel):
-    """HunyuanVideo-style key padding (valid keys first, per-batch lengths): the Gluon kernel runs it as key
-    lengths, skipping padded blocks; both kernels track the emulation."""
-    if kernel == "gluon" and torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the Gluon kernel is sm90-only")
-    monkeypatch.setenv("SAGEGEN_KERNEL", kernel)
+    """HunyuanVideo-style key padding (valid keys first, per-batch lengths): the Gluon kernels run it as key
+    lengths, skipping padded blocks; every kernel tracks the emulation."""
+    cfg = _use_kernel(monkeypatch, kernel, SageConfig())
     q, k, v = qkv(2, 4, 4, 3000 + 5, 2900 + 11, 128, dtype=torch.bfloat16, device="cuda")
     mask = torch.ones(2, 1, 1, k.shape[2], dtype=torch.bool, device="cuda")
     mask[0, ..., -333:] = False
     mask[1, ..., -7:] = False
     k[0, :, -333:] = 1e4  # padding holds garbage; it must not reach the scales or the output
-    t, lt = sagegen.sageattn(q, k, v, attn_mask=mask, return_lse=True, backend="triton")
-    r, lr = sagegen.sageattn(q, k, v, attn_mask=mask, return_lse=True, backend="reference")
+    t, lt = sagegen.sageattn(q, k, v, attn_mask=mask, config=cfg, return_lse=True, backend="triton")
+    r, lr = sagegen.sageattn(q, k, v, attn_mask=mask, config=cfg, return_lse=True, backend="reference")
     ref, _ = attention_fp64(q, k, v, sm_scale=128**-0.5, mask=sagegen.api.normalize_mask(mask, 2))
     print(f"{kernel} key prefix: vs emu {rel_l1(t, r):.2e}, vs fp64 {rel_l1(t, ref):.4f} "
           f"(emulation vs fp64 {rel_l1(r, ref):.4f})")

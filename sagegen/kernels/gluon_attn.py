@@ -179,159 +179,6 @@ def _attn_fwd_sm90(
 
 
 @gluon.jit
-def _middle_block(j, s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i, q_smem, k_smem, v_smem, bars, k_desc, v_desc,
-                  ks_base, kv_row0, v_row0, q_scale, n_keys, n_blocks, s_zero, o_zero, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, PERMUTED_V: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):
-    """Block j of the pipelined kernel, not the last. In flight on entry, oldest first: Q·Kᵀ(j), P·V(j-1);
-    on return: Q·Kᵀ(j+1), P·V(j). acc takes P·V(j-1) once block j's softmax has run."""
-    s = warpgroup_mma_wait(1, deps=(s_tok,))
-    ks = gl.load(ks_base + j * BLOCK_N)
-    nxt = j + 1
-    mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
-    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, False, s_layout)
-    # P·V(j-1); Q·Kᵀ(j+1) stays in flight. P rides through the wait so that the compiler cannot move the wait
-    # above the softmax (it did: nothing else orders them).
-    pv, p = warpgroup_mma_wait(1, deps=(pv_tok, p))
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, gl.SliceLayout(1, acc.type.layout)), 1) + pv
-    if j - 1 + STAGES < n_blocks:  # block j-1's ring slot is free now that its P·V is done
-        _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j - 1 + STAGES, STAGES, BLOCK_N)
-    p8 = _p_operand(p, p_layout, PERMUTED_V)
-    pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), o_zero, use_acc=False, is_async=True)
-    return s_tok, pv_tok, acc, alpha, m_i, r_i, l_i
-
-
-@gluon.jit
-def _last_block(s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i, v_smem, ks_base, q_scale, n_keys, n_blocks, o_zero,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PERMUTED_V: gl.constexpr, s_layout: gl.constexpr,
-                p_layout: gl.constexpr):
-    """The last block (the only partial one) of the pipelined kernel; nothing is in flight on return."""
-    row_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    last = n_blocks - 1
-    s = warpgroup_mma_wait(1, deps=(s_tok,))
-    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, gl.load(ks_base + last * BLOCK_N), m_i, r_i, l_i,
-                                             last * BLOCK_N, n_keys, True, s_layout)
-    pv = warpgroup_mma_wait(0, deps=(pv_tok,))
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv
-    p8 = _p_operand(p, p_layout, PERMUTED_V)
-    pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False, is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(pv_tok,))
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
-    return acc, m_i, r_i, l_i
-
-
-@gluon.jit
-def _attn_fwd_sm90_pipelined(
-    q_desc, k_desc, v_desc, QS, KS, VS, VM, KV_LEN, Out, Lse,
-    stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
-    H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-    HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
-):
-    """`_attn_fwd_sm90` with FlashAttention-3's full intra-warpgroup order: while block j's softmax runs,
-    the tensor cores hold both block j+1's Q·Kᵀ and block j-1's P·V, whose result is added into the FP32
-    accumulator only after that softmax (the rescale lags one block). Needs registers for two score tiles
-    and a fresh P·V besides the accumulator, so it is meant for 64-key blocks."""
-    gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                      instr_shape=[16, BLOCK_N, 32])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                      instr_shape=[16, HEAD_DIM, 32])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    start_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    bh_kv = b * (H // GROUP) + h // GROUP
-    n_keys = N_K
-    if HAS_KV_LEN:
-        n_keys = gl.load(KV_LEN + b)
-    n_blocks = gl.cdiv(n_keys, BLOCK_N)
-    kv_row0 = bh_kv * NK_PAD
-    v_row0 = bh_kv * HEAD_DIM
-    ks_base = KS + kv_row0
-
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    _tma_load(q_desc, [pid_bh * NQ_PAD + start_m * BLOCK_M, 0], q_bar, q_smem)
-    for i in gl.static_range(STAGES):
-        if i < n_blocks:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i, STAGES, BLOCK_N)
-
-    offs_m = start_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
-    q_scale = gl.load(QS + pid_bh * NQ_PAD + offs_m) * sm_scale_log2
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    r_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
-    o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-
-    # Block 0 (masked like a tail: it may be the only block), then block 1's Q·Kᵀ and block 0's P·V in flight.
-    mbarrier.wait(q_bar, 0)
-    mbarrier.wait(bars.index(0), 0)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    p, alpha_prev, m_i, r_i, l_i = _softmax_block(s, q_scale, gl.load(ks_base), m_i, r_i, l_i, 0, n_keys, True,
-                                                  s_layout)
-    # Block 1's Q·Kᵀ (block 0's again when it is the only one: no branch around an in-flight wgmma).
-    second = gl.minimum(n_blocks - 1, 1)
-    mbarrier.wait(bars.index(second), 0)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(second).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    p8 = _p_operand(p, p_layout, PERMUTED_V)
-    pv_tok = warpgroup_mma(p8, v_smem.index(0).permute((1, 0)), o_zero, use_acc=False, is_async=True)
-
-    # Blocks 1 .. last-1, two per trip: consecutive score tiles must live in different registers (one is in
-    # the softmax while the next is in flight), and a loop-carried in-flight tile that alternated would be
-    # copied, which makes ptxas serialize every wgmma (C7514). For the same reason no branch joins in-flight
-    # values: each branch below ends with nothing in flight.
-    n_mid = gl.maximum(n_blocks - 2, 0)
-    for pair in range(0, n_mid // 2):
-        j = 1 + 2 * pair
-        s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i = _middle_block(
-            j, s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i, q_smem, k_smem, v_smem, bars, k_desc, v_desc,
-            ks_base, kv_row0, v_row0, q_scale, n_keys, n_blocks, s_zero, o_zero, BLOCK_N, STAGES, PERMUTED_V,
-            s_layout, p_layout)
-        s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i = _middle_block(
-            j + 1, s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i, q_smem, k_smem, v_smem, bars, k_desc, v_desc,
-            ks_base, kv_row0, v_row0, q_scale, n_keys, n_blocks, s_zero, o_zero, BLOCK_N, STAGES, PERMUTED_V,
-            s_layout, p_layout)
-    if n_blocks == 1:  # block 0 was the only one (its Q·Kᵀ was issued twice)
-        s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha_prev, row_o), 1) + pv
-    elif n_mid % 2 == 1:
-        s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i = _middle_block(
-            n_blocks - 2, s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i, q_smem, k_smem, v_smem, bars, k_desc,
-            v_desc, ks_base, kv_row0, v_row0, q_scale, n_keys, n_blocks, s_zero, o_zero, BLOCK_N, STAGES,
-            PERMUTED_V, s_layout, p_layout)
-        acc, m_i, r_i, l_i = _last_block(s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i, v_smem, ks_base, q_scale,
-                                         n_keys, n_blocks, o_zero, BLOCK_N, STAGES, PERMUTED_V, s_layout, p_layout)
-    else:
-        acc, m_i, r_i, l_i = _last_block(s_tok, pv_tok, acc, alpha_prev, m_i, r_i, l_i, v_smem, ks_base, q_scale,
-                                         n_keys, n_blocks, o_zero, BLOCK_N, STAGES, PERMUTED_V, s_layout, p_layout)
-
-    mbarrier.invalidate(q_bar)
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-
-    _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
-              stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
-              SMOOTH_V, RETURN_LSE, s_layout, o_layout)
-
-
-@gluon.jit
 def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
@@ -367,24 +214,16 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 
 # V's keys stored in `_p_operand`'s order (no shuffles for P); False only to measure the difference.
 PERMUTE_V = True
-# (ring slots, register cap) per (padded head dim, key block); bench/tune_gluon.py measures the alternatives.
-LAUNCH_OVERRIDES: dict[tuple[int, int], tuple[int, int | None]] = {}
+# (ring slots, register cap) per padded head dim; bench/tune_gluon.py measures the alternatives.
+LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
 
 
-def launch_settings(head_dim: int, block_n: int = 128) -> tuple[int, int | None]:
-    """128-key blocks: three K+V ring slots at head dim 128 (104 KiB of shared memory: two CTAs per SM, 254
-    registers); four at head dim 64 with registers capped at 168 so that three CTAs share an SM.
-    64-key blocks (the pipelined kernel): four slots, no cap at head dim 128, 168 at head dim 64."""
-    if (head_dim, block_n) in LAUNCH_OVERRIDES:
-        return LAUNCH_OVERRIDES[(head_dim, block_n)]
-    if block_n <= 64:
-        return (4, None) if head_dim >= 128 else (4, 168)
+def launch_settings(head_dim: int) -> tuple[int, int | None]:
+    """Three K+V ring slots at head dim 128 (104 KiB of shared memory: two CTAs per SM, 254 registers);
+    four at head dim 64 with registers capped at 168 so that three CTAs share an SM."""
+    if head_dim in LAUNCH_OVERRIDES:
+        return LAUNCH_OVERRIDES[head_dim]
     return (3, None) if head_dim >= 128 else (4, 168)
-
-
-def pipelined(block_n: int) -> bool:
-    """Which kernel runs a key-block size: the fully pipelined one needs 64-key score tiles."""
-    return block_n <= 64
 
 
 def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, n_k: int, d: int,
@@ -396,7 +235,7 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     """
     d_pad = qq.q8.shape[-1]
     nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
-    stages, maxnreg = launch_settings(d_pad, block_n)
+    stages, maxnreg = launch_settings(d_pad)
     q_l, k_l, v_l = shared_layouts(block_m, block_n, d_pad)
     q_desc = TensorDescriptor.from_tensor(qq.q8.view(-1, d_pad), [block_m, d_pad], q_l)
     k_desc = TensorDescriptor.from_tensor(qq.k8.view(-1, d_pad), [block_n, d_pad], k_l)
@@ -404,8 +243,7 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     vm = qq.v_mean if qq.v_mean is not None else qq.v_scale
     grid = (triton.cdiv(n_q, block_m), out.shape[0] * H)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
-    kernel = _attn_fwd_sm90_pipelined if pipelined(block_n) else _attn_fwd_sm90
-    kernel[grid](
+    _attn_fwd_sm90[grid](
         q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, qq.v_scale, vm,
         kv_len if kv_len is not None else qq.q_scale, out, lse if lse is not None else qq.q_scale,
         *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
