@@ -7,6 +7,7 @@ default and the portable Triton kernel in the same run (full call, bf16). Prints
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -41,7 +42,6 @@ def main():
         row["triton_kernel"] = tf(bench(lambda: sagegen.sageattn(q, k, v, backend="triton")))
         cfg = sagegen.SageConfig()
         row["quant_ms"] = bench(lambda: triton_quant.quantize(q, k, v, cfg, 64, 128, d))
-        row["quant_permuted_ms"] = bench(lambda: triton_quant.quantize(q, k, v, cfg, 64, 128, d, permute_v_keys=True))
         os.environ["SAGEGEN_KERNEL"] = "gluon"
         row["gluon"] = {}
         for stages, maxnreg in CANDIDATES[d]:
@@ -56,11 +56,12 @@ def main():
         rows.append(row)
         cells = " ".join(f"{k_}={v_:.0f}" if isinstance(v_, float) else f"{k_}=ERR" for k_, v_ in row["gluon"].items())
         print(f"{b},{h},{n},{d}: sdpa={row['sdpa_default']:.0f} triton={row['triton_kernel']:.0f} "
-              f"quant={row['quant_ms']:.3f}/{row['quant_permuted_ms']:.3f}ms | {cells}",
+              f"quant={row['quant_ms']:.3f}ms | {cells}",
               flush=True)
         del q, k, v
         torch.cuda.empty_cache()
-    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton_version()}
+    env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton_version(),
+           "date": datetime.date.today().isoformat()}
     with open(args.out, "w") as f:
         json.dump({"environment": env, "unit": "TFLOP/s", "rows": rows}, f, indent=1)
 

@@ -138,6 +138,58 @@ def _kv_stats_kernel(
 
 
 @triton.jit
+def _kv_stats_finish_kernel(
+    KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale,
+    H, N, D, N_BLOCKS,
+    HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr, V_RANGE: tl.constexpr,
+    KEY_MASK: tl.constexpr, ROWS: tl.constexpr, COUNT_BLOCK: tl.constexpr,
+):
+    """One (batch, head) per program: the per-tile partials of `_kv_stats_kernel` -> K's and V's channel
+    means and V's FP8 scale and its inverse (one launch instead of a dozen small torch ops, which dominate
+    the quantization pass at short sequences). Padding channels get scale 1."""
+    pid = tl.program_id(0)
+    offs_d = tl.arange(0, HEAD_DIM)
+    if KEY_MASK:  # live keys of this batch item
+        live = tl.zeros([COUNT_BLOCK], dtype=tl.int32)
+        for start in range(0, N, COUNT_BLOCK):
+            offs = start + tl.arange(0, COUNT_BLOCK)
+            bias = tl.load(KeyBias + (pid // H) * N + offs, mask=offs < N, other=float("-inf"))
+            live += (bias > float("-inf")).to(tl.int32)
+        count = tl.maximum(tl.sum(live, axis=0), 1).to(tl.float32)
+    else:
+        count = tl.full([], N, tl.int32).to(tl.float32)
+    k_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    v_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    v_min = tl.full([HEAD_DIM], float("inf"), dtype=tl.float32)
+    v_max = tl.full([HEAD_DIM], float("-inf"), dtype=tl.float32)
+    for start in range(0, N_BLOCKS, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        offs = (pid * N_BLOCKS + rows)[:, None] * HEAD_DIM + offs_d[None, :]
+        ok = (rows < N_BLOCKS)[:, None]
+        if K_SUM:
+            k_sum += tl.sum(tl.load(KSum + offs, mask=ok, other=0.0), axis=0)
+        if V_SUM:
+            v_sum += tl.sum(tl.load(VSum + offs, mask=ok, other=0.0), axis=0)
+        if V_RANGE:
+            v_min = tl.minimum(v_min, tl.min(tl.load(VMin + offs, mask=ok, other=float("inf")), axis=0))
+            v_max = tl.maximum(v_max, tl.max(tl.load(VMax + offs, mask=ok, other=float("-inf")), axis=0))
+    out = pid * HEAD_DIM + offs_d
+    v_mean = tl.math.div_rn(v_sum, count)
+    if K_SUM:
+        tl.store(KMean + out, tl.math.div_rn(k_sum, count))
+    if V_SUM:
+        tl.store(VMean + out, v_mean)
+    if V_RANGE:
+        if V_SUM:
+            amax = tl.maximum(v_max - v_mean, v_mean - v_min)
+        else:
+            amax = tl.maximum(v_max, -v_min)
+        amax = tl.where(offs_d < D, tl.maximum(amax, _EPS), _FP8_MAX)
+        tl.store(VScale + out, tl.math.div_rn(amax, _FP8_MAX))
+        tl.store(VInvScale + out, tl.math.div_rn(_FP8_MAX + tl.zeros_like(amax), amax))
+
+
+@triton.jit
 def _quant_kv_kernel(
     K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -204,8 +256,9 @@ STATS_BLOCK = 128
 
 
 def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
-    """Channel statistics of k and v [B, H, N, D] in one pass: (k_mean, v_mean, v_min, v_max), each
-    [B*H, d_pad] fp32 or None; over the keys a key-padding bias [B, N] keeps, when given."""
+    """Channel statistics of k and v [B, H, N, D] in one pass over them plus a small finishing launch:
+    (k_mean, v_mean, v_scale, v_inv_scale), each [B*H, d_pad] fp32 or None (the FP8 scale of V, with V's
+    mean taken out when v_sum); over the keys a key-padding bias [B, N] keeps, when given."""
     B, H, N, D = k.shape
     if not (k_sum or v_sum or v_range):
         return None, None, None, None
@@ -220,12 +273,16 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
         BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
         KEY_MASK=key_bias is not None, num_warps=QUANT_WARPS["stats"],
     )
-    count = float(N)
-    if key_bias is not None:  # live keys per batch, one row per (batch, head)
-        count = (key_bias > float("-inf")).sum(dim=1).clamp(min=1).repeat_interleave(H)[:, None].float()
-    k_mean = ksum.sum(dim=1) / count if k_sum else None
-    v_mean = vsum.sum(dim=1) / count if v_sum else None
-    return k_mean, v_mean, (vmin.amin(dim=1) if v_range else None), (vmax.amax(dim=1) if v_range else None)
+    out = lambda flag: torch.empty(B * H, d_pad, dtype=torch.float32, device=k.device) if flag else None
+    k_mean, v_mean, v_scale, v_inv_scale = out(k_sum), out(v_sum), out(v_range), out(v_range)
+    _kv_stats_finish_kernel[(B * H,)](
+        *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
+        key_bias if key_bias is not None else dummy,
+        *(t if t is not None else dummy for t in (k_mean, v_mean, v_scale, v_inv_scale)),
+        H, N, D, nb, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
+        KEY_MASK=key_bias is not None, ROWS=16, COUNT_BLOCK=1024, num_warps=4,
+    )
+    return k_mean, v_mean, v_scale, v_inv_scale
 
 
 # Warps per CTA of the three quantization launches (bench/profile_quant.py --warps measures alternatives).
@@ -258,16 +315,8 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     )
 
     fp8 = config.pv_precision == "fp8"
-    k_mean, v_mean, vmin, vmax = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
-    v_scale = v_inv_scale = None
+    k_mean, v_mean, v_scale, v_inv_scale = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
     if fp8:
-        if v_mean is not None:
-            amax = torch.maximum(vmax - v_mean, v_mean - vmin)
-        else:
-            amax = torch.maximum(vmax, -vmin)
-        amax = torch.clamp(amax, min=EPS)
-        amax[:, D:] = FP8_MAX
-        v_scale, v_inv_scale = amax / FP8_MAX, torch.full_like(amax, FP8_MAX) / amax  # correctly rounded
         vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=dev)
     else:
         vq = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.float16, device=dev)
