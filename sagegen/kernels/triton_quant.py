@@ -110,42 +110,31 @@ def _kv_stats_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     H, N, D, N_BLOCKS,
-    BLOCK: tl.constexpr, TILES: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr,
-    V_SUM: tl.constexpr, V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
+    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr,
 ):
-    """Partial statistics over TILES tiles of BLOCK tokens: K's and V's channel sums, V's channel min and
-    max (keys masked out by a key-padding mask excluded). Several tiles per program keep the partials (and
-    the finishing launch that reads them) small."""
+    """Per-tile partial statistics over tokens: K's and V's channel sums, V's channel min and max
+    (keys masked out by a key-padding mask excluded)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
-    k_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    v_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    v_min = tl.full([HEAD_DIM], float("inf"), dtype=tl.float32)
-    v_max = tl.full([HEAD_DIM], float("-inf"), dtype=tl.float32)
-    for t in range(TILES):
-        offs_n = (pid_n * TILES + t) * BLOCK + tl.arange(0, BLOCK)
-        live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)
-        if K_SUM:
-            k, _ = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
-            k_sum += tl.sum(tl.where(live[:, None], k, 0.0), axis=0)
-        if V_SUM or V_RANGE:
-            v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
-            valid = valid & live[:, None]
-            v = tl.where(valid, v, 0.0)
-            v_sum += tl.sum(v, axis=0)
-            v_min = tl.minimum(v_min, tl.min(tl.where(valid, v, float("inf")), axis=0))
-            v_max = tl.maximum(v_max, tl.max(tl.where(valid, v, float("-inf")), axis=0))
     out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
+    live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)
     if K_SUM:
-        tl.store(KSum + out, k_sum)
-    if V_SUM:
-        tl.store(VSum + out, v_sum)
-    if V_RANGE:
-        tl.store(VMin + out, v_min)
-        tl.store(VMax + out, v_max)
+        k, _ = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
+        tl.store(KSum + out, tl.sum(tl.where(live[:, None], k, 0.0), axis=0))
+    if V_SUM or V_RANGE:
+        v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
+        valid = valid & live[:, None]
+        v = tl.where(valid, v, 0.0)
+        if V_SUM:
+            tl.store(VSum + out, tl.sum(v, axis=0))
+        if V_RANGE:
+            tl.store(VMin + out, tl.min(tl.where(valid, v, float("inf")), axis=0))
+            tl.store(VMax + out, tl.max(tl.where(valid, v, float("-inf")), axis=0))
 
 
 @triton.jit
@@ -264,7 +253,6 @@ class QuantizedQKV:
 
 
 STATS_BLOCK = 128
-STATS_TILES = 4  # tiles of STATS_BLOCK tokens per program of the statistics launch
 
 
 def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
@@ -274,8 +262,7 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
     B, H, N, D = k.shape
     if not (k_sum or v_sum or v_range):
         return None, None, None, None
-    tiles = STATS_TILES if N >= 4 * STATS_TILES * STATS_BLOCK else 1  # short sequences: more programs
-    nb = triton.cdiv(N, STATS_BLOCK * tiles)
+    nb = triton.cdiv(N, STATS_BLOCK)
     new = lambda flag: torch.empty(B * H, nb, d_pad, dtype=torch.float32, device=k.device) if flag else None
     ksum, vsum, vmin, vmax = new(k_sum), new(v_sum), new(v_range), new(v_range)
     dummy = next(t for t in (ksum, vsum, vmin) if t is not None)
@@ -283,7 +270,7 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
         k, v, key_bias if key_bias is not None else dummy,
         *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
         *k.stride(), *v.stride(), H, N, D, nb,
-        BLOCK=STATS_BLOCK, TILES=tiles, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
+        BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
         KEY_MASK=key_bias is not None, num_warps=QUANT_WARPS["stats"],
     )
     out = lambda flag: torch.empty(B * H, d_pad, dtype=torch.float32, device=k.device) if flag else None
