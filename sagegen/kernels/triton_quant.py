@@ -141,14 +141,14 @@ def _kv_stats_kernel(
 def _kv_stats_finish_kernel(
     KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale,
     H, N, D, N_BLOCKS,
-    HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr, V_RANGE: tl.constexpr,
-    KEY_MASK: tl.constexpr, ROWS: tl.constexpr, COUNT_BLOCK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CHANNELS: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
+    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr, ROWS: tl.constexpr, COUNT_BLOCK: tl.constexpr,
 ):
-    """One (batch, head) per program: the per-tile partials of `_kv_stats_kernel` -> K's and V's channel
-    means and V's FP8 scale and its inverse (one launch instead of a dozen small torch ops, which dominate
-    the quantization pass at short sequences). Padding channels get scale 1."""
+    """One (batch, head) and CHANNELS channels per program: the per-tile partials of `_kv_stats_kernel` ->
+    K's and V's channel means and V's FP8 scale and its inverse (one launch instead of a dozen small torch
+    ops, which weigh on the quantization pass at short sequences). Padding channels get scale 1."""
     pid = tl.program_id(0)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
     if KEY_MASK:  # live keys of this batch item
         live = tl.zeros([COUNT_BLOCK], dtype=tl.int32)
         for start in range(0, N, COUNT_BLOCK):
@@ -158,10 +158,10 @@ def _kv_stats_finish_kernel(
         count = tl.maximum(tl.sum(live, axis=0), 1).to(tl.float32)
     else:
         count = tl.full([], N, tl.int32).to(tl.float32)
-    k_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    v_sum = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    v_min = tl.full([HEAD_DIM], float("inf"), dtype=tl.float32)
-    v_max = tl.full([HEAD_DIM], float("-inf"), dtype=tl.float32)
+    k_sum = tl.zeros([CHANNELS], dtype=tl.float32)
+    v_sum = tl.zeros([CHANNELS], dtype=tl.float32)
+    v_min = tl.full([CHANNELS], float("inf"), dtype=tl.float32)
+    v_max = tl.full([CHANNELS], float("-inf"), dtype=tl.float32)
     for start in range(0, N_BLOCKS, ROWS):
         rows = start + tl.arange(0, ROWS)
         offs = (pid * N_BLOCKS + rows)[:, None] * HEAD_DIM + offs_d[None, :]
@@ -275,12 +275,13 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
     )
     out = lambda flag: torch.empty(B * H, d_pad, dtype=torch.float32, device=k.device) if flag else None
     k_mean, v_mean, v_scale, v_inv_scale = out(k_sum), out(v_sum), out(v_range), out(v_range)
-    _kv_stats_finish_kernel[(B * H,)](
+    channels = min(32, d_pad)
+    _kv_stats_finish_kernel[(B * H, d_pad // channels)](
         *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
         key_bias if key_bias is not None else dummy,
         *(t if t is not None else dummy for t in (k_mean, v_mean, v_scale, v_inv_scale)),
-        H, N, D, nb, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
-        KEY_MASK=key_bias is not None, ROWS=16, COUNT_BLOCK=1024, num_warps=4,
+        H, N, D, nb, HEAD_DIM=d_pad, CHANNELS=channels, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
+        KEY_MASK=key_bias is not None, ROWS=64, COUNT_BLOCK=1024, num_warps=4,
     )
     return k_mean, v_mean, v_scale, v_inv_scale
 
