@@ -72,6 +72,9 @@ def parse_args(argv=None):
     p.add_argument("--backend", choices=("auto", "triton"), default="auto",
                    help="sageattn backend for the patched runs (auto: SDPA below the measured crossover)")
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
+    p.add_argument("--profile", action="store_true",
+                   help="also one profiled step of each eager side: GPU time by kernel group (attention, "
+                        "quantization, the rest)")
     args = p.parse_args(argv)
     if args.warmup < 0 or args.repeats < 1:
         p.error("--warmup must be >= 0 and --repeats >= 1")
@@ -127,6 +130,38 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"cosine": float(torch.nn.functional.cosine_similarity(a, b, dim=0)),
             "rel_l1": float((a - b).abs().sum() / b.abs().sum()),
             "max_abs": float((a - b).abs().max()), "finite": bool(torch.isfinite(out).all())}
+
+
+# Kernel-name fragments that identify attention and quantization kernels in a profile.
+ATTENTION_KERNELS = ("_attn_fwd", "fmha", "flash_fwd", "sdpa")  # sagegen's, PyTorch's efficient/flash/cuDNN
+QUANT_KERNELS = ("_quant_", "_kv_stats")
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    if any(k in low for k in QUANT_KERNELS):
+        return "quantization"
+    if any(k in low for k in ATTENTION_KERNELS):
+        return "attention"
+    return "other"
+
+
+def profile_step(fn) -> dict:
+    """GPU time of one call of fn by kernel group, and its ten largest kernels (CUDA only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    groups: dict[str, float] = {"attention": 0.0, "quantization": 0.0, "other": 0.0}
+    kernels = []
+    for e in prof.key_averages():
+        t = e.device_time_total / 1e6  # us -> s
+        if t > 0:
+            groups[kernel_group(e.key)] += t
+            kernels.append({"name": e.key[:120], "s": t, "count": e.count})
+    kernels.sort(key=lambda k: -k["s"])
+    return {"groups_s": groups, "total_s": sum(groups.values()), "top_kernels": kernels[:10]}
 
 
 def versions() -> dict:
@@ -195,12 +230,20 @@ def main(argv=None) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
+    profiles = {}
+    profiling = args.profile and device.type == "cuda"
     record("stock", forward(model))
+    if profiling:
+        profiles["stock"] = profile_step(forward(model))
     backend = "auto" if args.tiny else args.backend
     sagegen.patch(model, config, backend=backend)
     reset_stats(model)
     record("sagegen", forward(model))
     stats = dict(patch_info(model)["stats"])
+    if profiling:
+        profiles["sagegen"] = profile_step(forward(model))
+        for side, prof in profiles.items():
+            print(f"profile {side}: " + ", ".join(f"{g} {t:.3f} s" for g, t in prof["groups_s"].items()), flush=True)
     if not args.no_zero_attention:
         set_attention_override(model, lambda q, k, v, mask, is_causal, scale: torch.zeros_like(q))
         record("no_attention", forward(model))
@@ -240,6 +283,8 @@ def main(argv=None) -> dict:
                    "shapes": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}},
         "patch_stats": stats, "results": results, **summary,
     }
+    if profiles:
+        report["profile"] = profiles
     if stats.get("fallback") or not stats.get("routed"):
         print(f"warning: the patched step routed {stats.get('routed', 0)} attention calls and fell back on "
               f"{stats.get('fallback', 0)}: {stats}", file=sys.stderr)

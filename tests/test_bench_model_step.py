@@ -41,6 +41,21 @@ def test_tiny_mode_writes_a_complete_report(model, tmp_path, seed):
     assert on_disk["inputs"]["batch"] == arch.get_arch(model).batch
 
 
+def test_profile_kernel_groups():
+    """--profile sorts kernels into attention / quantization / the rest by name (real kernel names)."""
+    group = load_bench().kernel_group
+    for name in ("_attn_fwd_sm90", "_attn_fwd_kernel",
+                 "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7",
+                 "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >",
+                 "fmha_cutlassF_bf16_aligned_64x128_rf_sm80"):
+        assert group(name) == "attention", name
+    for name in ("_quant_q_kernel", "_quant_kv_kernel", "_kv_stats_kernel", "_kv_stats_finish_kernel"):
+        assert group(name) == "quantization", name
+    for name in ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "cudnn::ops::nchwToNhwcKernel",
+                 "void at::native::elementwise_kernel<128, 4>", "triton_per_fused_native_layer_norm_0"):
+        assert group(name) == "other", name
+
+
 def test_bad_arguments(tmp_path):
     bench = load_bench()
     with pytest.raises(SystemExit):
