@@ -46,6 +46,43 @@ def test_builtin_prompt_sets_exist_and_are_sized():
     assert all(not p.startswith("#") for p in load_prompts([], "t2v", None))
 
 
+def test_builtin_prompt_sets_from_an_installed_wheel(monkeypatch, tmp_path):
+    """Outside a source tree (a wheel install) the sets come from <prefix>/share/sagegen/prompts, which the
+    wheel's data files fill (see test_wheel_ships_the_prompt_sets)."""
+    from sagegen.cli import options
+
+    monkeypatch.delenv(options.PROMPTS_ENV, raising=False)
+    monkeypatch.setattr(options, "__file__", str(tmp_path / "site" / "sagegen" / "cli" / "options.py"))
+    prefix = tmp_path / "prefix"
+    (prefix / "share" / "sagegen" / "prompts").mkdir(parents=True)
+    (prefix / "share" / "sagegen" / "prompts" / "smoke.txt").write_text("a fox\n", encoding="utf-8")
+    monkeypatch.setattr(options.sysconfig, "get_path", lambda name: str(prefix) if name == "data" else None)
+    assert load_prompts([], "smoke", None) == ["a fox"]
+
+
+@pytest.mark.slow
+def test_wheel_ships_the_prompt_sets(tmp_path):
+    """The wheel built from this tree carries prompts/*.txt as data files under share/sagegen/prompts."""
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"  # a copy, so the build leaves nothing in the source tree
+    shutil.copytree(root / "sagegen", src / "sagegen", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "prompts", src / "prompts")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("sagegen-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n.rsplit("/", 1)[1] for n in names if "/data/share/sagegen/prompts/" in n}
+    assert shipped == {p.name for p in (root / "prompts").glob("*.txt")} and "smoke.txt" in shipped
+
+
 @pytest.mark.parametrize("prompt, prompts, match", [
     ([], None, "--prompt"),
     ([""], None, "empty prompt"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,10 +22,14 @@ BACKEND_CHOICES = ("auto", "triton", "reference")
 
 
 def prompts_dir() -> Path:
-    """The built-in prompt sets: $SAGEGEN_PROMPTS_DIR, else prompts/ of the source tree."""
+    """The built-in prompt sets: $SAGEGEN_PROMPTS_DIR, else prompts/ of the source tree (editable installs),
+    else the copy a wheel installs under <prefix>/share/sagegen/prompts (pyproject's data-files)."""
     if os.environ.get(PROMPTS_ENV):
         return Path(os.environ[PROMPTS_ENV])
-    return Path(__file__).resolve().parents[2] / "prompts"
+    source = Path(__file__).resolve().parents[2] / "prompts"
+    if source.is_dir():
+        return source
+    return Path(sysconfig.get_path("data")) / "share" / "sagegen" / "prompts"
 
 
 def builtin_prompt_sets() -> dict[str, Path]:
