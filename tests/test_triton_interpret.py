@@ -203,3 +203,50 @@ def test_gluon_build_failure_falls_back_to_the_triton_kernel(monkeypatch, seed):
     assert torch.equal(out, expected)
     assert "did not build" in triton_attn.gluon_applies((9, 0), SageConfig(), 64, (64, 128), False,
                                                         triton_attn.MaskSpec())
+
+
+@pytest.mark.parametrize("d,start,norm,rope", [(64, 7, True, True), (48, 0, True, True), (128, 3, False, True),
+                                               (64, 5, True, False)])
+def test_layer_norm_rope_matches_diffusers_eager_ops(seed, d, start, norm, rope):
+    """The fused Q/K prologue against what CogVideoX's processor runs eagerly: nn.LayerNorm over the head dim
+    (bf16 out), then diffusers' apply_rotary_emb on the tokens from `start` on, on a transposed view."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    from sagegen.kernels.triton_qk_prologue import layer_norm_rope
+
+    B, H, N = 2, 3, 77
+    x = (torch.randn(B, N, H, d, device=DEVICE) * 2 + 0.5).to(torch.bfloat16).transpose(1, 2)  # [B, H, N, d]
+    ln = torch.nn.LayerNorm(d, eps=1e-6).to(DEVICE)
+    with torch.no_grad():
+        ln.weight.copy_(torch.rand(d) + 0.5)
+        ln.bias.copy_(torch.randn(d) * 0.1)
+    ln = ln.to(torch.bfloat16)
+    theta = torch.rand(N - start, d, device=DEVICE) * 6.28
+    cos, sin = theta.cos(), theta.sin()
+    with torch.no_grad():
+        normed = ln(x) if norm else x.clone()
+        ref = normed.clone()
+        if rope:
+            ref[:, :, start:] = apply_rotary_emb(ref[:, :, start:], (cos, sin))
+        out = layer_norm_rope(x, (ln.weight, ln.bias, ln.eps) if norm else None, (cos, sin) if rope else None,
+                              start)
+    assert out.shape == x.shape and out.stride() == x.stride() and out.dtype == x.dtype
+    diff = (out.float() - ref.float()).abs()
+    # A rotated value can cancel to near zero, so the bound is a couple of bf16 steps at the scale of the
+    # pair it came from (the LayerNorm's statistics round differently from torch's now and then).
+    pair = normed.float().abs().unflatten(-1, (-1, 2)).amax(-1, keepdim=True).expand(-1, -1, -1, -1, 2).flatten(-2)
+    bound = (pair + ref.float().abs()) * 2.0**-7
+    assert (diff <= bound).all(), float((diff / bound).max())
+    assert (diff > 0).float().mean() < 0.05  # rounding-order differences only, at a few elements
+    if rope:
+        assert not torch.equal(out[:, :, start:], (ln(x) if norm else x)[:, :, start:])  # it did rotate
+
+
+def test_layer_norm_rope_rejects_bad_rope_shape():
+    from sagegen.kernels.triton_qk_prologue import layer_norm_rope
+
+    x = torch.zeros(1, 2, 10, 64, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="rope"):
+        layer_norm_rope(x, None, (torch.zeros(9, 64), torch.zeros(9, 64)), start=2)
+    with pytest.raises(ValueError, match="x:"):
+        layer_norm_rope(x.float(), None, None)

@@ -49,6 +49,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import api as _api
 from ..config import SUPPORTED_HEAD_DIMS, SageConfig
+from . import fused as _fused
 
 _SDPA = F.scaled_dot_product_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
@@ -66,6 +67,7 @@ class PatchSession:
         self.full_precision_names: frozenset[str] = frozenset()
         self.step_full_precision = False  # set per transformer forward by the step tracker
         self.attention_override = None  # analysis hook: fn(q, k, v, attn_mask, is_causal, scale) -> out
+        self.fuse_qk_prologue = True  # eager CogVideoX: Q/K norm + rotary embeddings in one pass (patch/fused.py)
         self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
         self._warned: set[str] = set()
 
@@ -318,6 +320,12 @@ class SageProcessorBase:
                 return rebound(self._sage_original, attn, *args, **kwargs)
             with _SdpaRouter(session):
                 return self._sage_original(attn, *args, **kwargs)
+        if session.family == "cogvideox" and session.fuse_qk_prologue:
+            out = _fused.cogvideox_call(self._sage_original, session, attn, args, kwargs)
+            if out is not None:
+                session.count("processor_calls")
+                session.count("fused_qk_prologue")
+                return out
         router = _SdpaRouter(session)
         with router:
             out = self._sage_original(attn, *args, **kwargs)
