@@ -74,7 +74,7 @@ def parse_args(argv=None):
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
     p.add_argument("--profile", action="store_true",
                    help="also one profiled step of each eager side: GPU time by kernel group (attention, "
-                        "quantization, the rest)")
+                        "quantization, the fused Q/K prologue, the rest)")
     args = p.parse_args(argv)
     if args.warmup < 0 or args.repeats < 1:
         p.error("--warmup must be >= 0 and --repeats >= 1")
@@ -135,12 +135,15 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
 # Kernel-name fragments that identify attention and quantization kernels in a profile.
 ATTENTION_KERNELS = ("_attn_fwd", "fmha", "flash_fwd", "sdpa")  # sagegen's, PyTorch's efficient/flash/cuDNN
 QUANT_KERNELS = ("_quant_", "_kv_stats")
+PROLOGUE_KERNELS = ("_layer_norm_rope",)  # the patch's fused Q/K norm + rotary embeddings (CogVideoX)
 
 
 def kernel_group(name: str) -> str:
     low = name.lower()
     if any(k in low for k in QUANT_KERNELS):
         return "quantization"
+    if any(k in low for k in PROLOGUE_KERNELS):
+        return "qk_prologue"
     if any(k in low for k in ATTENTION_KERNELS):
         return "attention"
     return "other"
@@ -153,7 +156,7 @@ def profile_step(fn) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    groups: dict[str, float] = {"attention": 0.0, "quantization": 0.0, "other": 0.0}
+    groups: dict[str, float] = {"attention": 0.0, "quantization": 0.0, "qk_prologue": 0.0, "other": 0.0}
     kernels = []
     for e in prof.key_averages():
         t = e.device_time_total / 1e6  # us -> s

@@ -51,6 +51,7 @@ def test_profile_kernel_groups():
         assert group(name) == "attention", name
     for name in ("_quant_q_kernel", "_quant_kv_kernel", "_kv_stats_kernel", "_kv_stats_finish_kernel"):
         assert group(name) == "quantization", name
+    assert group("_layer_norm_rope_kernel") == "qk_prologue"
     for name in ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "cudnn::ops::nchwToNhwcKernel",
                  "void at::native::elementwise_kernel<128, 4>", "triton_per_fused_native_layer_norm_0"):
         assert group(name) == "other", name

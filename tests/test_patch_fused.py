@@ -9,7 +9,7 @@ import sagegen
 from patch_support import rel_l1
 from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
-from sagegen.patch import patch_info
+from sagegen.patch import patch_info, set_attention_override
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 
@@ -42,6 +42,11 @@ def test_fused_prologue_matches_the_routed_stock_processor(seed):
     with torch.no_grad():
         stock = model(**inputs)[0]
     assert 0 < rel_l1(fused, stock) < 0.05
+    # An attention override (the benchmark's attention-free run) keeps diffusers' own code around it.
+    with torch.no_grad(), sagegen.patched(model):
+        set_attention_override(model, lambda q, k, v, mask, causal, scale: torch.zeros_like(q))
+        model(**inputs)
+        assert "fused_qk_prologue" not in patch_info(model)["stats"]
 
 
 def test_fused_prologue_steps_aside_for_fp32_models_and_masks(seed):

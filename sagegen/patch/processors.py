@@ -320,7 +320,9 @@ class SageProcessorBase:
                 return rebound(self._sage_original, attn, *args, **kwargs)
             with _SdpaRouter(session):
                 return self._sage_original(attn, *args, **kwargs)
-        if session.family == "cogvideox" and session.fuse_qk_prologue:
+        # With an attention override (an analysis run) diffusers' own code runs around it, so an attention-free
+        # run measures the stock model's non-attention time.
+        if session.family == "cogvideox" and session.fuse_qk_prologue and session.attention_override is None:
             out = _fused.cogvideox_call(self._sage_original, session, attn, args, kwargs)
             if out is not None:
                 session.count("processor_calls")
