@@ -10,6 +10,10 @@ covers both kinds of processor diffusers has:
 * processors that call ``diffusers.models.attention_dispatch.dispatch_attention_fn`` (HunyuanVideo and Flux
   from diffusers 0.35 on), whose default ``native`` backend ends in ``F.scaled_dot_product_attention``.
 
+One exception, eager CogVideoX: its processor is run with the Q/K norm and rotary embeddings fused into one
+Triton pass (`fused.cogvideox_call`, diffusers' code path otherwise), falling back to the mechanism above for
+anything it does not reproduce exactly.
+
 Nothing module-global is replaced: torch-function modes are thread-local and live only for the duration of
 one processor call, so text encoders, the VAE, other threads and other models never see the interception.
 If a user picked a non-native diffusers attention backend (flash-attn, xformers, ...), the dispatcher does
