@@ -108,9 +108,10 @@ def layer_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, flo
     if rope is not None and (cos.shape != (N - start, D) or sin.shape != cos.shape):
         raise ValueError(f"rope: cos and sin must be [{N - start}, {D}] (tokens from start={start}), got "
                          f"{tuple(cos.shape)} and {tuple(sin.shape)}")
-    if rope is not None and cos.stride() != sin.stride():
-        sin = sin.contiguous()
-        cos = cos.contiguous()
+    if rope is not None:  # as apply_rotary_emb, which moves them to x's device
+        cos, sin = cos.to(x.device), sin.to(x.device)
+        if cos.stride() != sin.stride():
+            cos, sin = cos.contiguous(), sin.contiguous()
     head_dim = triton.next_power_of_2(D)
     block_n = max(1, min(64, 4096 // head_dim))
     _layer_norm_rope_kernel[(triton.cdiv(N, block_n), B * H)](

@@ -20,7 +20,6 @@ import torch
 from ..api import triton_interpret
 
 _HALF = (torch.float16, torch.bfloat16)
-COGVIDEOX_PROCESSORS = ("CogVideoXAttnProcessor2_0",)
 
 
 def _layer_norm_params(norm, head_dim: int):
@@ -47,7 +46,11 @@ def cogvideox_call(original, session, attn, args, kwargs):
     """CogVideoXAttnProcessor2_0.__call__ with Q/K norm and rotary embeddings fused; None where not applicable."""
     from ..kernels.triton_qk_prologue import layer_norm_rope
 
-    if type(original).__name__ not in COGVIDEOX_PROCESSORS:
+    try:
+        from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+    except ImportError:
+        return None
+    if type(original) is not CogVideoXAttnProcessor2_0:  # exactly diffusers' class: its code path is mirrored
         return None
     try:
         bound = inspect.signature(type(original).__call__).bind(original, attn, *args, **kwargs)
@@ -59,11 +62,13 @@ def cogvideox_call(original, session, attn, args, kwargs):
         return None
     if not isinstance(encoder_hidden_states, torch.Tensor) or hidden_states.dim() != 3:
         return None
-    weight = attn.to_q.weight
+    weight, out_features = getattr(attn.to_q, "weight", None), getattr(attn.to_k, "out_features", None)
+    if not isinstance(weight, torch.Tensor) or not isinstance(out_features, int):
+        return None  # projections that are not plain linear layers: the stock path
     if weight.dtype not in _HALF or not (hidden_states.is_cuda or triton_interpret()):
         return None
     heads = attn.heads
-    head_dim = attn.to_k.out_features // heads
+    head_dim = out_features // heads
     text_len = encoder_hidden_states.size(1)
     norm_q, norm_k = _layer_norm_params(attn.norm_q, head_dim), _layer_norm_params(attn.norm_k, head_dim)
     rope = _rope_pair(a.get("image_rotary_emb"), hidden_states.size(1), head_dim)
