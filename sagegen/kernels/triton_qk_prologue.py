@@ -12,11 +12,11 @@ with n' = n - start.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+
+from .triton_quant import interpreting
 
 
 @triton.jit
@@ -117,6 +117,6 @@ def layer_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, flo
     _layer_norm_rope_kernel[(triton.cdiv(N, block_n), B * H)](
         x, out, w, bias, cos, sin, *x.stride(), *out.stride(), cos.stride(0), cos.stride(1),
         H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm is not None,
-        ROPE=rope is not None, EXACT_CAST=os.environ.get("TRITON_INTERPRET", "0") == "1", num_warps=4,
+        ROPE=rope is not None, EXACT_CAST=interpreting(), num_warps=4,
     )
     return out
