@@ -235,6 +235,8 @@ def main(argv=None) -> dict:
 
     profiles = {}
     profiling = args.profile and device.type == "cuda"
+    if args.profile and not profiling:
+        print("note: --profile needs a CUDA GPU (it reads GPU kernel times); skipped on CPU", flush=True)
     record("stock", forward(model))
     if profiling:
         profiles["stock"] = profile_step(forward(model))
