@@ -61,28 +61,20 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
 
 
 def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: int | None = None,
-                  maxnreg: int | None = None, pingpong: bool = False):
-    """The Hopper Gluon kernel (`gluon_attn`, or `gluon_pingpong`) at its launch settings, compiled for `arch`
-    without a GPU."""
+                  maxnreg: int | None = None):
+    """The Hopper Gluon kernel (`gluon_attn`) at its launch settings, compiled for `arch` without a GPU."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from sagegen.kernels import gluon_attn, gluon_pingpong
+    from sagegen.kernels import gluon_attn
 
     bq, bk = SageConfig().blocks(head_dim)
     default_stages, default_reg = gluon_attn.launch_settings(head_dim)
-    warps = 4
+    q_l, k_l, v_l = gluon_attn.shared_layouts(bq, bk, head_dim)
     fn = gluon_attn._attn_fwd_sm90
-    if pingpong:
-        bq, warps, fn = gluon_pingpong.BLOCK_M, 4, gluon_pingpong._attn_fwd_sm90_pingpong
-        default_stages, default_reg = gluon_pingpong.STAGES, None
-    q_rows = 64  # one warpgroup's Q tile in both kernels
-    q_l, k_l, v_l = gluon_attn.shared_layouts(q_rows, bk, head_dim)
     names = list(inspect.signature(fn.fn).parameters)
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
                  SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True)
-    if pingpong:
-        const.update(TURNS=gluon_pingpong.TURNS, PREFETCH=gluon_pingpong.PREFETCH)
-    desc = {"q_desc": f"tensordesc<i8[{q_rows}, {head_dim}],{q_l!r}>",
+    desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}
     ptr = {**PTR, "KV_LEN": "*i32"}
@@ -90,7 +82,7 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
            for n in names}
     src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": warps, "maxnreg": maxnreg or default_reg})
+                          options={"num_warps": 4, "maxnreg": maxnreg or default_reg})
 
 
 def _cuobjdump(kernel, flag: str) -> str:

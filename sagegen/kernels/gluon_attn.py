@@ -214,8 +214,6 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 
 # V's keys stored in `_p_operand`'s order (no shuffles for P); False only to measure the difference.
 PERMUTE_V = True
-# Padded head dims that run `gluon_pingpong` (two warpgroups taking turns) instead of this file's kernel.
-PINGPONG_HEAD_DIMS: set[int] = set()
 # (ring slots, register cap) per padded head dim; bench/tune_gluon.py measures the alternatives.
 LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
 
@@ -236,12 +234,6 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     lengths or None; permuted_v: V's keys are in `_p_operand`'s order (`quantize(..., permute_v_keys=True)`).
     """
     d_pad = qq.q8.shape[-1]
-    if d_pad in PINGPONG_HEAD_DIMS:
-        from . import gluon_pingpong
-
-        return gluon_pingpong.launch(qq, out, lse, kv_len, H=H, group=group, n_q=n_q, n_k=n_k, d=d,
-                                     block_n=block_n, smooth_v=smooth_v, sm_scale_log2=sm_scale_log2,
-                                     permuted_v=permuted_v)
     nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
     stages, maxnreg = launch_settings(d_pad)
     q_l, k_l, v_l = shared_layouts(block_m, block_n, d_pad)
