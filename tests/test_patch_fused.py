@@ -73,3 +73,60 @@ def test_fused_prologue_steps_aside_for_fp32_models_and_masks(seed):
             assert call(hs, hs[:, :5]) is None  # a norm it does not reproduce
         finally:
             attn.norm_q = saved
+
+
+def test_fused_mochi_matches_the_routed_stock_processor(seed):
+    """Mochi: norms and rotation into one joint buffer and one masked call, against the stock per-sample
+    loop routed through sagegen; different valid text lengths per sample."""
+    model = build_tiny_transformer("mochi", dtype=torch.bfloat16).to(DEVICE)
+    inputs = example_inputs(model, batch=2, height=32, width=32, frames=13, text_tokens=16, dtype=torch.bfloat16,
+                            device=DEVICE, seed=seed % 1000, valid_text=[5, 16])
+    fused, stats_fused = _run(model, inputs, True)
+    routed, stats_routed = _run(model, inputs, False)
+    layers = len(model.transformer_blocks)
+    assert stats_fused["fused_qk_prologue"] == layers and stats_fused["routed"] == layers  # one call per layer
+    assert "fused_qk_prologue" not in stats_routed and stats_routed["routed"] == 2 * layers  # one per sample
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+    # One layer agrees to ~5e-4 (test below); through the tiny random model that grows to ~40% of the
+    # quantization error itself, and the fused output is no further from the unquantized stock model.
+    quant_err = rel_l1(routed, stock)
+    assert 0 < quant_err < 0.05
+    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
+    assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
+
+
+def test_fused_mochi_steps_aside_where_it_would_differ(seed):
+    from sagegen.patch import fused
+
+    model = build_tiny_transformer("mochi", dtype=torch.bfloat16).to(DEVICE)
+    attn = next(m for m in model.modules() if hasattr(m, "processor"))
+    hs = torch.randn(2, 8, attn.to_q.in_features, dtype=torch.bfloat16, device=DEVICE)
+    ehs = torch.randn(2, 4, attn.add_k_proj.in_features, dtype=torch.bfloat16, device=DEVICE)
+    prefix = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], device=DEVICE)
+    with sagegen.patched(model):
+        proc = attn.processor
+        call = lambda *args, **kw: fused.mochi_call(proc.original, proc._sage_session, attn, args, kw)
+        out = call(hs, ehs, prefix)
+        assert out is not None and out[0].shape == hs.shape
+        assert call(hs, ehs, torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1]], device=DEVICE)) is None  # not a prefix
+        assert call(hs, ehs, None) is None
+        wrong = (torch.ones(8, 64, device=DEVICE), torch.zeros(8, 64, device=DEVICE))  # CogVideoX-shaped table
+        assert call(hs, ehs, prefix, image_rotary_emb=wrong) is None
+        attn.norm_q, saved = torch.nn.LayerNorm(attn.norm_k.dim), attn.norm_q
+        try:
+            assert call(hs, ehs, prefix) is None  # a norm it does not reproduce
+        finally:
+            attn.norm_q = saved
+        # One layer: the routed stock loop (same quantized attention, per sample) agrees closely; the
+        # unquantized stock processor within quantization error.
+        theta = torch.rand(8, attn.heads, attn.to_q.out_features // attn.heads // 2, device=DEVICE) * 6.28
+        rope = (theta.cos(), theta.sin())
+        with torch.no_grad():
+            stock = proc.original(attn, hs, ehs, prefix, image_rotary_emb=rope)
+            proc._sage_session.fuse_qk_prologue = False
+            routed = proc(attn, hs, ehs, prefix, image_rotary_emb=rope)
+            out = call(hs, ehs, prefix, image_rotary_emb=rope)
+        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
+        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        assert torch.equal(out[1][0, 2:], stock[1][0, 2:])  # padded text rows: to_add_out of zeros, as stock

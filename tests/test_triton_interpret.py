@@ -250,3 +250,55 @@ def test_layer_norm_rope_rejects_bad_rope_shape():
         layer_norm_rope(x, None, (torch.zeros(9, 64), torch.zeros(9, 64)), start=2)
     with pytest.raises(ValueError, match="x:"):
         layer_norm_rope(x.float(), None, None)
+
+
+def _mochi_rope_eager(x, cos, sin):
+    """Mochi's processor's rotation (diffusers MochiAttnProcessor2_0.apply_rotary_emb), on x [B, N, H, D]."""
+    x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+    c = (x_even * cos - x_odd * sin).to(x.dtype)
+    s = (x_even * sin + x_odd * cos).to(x.dtype)
+    return torch.stack([c, s], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("d,norm,weight,rope", [(64, True, True, True), (48, True, False, True),
+                                                (128, False, False, True), (64, True, True, False)])
+def test_rms_norm_rope_matches_mochi_eager_ops(seed, d, norm, weight, rope):
+    """The fused Mochi prologue against the processor's eager ops: MochiRMSNorm over the head dim (bf16 out),
+    then the fp32 rotation with per-head tables [N, H, D/2]; written into a slice of a joint buffer."""
+    from diffusers.models.normalization import MochiRMSNorm
+
+    from sagegen.kernels.triton_qk_prologue import rms_norm_rope
+
+    B, H, N, T = 2, 3, 45, 7
+    x = (torch.randn(B, N, H, d, device=DEVICE) * 2 + 0.5).to(torch.bfloat16)  # as the processor has it
+    rms = MochiRMSNorm(d, 1e-5, elementwise_affine=weight).to(DEVICE)
+    if weight:
+        with torch.no_grad():
+            rms.weight.copy_(torch.rand(d) + 0.5)
+    rms = rms.to(torch.bfloat16)
+    theta = torch.rand(N, H, d // 2, device=DEVICE) * 6.28
+    cos, sin = theta.cos(), theta.sin()
+    with torch.no_grad():
+        normed = rms(x) if norm else x.clone()
+        ref = _mochi_rope_eager(normed, cos, sin) if rope else normed
+        joint = torch.full((B, N + T, H, d), 7.0, dtype=torch.bfloat16, device=DEVICE)
+        out = rms_norm_rope(x.transpose(1, 2), (rms.weight, rms.eps) if norm else None,
+                            (cos, sin) if rope else None, out=joint[:, :N].transpose(1, 2))
+    assert out.data_ptr() == joint.data_ptr() and (joint[:, N:] == 7).all()  # wrote the slice, nothing else
+    diff = (joint[:, :N].float() - ref.float()).abs()
+    pair = normed.float().abs().unflatten(-1, (-1, 2)).amax(-1, keepdim=True).expand(-1, -1, -1, -1, 2).flatten(-2)
+    bound = (pair + ref.float().abs()) * 2.0**-7
+    assert (diff <= bound).all(), float((diff / bound).max())
+    assert (diff > 0).float().mean() < 0.05  # rounding-order differences only, at a few elements
+    if rope:
+        assert not torch.equal(joint[:, :N], normed)  # it did rotate
+
+
+def test_rms_norm_rope_rejects_bad_tables_and_outputs():
+    from sagegen.kernels.triton_qk_prologue import rms_norm_rope
+
+    x = torch.zeros(1, 2, 10, 64, dtype=torch.bfloat16, device=DEVICE)
+    with pytest.raises(ValueError, match="rope"):
+        rms_norm_rope(x, None, (torch.zeros(10, 64), torch.zeros(10, 64)))  # CogVideoX's table form
+    with pytest.raises(ValueError, match="out:"):
+        rms_norm_rope(x, None, None, out=torch.zeros(1, 2, 9, 64, dtype=torch.bfloat16, device=DEVICE))

@@ -1,13 +1,18 @@
-"""LayerNorm over the head dim followed by interleaved rotary embeddings, in one Triton pass.
+"""A norm over the head dim followed by interleaved rotary embeddings, in one Triton pass.
 
-What CogVideoX-style attention does to Q and K before attention (``norm_q`` / ``norm_k``, then
-``apply_rotary_emb`` on the tokens after the text), written eagerly as a LayerNorm kernel plus about ten
-elementwise kernels over fp32 copies of Q and K. Here: one read, one write. The same roundings as that eager
-code: the normalised value is rounded to the input dtype before the rotation, and the result once more.
+What CogVideoX- and Mochi-style attention do to Q and K before attention, written eagerly as a norm plus
+about ten elementwise kernels over fp32 copies of Q and K. Here: one read, one write (into any strided
+output, e.g. a slice of a joint text+video buffer). The same roundings as that eager code: the normalised
+value is rounded to the input dtype before the rotation, and the result once more.
 
-Rotation (pairs of neighbouring channels, ``use_real_unbind_dim=-1`` in diffusers): for a token n >= start,
-out[2i] = y[2i] cos[n', 2i] - y[2i+1] sin[n', 2i] and out[2i+1] = y[2i+1] cos[n', 2i+1] + y[2i] sin[n', 2i+1],
-with n' = n - start.
+* `layer_norm_rope` (CogVideoX): an affine LayerNorm (``norm_q`` / ``norm_k``), then ``apply_rotary_emb`` on
+  the tokens from ``start`` on, with cos/sin tables [N - start, D] shared by the heads.
+* `rms_norm_rope` (Mochi): ``MochiRMSNorm`` (x · rsqrt(mean(x²) + eps) · weight, in fp32), then Mochi's
+  rotation with per-head tables [N, H, D/2] (one angle per channel pair).
+
+Rotation (pairs of neighbouring channels): for a rotated token n (n' = n - start) and pair i,
+out[2i] = y[2i] c - y[2i+1] s and out[2i+1] = y[2i+1] c' + y[2i] s', where (c, s) = table[n', 2i] and
+(c', s') = table[n', 2i+1] for CogVideoX, and both are table[n', h, i] for Mochi.
 """
 
 from __future__ import annotations
@@ -37,16 +42,21 @@ def _to_out(x, dtype: tl.constexpr, EXACT_CAST: tl.constexpr):
     return x.to(dtype)
 
 
+_LAYER_NORM, _RMS_NORM = 1, 2
+
+
 @triton.jit
-def _layer_norm_rope_kernel(
+def _norm_rope_kernel(
     X, Out, W, Bias, Cos, Sin,
     stride_xb, stride_xh, stride_xn, stride_xd,
     stride_ob, stride_oh, stride_on, stride_od,
-    stride_cn, stride_cd,
+    stride_cn, stride_ch, stride_cd,
     H, N, D, START, eps,
-    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr, ROPE: tl.constexpr,
-    EXACT_CAST: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+    ROPE: tl.constexpr, PAIR_TABLE: tl.constexpr, EXACT_CAST: tl.constexpr,
 ):
+    """NORM: 0 none, 1 affine LayerNorm, 2 RMSNorm (weight optional); PAIR_TABLE: one cos/sin per channel
+    pair and head (Mochi) instead of one per channel shared by the heads (CogVideoX)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
@@ -59,7 +69,17 @@ def _layer_norm_rope_kernel(
     base = X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn
     x = tl.load(base + offs_d[None, :] * stride_xd, mask=ok, other=0.0).to(tl.float32)
     xp = tl.load(base + pair[None, :] * stride_xd, mask=ok, other=0.0).to(tl.float32)
-    if NORM:
+    dt: tl.constexpr = Out.dtype.element_ty
+    if NORM == 2:
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # as torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+        x = x * rstd[:, None]
+        xp = xp * rstd[:, None]
+        if HAS_WEIGHT:
+            x = x * tl.load(W + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
+            xp = xp * tl.load(W + pair, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
+        x = _to_out(x, dt, EXACT_CAST).to(tl.float32)
+        xp = _to_out(xp, dt, EXACT_CAST).to(tl.float32)
+    if NORM == 1:
         mean = tl.sum(x, axis=1) / D
         diff = tl.where(ok, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / D + eps)
@@ -68,13 +88,15 @@ def _layer_norm_rope_kernel(
         wp = tl.load(W + pair, mask=offs_d < D, other=0.0)
         bp = tl.load(Bias + pair, mask=offs_d < D, other=0.0)
         # rounded to the input dtype, as the eager LayerNorm's output is
-        dt: tl.constexpr = Out.dtype.element_ty
         x = _to_out((x - mean[:, None]) * rstd[:, None] * w[None, :] + bias[None, :], dt, EXACT_CAST).to(tl.float32)
         xp = _to_out((xp - mean[:, None]) * rstd[:, None] * wp[None, :] + bp[None, :], dt, EXACT_CAST).to(tl.float32)
     y = x
     if ROPE:
         rot = ok & (offs_n >= START)[:, None]
-        c_off = (offs_n - START)[:, None] * stride_cn + offs_d[None, :] * stride_cd
+        if PAIR_TABLE:
+            c_off = (offs_n - START)[:, None] * stride_cn + h * stride_ch + (offs_d // 2)[None, :] * stride_cd
+        else:
+            c_off = (offs_n - START)[:, None] * stride_cn + offs_d[None, :] * stride_cd
         cos = tl.load(Cos + c_off, mask=rot, other=1.0)
         sin = tl.load(Sin + c_off, mask=rot, other=0.0)
         sign = tl.where((offs_d % 2) == 0, -1.0, 1.0)
@@ -83,40 +105,85 @@ def _layer_norm_rope_kernel(
     tl.store(o_ptrs, _to_out(y, Out.dtype.element_ty, EXACT_CAST), mask=ok)
 
 
+def _check_x(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if x.dim() != 4 or x.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"x: expected a 4-D fp16/bf16 tensor [B, H, N, D], got {tuple(x.shape)} {x.dtype}")
+    if x.shape[-1] % 2:
+        raise ValueError(f"x: the head dim must be even for rotary pairs, got {x.shape[-1]}")
+    if out is None:
+        return torch.empty_like(x)
+    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        raise ValueError(f"out: expected {tuple(x.shape)} {x.dtype} on {x.device}, got {tuple(out.shape)} "
+                         f"{out.dtype} on {out.device}")
+    return out
+
+
+def _rope_tables(rope, shape: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
+    cos, sin = rope
+    if tuple(cos.shape) != shape or tuple(sin.shape) != shape:
+        raise ValueError(f"rope: cos and sin must be {list(shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    cos, sin = cos.to(device), sin.to(device)  # as the eager code, which moves them to x's device
+    if cos.stride() != sin.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin
+
+
+def _launch(x, out, norm_kind: int, w, bias, eps, has_weight: bool, cos, sin, table_strides, start: int,
+            rope: bool, pair_table: bool) -> torch.Tensor:
+    B, H, N, D = x.shape
+    head_dim = triton.next_power_of_2(D)
+    block_n = max(1, min(64, 4096 // head_dim))
+    _norm_rope_kernel[(triton.cdiv(N, block_n), B * H)](
+        x, out, w, bias, cos, sin, *x.stride(), *out.stride(), *table_strides,
+        H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm_kind, HAS_WEIGHT=has_weight,
+        ROPE=rope, PAIR_TABLE=pair_table, EXACT_CAST=interpreting(), num_warps=4,
+    )
+    return out
+
+
 def layer_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float] | None,
-                    rope: tuple[torch.Tensor, torch.Tensor] | None, start: int = 0) -> torch.Tensor:
-    """LayerNorm over the last dim and/or rotary embeddings of the tokens from ``start`` on.
+                    rope: tuple[torch.Tensor, torch.Tensor] | None, start: int = 0,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """LayerNorm over the last dim and/or rotary embeddings of the tokens from ``start`` on (CogVideoX).
 
     Args:
         x: [B, H, N, D] fp16/bf16, any strides.
         norm: (weight [D], bias [D], eps) of an affine LayerNorm over D, or None.
         rope: (cos, sin), each [N - start, D] (fp32 or x's dtype), or None.
         start: the first token that is rotated (tokens before it are only normalised).
+        out: where to write (x's shape and dtype, any strides); default a new tensor like ``x``.
 
     Returns:
-        A new tensor shaped and strided like ``x`` (``torch.empty_like``).
+        ``out``.
     """
-    if x.dim() != 4 or x.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"x: expected a 4-D fp16/bf16 tensor [B, H, N, D], got {tuple(x.shape)} {x.dtype}")
-    B, H, N, D = x.shape
-    if D % 2:
-        raise ValueError(f"x: the head dim must be even for rotary pairs, got {D}")
-    out = torch.empty_like(x)
+    out = _check_x(x, out)
+    N, D = x.shape[2], x.shape[3]
     dummy = x.new_empty(1, dtype=torch.float32)
     w, bias, eps = norm if norm is not None else (dummy, dummy, 0.0)
-    cos, sin = rope if rope is not None else (dummy.view(1, 1), dummy.view(1, 1))
-    if rope is not None and (cos.shape != (N - start, D) or sin.shape != cos.shape):
-        raise ValueError(f"rope: cos and sin must be [{N - start}, {D}] (tokens from start={start}), got "
-                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
-    if rope is not None:  # as apply_rotary_emb, which moves them to x's device
-        cos, sin = cos.to(x.device), sin.to(x.device)
-        if cos.stride() != sin.stride():
-            cos, sin = cos.contiguous(), sin.contiguous()
-    head_dim = triton.next_power_of_2(D)
-    block_n = max(1, min(64, 4096 // head_dim))
-    _layer_norm_rope_kernel[(triton.cdiv(N, block_n), B * H)](
-        x, out, w, bias, cos, sin, *x.stride(), *out.stride(), cos.stride(0), cos.stride(1),
-        H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm is not None,
-        ROPE=rope is not None, EXACT_CAST=interpreting(), num_warps=4,
-    )
-    return out
+    cos, sin = _rope_tables(rope, (N - start, D), x.device) if rope is not None else (dummy, dummy)
+    strides = (cos.stride(0), 0, cos.stride(1)) if rope is not None else (0, 0, 0)
+    return _launch(x, out, _LAYER_NORM if norm is not None else 0, w, bias, eps, True, cos, sin, strides, start,
+                   rope is not None, False)
+
+
+def rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float] | None,
+                  rope: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """MochiRMSNorm over the last dim and/or Mochi's rotary embeddings of every token.
+
+    Args:
+        x: [B, H, N, D] fp16/bf16, any strides.
+        norm: (weight [D] or None, eps), or None.
+        rope: (cos, sin), each [N, H, D/2] (one angle per channel pair and head), or None.
+        out: where to write (x's shape and dtype, any strides); default a new tensor like ``x``.
+
+    Returns:
+        ``out``.
+    """
+    out = _check_x(x, out)
+    H, N, D = x.shape[1], x.shape[2], x.shape[3]
+    dummy = x.new_empty(1, dtype=torch.float32)
+    w, eps = norm if norm is not None else (None, 0.0)
+    cos, sin = _rope_tables(rope, (N, H, D // 2), x.device) if rope is not None else (dummy, dummy)
+    strides = cos.stride() if rope is not None else (0, 0, 0)
+    return _launch(x, out, _RMS_NORM if norm is not None else 0, w if w is not None else dummy, dummy, eps,
+                   w is not None, cos, sin, strides, 0, rope is not None, True)

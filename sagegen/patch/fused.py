@@ -9,6 +9,17 @@ step for step. It answers None (the caller then runs the wrapped original) for a
 reproduce exactly: another processor class, an attention mask, norms other than an affine LayerNorm over the
 head dim, rotary embeddings of another form, fp32 models, or tensors the kernel cannot run on.
 Under torch.compile the original runs (inductor fuses those elementwise steps itself).
+
+Mochi: its processor RMS-normalises Q and K of the video and the text tokens, rotates the video tokens in
+fp32, then runs attention once per sample over the video plus that sample's valid text tokens
+(``torch.cat`` of Q, K and V, ``F.pad`` and ``torch.cat`` of the outputs): ~30 eager kernels and six copies
+of Q/K/V-sized tensors per layer. `mochi_call` writes normalised and rotated Q and K straight into one joint
+[B, video + text, H, D] buffer per tensor and runs one batched attention with the invalid text tokens as a
+key-padding mask (a valid prefix of the joint keys, so the Gluon kernel skips them). Text queries past a
+sample's valid tokens give zeros, as the stock per-sample padding does. Only text masks that keep a prefix of
+the tokens are taken (the stock code compacts the valid tokens to the front; for a prefix that is the
+identity); anything else runs the original. Mochi runs its attention eagerly under torch.compile as well
+(a data-dependent ``nonzero`` breaks the graph), so this path serves compiled Mochi too.
 """
 
 from __future__ import annotations
@@ -87,3 +98,113 @@ def cogvideox_call(original, session, attn, args, kwargs):
     encoder_hidden_states, hidden_states = hidden_states.split(
         [text_len, hidden_states.size(1) - text_len], dim=1)
     return hidden_states, encoder_hidden_states
+
+
+def call(processor, attn, args, kwargs):
+    """The family's fused processor call for a patched processor (`processors.SageProcessorBase`), or None to
+    run the original. Never with an attention override: an attention-free analysis run keeps diffusers' own
+    code around attention, so it measures the stock model's non-attention time."""
+    session = processor._sage_session
+    fused = {"cogvideox": cogvideox_call, "mochi": mochi_call}.get(session.family)
+    if fused is None or not session.fuse_qk_prologue or session.attention_override is not None:
+        return None
+    out = fused(processor._sage_original, session, attn, args, kwargs)
+    if out is not None:
+        session.count("processor_calls")
+        session.count("fused_qk_prologue")
+    return out
+
+
+def _rms_norm_params(norm, head_dim: int):
+    """(weight or None, eps) of diffusers' MochiRMSNorm over the head dim; None for no norm; False otherwise."""
+    if norm is None:
+        return None
+    if (type(norm).__name__ == "MochiRMSNorm" and tuple(getattr(norm, "dim", ())) == (head_dim,)
+            and isinstance(getattr(norm, "eps", None), float)):
+        weight = getattr(norm, "weight", None)
+        if weight is None or (isinstance(weight, torch.Tensor) and tuple(weight.shape) == (head_dim,)):
+            return weight, norm.eps
+    return False
+
+
+def _prefix_lengths(mask: torch.Tensor, batch: int, text_len: int):
+    """Valid text tokens per sample [B] when the mask [B, T] keeps a prefix of them; else None (one sync)."""
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (batch, text_len):
+        return None
+    valid = mask != 0
+    lengths = valid.sum(1)
+    prefix = torch.arange(text_len, device=mask.device)[None, :] < lengths[:, None]
+    return lengths if bool((valid == prefix).all()) else None
+
+
+def mochi_call(original, session, attn, args, kwargs):
+    """MochiAttnProcessor2_0.__call__ with Q/K norms and rotary embeddings fused into a joint buffer and one
+    batched attention call; None where not applicable."""
+    from ..kernels.triton_qk_prologue import rms_norm_rope
+
+    try:
+        from diffusers.models.attention_processor import MochiAttnProcessor2_0
+    except ImportError:
+        return None
+    if type(original) is not MochiAttnProcessor2_0:  # exactly diffusers' class: its code path is mirrored
+        return None
+    try:
+        bound = inspect.signature(type(original).__call__).bind(original, attn, *args, **kwargs)
+    except TypeError:
+        return None
+    a = bound.arguments
+    hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
+    if not (isinstance(hidden_states, torch.Tensor) and isinstance(encoder_hidden_states, torch.Tensor)
+            and hidden_states.dim() == 3 and encoder_hidden_states.dim() == 3):
+        return None
+    weight, out_features = getattr(attn.to_q, "weight", None), getattr(attn.to_q, "out_features", None)
+    if not isinstance(weight, torch.Tensor) or not isinstance(out_features, int):
+        return None  # projections that are not plain linear layers: the stock path
+    if weight.dtype not in _HALF or not (hidden_states.is_cuda or triton_interpret()):
+        return None
+    heads = attn.heads
+    head_dim = out_features // heads
+    batch, n_video, n_text = hidden_states.size(0), hidden_states.size(1), encoder_hidden_states.size(1)
+    norms = [_rms_norm_params(getattr(attn, name, None), head_dim)
+             for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k")]
+    rope = a.get("image_rotary_emb")
+    if rope is not None:
+        rope = _rope_pair_per_head(rope, n_video, heads, head_dim)
+    if any(n is False for n in norms) or rope is False or head_dim % 2:
+        return None
+    lengths = _prefix_lengths(a.get("attention_mask"), batch, n_text)
+    if lengths is None:
+        return None
+
+    total = n_video + n_text
+    dtype, device = hidden_states.dtype, hidden_states.device
+    joint = [torch.empty(batch, total, heads, head_dim, dtype=dtype, device=device) for _ in range(3)]
+    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
+    video = (attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states))
+    text = (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
+            attn.add_v_proj(encoder_hidden_states))
+    for i in range(2):  # Q, K: norm (+ rotation for the video tokens) into the joint buffer
+        rms_norm_rope(hnd(video[i].unflatten(2, (heads, -1))), norms[i], rope, out=hnd(joint[i][:, :n_video]))
+        rms_norm_rope(hnd(text[i].unflatten(2, (heads, -1))), norms[2 + i], None, out=hnd(joint[i][:, n_video:]))
+    joint[2][:, :n_video] = video[2].unflatten(2, (heads, -1))
+    joint[2][:, n_video:] = text[2].unflatten(2, (heads, -1))
+
+    text_valid = torch.arange(n_text, device=device)[None, :] < lengths[:, None].to(device)
+    keys = torch.cat([torch.ones(batch, n_video, dtype=torch.bool, device=device), text_valid], dim=1)
+    out = session.route(tuple(hnd(t) for t in joint),
+                        {"attn_mask": keys[:, None, None, :], "dropout_p": 0.0, "is_causal": False})
+    out = out.transpose(1, 2).flatten(2, 3)
+    hidden_states, encoder_hidden_states = out.split_with_sizes((n_video, n_text), dim=1)
+    encoder_hidden_states = encoder_hidden_states * text_valid[..., None].to(out.dtype)  # stock: zero padding
+    hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+    if hasattr(attn, "to_add_out"):
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+    return hidden_states, encoder_hidden_states
+
+
+def _rope_pair_per_head(rope, n_rot: int, heads: int, head_dim: int):
+    """Mochi's (cos, sin), each [n_rot, heads, head_dim / 2]; False for anything else."""
+    if (isinstance(rope, (tuple, list)) and len(rope) == 2 and all(isinstance(t, torch.Tensor) for t in rope)
+            and all(tuple(t.shape) == (n_rot, heads, head_dim // 2) for t in rope)):
+        return rope[0], rope[1]
+    return False

@@ -10,9 +10,9 @@ covers both kinds of processor diffusers has:
 * processors that call ``diffusers.models.attention_dispatch.dispatch_attention_fn`` (HunyuanVideo and Flux
   from diffusers 0.35 on), whose default ``native`` backend ends in ``F.scaled_dot_product_attention``.
 
-One exception, eager CogVideoX: its processor is run with the Q/K norm and rotary embeddings fused into one
-Triton pass (`fused.cogvideox_call`, diffusers' code path otherwise), falling back to the mechanism above for
-anything it does not reproduce exactly.
+One exception, eager CogVideoX and Mochi: their processors run with the Q/K norms and rotary embeddings
+fused into one Triton pass (`fused.cogvideox_call`, `fused.mochi_call`; Mochi's per-sample loop becomes one
+masked call), falling back to the mechanism above for anything they do not reproduce exactly.
 
 Nothing module-global is replaced: torch-function modes are thread-local and live only for the duration of
 one processor call, so text encoders, the VAE, other threads and other models never see the interception.
@@ -71,7 +71,7 @@ class PatchSession:
         self.full_precision_names: frozenset[str] = frozenset()
         self.step_full_precision = False  # set per transformer forward by the step tracker
         self.attention_override = None  # analysis hook: fn(q, k, v, attn_mask, is_causal, scale) -> out
-        self.fuse_qk_prologue = True  # eager CogVideoX: Q/K norm + rotary embeddings in one pass (patch/fused.py)
+        self.fuse_qk_prologue = True  # eager CogVideoX and Mochi: Q/K norm + rotary in one pass (patch/fused.py)
         self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
         self._warned: set[str] = set()
 
@@ -218,6 +218,9 @@ def _eager_under_compile(processor, attn, args, kwargs):
     if session.step_full_precision or processor._sage_name in session.full_precision_names:
         session.count("full_precision_calls")
         return processor._sage_original(attn, *args, **kwargs)
+    out = _fused.call(processor, attn, args, kwargs)
+    if out is not None:
+        return out
     with _SdpaRouter(session):
         return processor._sage_original(attn, *args, **kwargs)
 
@@ -324,14 +327,9 @@ class SageProcessorBase:
                 return rebound(self._sage_original, attn, *args, **kwargs)
             with _SdpaRouter(session):
                 return self._sage_original(attn, *args, **kwargs)
-        # With an attention override (an analysis run) diffusers' own code runs around it, so an attention-free
-        # run measures the stock model's non-attention time.
-        if session.family == "cogvideox" and session.fuse_qk_prologue and session.attention_override is None:
-            out = _fused.cogvideox_call(self._sage_original, session, attn, args, kwargs)
-            if out is not None:
-                session.count("processor_calls")
-                session.count("fused_qk_prologue")
-                return out
+        out = _fused.call(self, attn, args, kwargs)
+        if out is not None:
+            return out
         router = _SdpaRouter(session)
         with router:
             out = self._sage_original(attn, *args, **kwargs)
