@@ -53,7 +53,7 @@ def _norm_rope_kernel(
     stride_cn, stride_ch, stride_cd,
     H, N, D, START, eps,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    ROPE: tl.constexpr, PAIR_TABLE: tl.constexpr, EXACT_CAST: tl.constexpr,
+    ROPE: tl.constexpr, PAIR_TABLE: tl.constexpr, EXACT_CAST: tl.constexpr, FULL_D: tl.constexpr,
 ):
     """NORM: 0 none, 1 affine LayerNorm, 2 RMSNorm (weight optional); PAIR_TABLE: one cos/sin per channel
     pair and head (Mochi) instead of one per channel shared by the heads (CogVideoX)."""
@@ -63,44 +63,49 @@ def _norm_rope_kernel(
     h = (pid_bh % H).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    pair = offs_d ^ 1  # the other channel of each rotation pair
     rows = offs_n < N
-    ok = rows[:, None] & (offs_d < D)[None, :]
-    base = X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn
-    x = tl.load(base + offs_d[None, :] * stride_xd, mask=ok, other=0.0).to(tl.float32)
-    xp = tl.load(base + pair[None, :] * stride_xd, mask=ok, other=0.0).to(tl.float32)
+    if FULL_D:  # no mask along the head dim, so loads and stores vectorize
+        ok = rows[:, None] & (offs_d < HEAD_DIM)[None, :]
+    else:
+        ok = rows[:, None] & (offs_d < D)[None, :]
+    # Whole rows are loaded and stored contiguously (vectorized); the rotation pairs are split in registers.
+    x = tl.load(X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd,
+                mask=ok, other=0.0).to(tl.float32)
     dt: tl.constexpr = Out.dtype.element_ty
     if NORM == 2:
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # as torch.rsqrt(x.float().pow(2).mean(-1) + eps)
         x = x * rstd[:, None]
-        xp = xp * rstd[:, None]
         if HAS_WEIGHT:
             x = x * tl.load(W + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
-            xp = xp * tl.load(W + pair, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
         x = _to_out(x, dt, EXACT_CAST).to(tl.float32)
-        xp = _to_out(xp, dt, EXACT_CAST).to(tl.float32)
     if NORM == 1:
         mean = tl.sum(x, axis=1) / D
         diff = tl.where(ok, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / D + eps)
         w = tl.load(W + offs_d, mask=offs_d < D, other=0.0)
         bias = tl.load(Bias + offs_d, mask=offs_d < D, other=0.0)
-        wp = tl.load(W + pair, mask=offs_d < D, other=0.0)
-        bp = tl.load(Bias + pair, mask=offs_d < D, other=0.0)
         # rounded to the input dtype, as the eager LayerNorm's output is
         x = _to_out((x - mean[:, None]) * rstd[:, None] * w[None, :] + bias[None, :], dt, EXACT_CAST).to(tl.float32)
-        xp = _to_out((xp - mean[:, None]) * rstd[:, None] * wp[None, :] + bp[None, :], dt, EXACT_CAST).to(tl.float32)
     y = x
     if ROPE:
-        rot = ok & (offs_n >= START)[:, None]
-        if PAIR_TABLE:
-            c_off = (offs_n - START)[:, None] * stride_cn + h * stride_ch + (offs_d // 2)[None, :] * stride_cd
-        else:
-            c_off = (offs_n - START)[:, None] * stride_cn + offs_d[None, :] * stride_cd
-        cos = tl.load(Cos + c_off, mask=rot, other=1.0)
-        sin = tl.load(Sin + c_off, mask=rot, other=0.0)
-        sign = tl.where((offs_d % 2) == 0, -1.0, 1.0)
-        y = x * cos + (xp * sign[None, :]) * sin
+        xe, xo = tl.split(tl.reshape(x, [BLOCK_N, HEAD_DIM // 2, 2]))
+        rot = rows & (offs_n >= START)
+        t_row = (offs_n - START)[:, None] * stride_cn
+        if PAIR_TABLE:  # one angle per pair and head: [N, H, D/2]
+            offs_i = tl.arange(0, HEAD_DIM // 2)
+            t_ok = rot[:, None] & (offs_i < (HEAD_DIM if FULL_D else D) // 2)[None, :]
+            t_off = t_row + h * stride_ch + offs_i[None, :] * stride_cd
+            ce = tl.load(Cos + t_off, mask=t_ok, other=1.0)
+            se = tl.load(Sin + t_off, mask=t_ok, other=0.0)
+            co, so = ce, se
+        else:  # one angle per channel, shared by the heads: [N, D]
+            t_ok = rot[:, None] & (offs_d < (HEAD_DIM if FULL_D else D))[None, :]
+            t_off = t_row + offs_d[None, :] * stride_cd
+            ce, co = tl.split(tl.reshape(tl.load(Cos + t_off, mask=t_ok, other=1.0), [BLOCK_N, HEAD_DIM // 2, 2]))
+            se, so = tl.split(tl.reshape(tl.load(Sin + t_off, mask=t_ok, other=0.0), [BLOCK_N, HEAD_DIM // 2, 2]))
+        ye = xe * ce + (-xo) * se
+        yo = xo * co + xe * so
+        y = tl.reshape(tl.join(ye, yo), [BLOCK_N, HEAD_DIM])
     o_ptrs = Out + b * stride_ob + h * stride_oh + offs_n[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, _to_out(y, Out.dtype.element_ty, EXACT_CAST), mask=ok)
 
@@ -136,7 +141,7 @@ def _launch(x, out, norm_kind: int, w, bias, eps, has_weight: bool, cos, sin, ta
     _norm_rope_kernel[(triton.cdiv(N, block_n), B * H)](
         x, out, w, bias, cos, sin, *x.stride(), *out.stride(), *table_strides,
         H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm_kind, HAS_WEIGHT=has_weight,
-        ROPE=rope, PAIR_TABLE=pair_table, EXACT_CAST=interpreting(), num_warps=4,
+        ROPE=rope, PAIR_TABLE=pair_table, EXACT_CAST=interpreting(), FULL_D=head_dim == D, num_warps=4,
     )
     return out
 
