@@ -130,3 +130,51 @@ def test_fused_mochi_steps_aside_where_it_would_differ(seed):
         assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
         assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
         assert torch.equal(out[1][0, 2:], stock[1][0, 2:])  # padded text rows: to_add_out of zeros, as stock
+
+
+def test_fused_sd3_matches_the_routed_stock_processor(seed):
+    """SD3/SD3.5 joint attention (layer 0 with SD3.5-medium's extra image attention): RMSNorms written into
+    joint buffers, against the stock processor's concatenations routed through sagegen."""
+    model = build_tiny_transformer("sd3", dtype=torch.bfloat16).to(DEVICE)
+    inputs = example_inputs(model, batch=2, height=64, width=64, text_tokens=11, dtype=torch.bfloat16,
+                            device=DEVICE, seed=seed % 1000)
+    fused, stats_fused = _run(model, inputs, True)
+    routed, stats_routed = _run(model, inputs, False)
+    assert stats_fused["fused_qk_prologue"] == stats_routed["routed"] == stats_fused["routed"] == 3
+    assert "fused_qk_prologue" not in stats_routed
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+    quant_err = rel_l1(routed, stock)
+    assert 0 < quant_err < 0.05
+    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
+    assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
+
+
+def test_fused_sd3_one_layer_and_fallbacks(seed):
+    from sagegen.patch import fused
+
+    model = build_tiny_transformer("sd3", dtype=torch.bfloat16).to(DEVICE)
+    attn = model.transformer_blocks[1].attn
+    hs = torch.randn(2, 16, attn.to_q.in_features, dtype=torch.bfloat16, device=DEVICE)
+    ehs = torch.randn(2, 5, attn.add_q_proj.in_features, dtype=torch.bfloat16, device=DEVICE)
+    with torch.no_grad(), sagegen.patched(model):
+        proc = attn.processor
+        call = lambda *args, **kw: fused.sd3_call(proc.original, proc._sage_session, attn, args, kw)
+        stock = proc.original(attn, hs, ehs)
+        proc._sage_session.fuse_qk_prologue = False
+        routed = proc(attn, hs, ehs)
+        out = call(hs, ehs)
+        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
+        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        assert call(hs, None) is not None  # image-only attention (SD3.5-medium's attn2 form)
+        assert call(hs[:, None], ehs) is None  # 4-D hidden states: not this processor's joint form
+        attn.norm_q, saved = torch.nn.LayerNorm(attn.norm_k.dim), attn.norm_q
+        try:
+            assert call(hs, ehs) is None  # a norm it does not reproduce
+        finally:
+            attn.norm_q = saved
+    model = build_tiny_transformer("sd3", dtype=torch.float32).to(DEVICE)
+    inputs = example_inputs(model, batch=1, height=64, width=64, text_tokens=11, dtype=torch.float32,
+                            device=DEVICE, seed=seed % 1000)
+    _, stats = _run(model, inputs, True)
+    assert "fused_qk_prologue" not in stats

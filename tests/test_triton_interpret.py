@@ -302,3 +302,52 @@ def test_rms_norm_rope_rejects_bad_tables_and_outputs():
         rms_norm_rope(x, None, (torch.zeros(10, 64), torch.zeros(10, 64)))  # CogVideoX's table form
     with pytest.raises(ValueError, match="out:"):
         rms_norm_rope(x, None, None, out=torch.zeros(1, 2, 9, 64, dtype=torch.bfloat16, device=DEVICE))
+
+
+@pytest.mark.parametrize("d,weight", [(64, True), (128, False), (48, True)])
+def test_rms_norm_rounded_matches_diffusers_rmsnorm(seed, d, weight):
+    """round_before_weight: diffusers' RMSNorm (SD3's qk_norm), which rounds to the half weight's dtype before
+    multiplying by it; into a slice of a joint buffer, on the processor's transposed view."""
+    from diffusers.models.normalization import RMSNorm
+
+    from sagegen.kernels.triton_qk_prologue import rms_norm_rope
+
+    B, H, N, T = 2, 3, 37, 5
+    x = (torch.randn(B, N, H, d, device=DEVICE) * 3).to(torch.bfloat16)
+    rms = RMSNorm(d, eps=1e-6, elementwise_affine=weight).to(DEVICE)
+    if weight:
+        with torch.no_grad():
+            rms.weight.copy_(torch.rand(d) + 0.5)
+    rms = rms.to(torch.bfloat16)
+    with torch.no_grad():
+        ref = rms(x.transpose(1, 2))
+        joint = torch.zeros(B, N + T, H, d, dtype=torch.bfloat16, device=DEVICE)
+        rms_norm_rope(x.transpose(1, 2), (rms.weight, rms.eps), None, out=joint[:, T:].transpose(1, 2),
+                      round_before_weight=True)
+    out = joint[:, T:].transpose(1, 2)
+    assert (joint[:, :T] == 0).all()
+    diff = (out.float() - ref.float()).abs()
+    assert (diff <= ref.float().abs() * 2.0**-7 + 1e-6).all(), float(diff.max())  # one bf16 step at most
+    assert (diff > 0).float().mean() < 0.02
+    if weight:  # the double rounding is what it reproduces: the single-rounding form differs somewhere
+        once = rms_norm_rope(x.transpose(1, 2), (rms.weight, rms.eps), None)
+        assert (once != ref).any() or d == 48
+
+
+def test_rms_norm_rope_per_channel_tables_match_apply_rotary_emb(seed):
+    """per_channel_rope: tables [N, D] shared by the heads, as diffusers' apply_rotary_emb(use_real=True)."""
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    from sagegen.kernels.triton_qk_prologue import rms_norm_rope
+
+    B, H, N, d = 1, 2, 29, 64
+    x = torch.randn(B, H, N, d, device=DEVICE).to(torch.bfloat16)
+    theta = (torch.rand(N, d // 2, device=DEVICE) * 6.28).repeat_interleave(2, dim=1)
+    cos, sin = theta.cos(), theta.sin()
+    with torch.no_grad():
+        ref = apply_rotary_emb(x, (cos, sin))
+        out = rms_norm_rope(x, None, (cos, sin), per_channel_rope=True)
+    diff = (out.float() - ref.float()).abs()
+    assert (diff <= (x.float().abs().unflatten(-1, (-1, 2)).amax(-1, keepdim=True).expand(-1, -1, -1, -1, 2)
+                     .flatten(-2) + ref.float().abs()) * 2.0**-7).all()
+    assert not torch.equal(out, x)

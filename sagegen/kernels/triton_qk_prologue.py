@@ -42,7 +42,7 @@ def _to_out(x, dtype: tl.constexpr, EXACT_CAST: tl.constexpr):
     return x.to(dtype)
 
 
-_LAYER_NORM, _RMS_NORM = 1, 2
+_LAYER_NORM, _RMS_NORM, _RMS_NORM_ROUNDED = 1, 2, 3
 
 
 @triton.jit
@@ -55,7 +55,8 @@ def _norm_rope_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
     ROPE: tl.constexpr, PAIR_TABLE: tl.constexpr, EXACT_CAST: tl.constexpr, FULL_D: tl.constexpr,
 ):
-    """NORM: 0 none, 1 affine LayerNorm, 2 RMSNorm (weight optional); PAIR_TABLE: one cos/sin per channel
+    """NORM: 0 none, 1 affine LayerNorm, 2 RMSNorm (weight optional; one rounding, as MochiRMSNorm and
+    torch.nn.RMSNorm), 3 diffusers' RMSNorm (rounded before the half-precision weight multiply); PAIR_TABLE: one cos/sin per channel
     pair and head (Mochi) instead of one per channel shared by the heads (CogVideoX)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -72,6 +73,12 @@ def _norm_rope_kernel(
     x = tl.load(X + b * stride_xb + h * stride_xh + offs_n[:, None] * stride_xn + offs_d[None, :] * stride_xd,
                 mask=ok, other=0.0).to(tl.float32)
     dt: tl.constexpr = Out.dtype.element_ty
+    if NORM == 3:
+        rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+        x = _to_out(x * rstd[:, None], dt, EXACT_CAST).to(tl.float32)
+        if HAS_WEIGHT:  # a half-precision product, rounded
+            w = tl.load(W + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)
+            x = _to_out(x * w[None, :], dt, EXACT_CAST).to(tl.float32)
     if NORM == 2:
         rstd = tl.math.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # as torch.rsqrt(x.float().pow(2).mean(-1) + eps)
         x = x * rstd[:, None]
@@ -172,13 +179,17 @@ def layer_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, flo
 
 
 def rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float] | None,
-                  rope: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """MochiRMSNorm over the last dim and/or Mochi's rotary embeddings of every token.
+                  rope: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tensor | None = None, *,
+                  round_before_weight: bool = False, per_channel_rope: bool = False) -> torch.Tensor:
+    """An RMSNorm over the last dim and/or rotary embeddings of every token.
 
     Args:
         x: [B, H, N, D] fp16/bf16, any strides.
-        norm: (weight [D] or None, eps), or None.
-        rope: (cos, sin), each [N, H, D/2] (one angle per channel pair and head), or None.
+        norm: (weight [D] or None, eps), or None. By default x · rsqrt(mean(x²) + eps) · weight rounded once
+            (MochiRMSNorm, torch.nn.RMSNorm); ``round_before_weight``: rounded to x's dtype before the weight
+            multiply and after it (diffusers' RMSNorm with a half-precision weight).
+        rope: (cos, sin), each [N, H, D/2] (one angle per channel pair and head: Mochi), or with
+            ``per_channel_rope`` [N, D] shared by the heads (diffusers' apply_rotary_emb, use_real): or None.
         out: where to write (x's shape and dtype, any strides); default a new tensor like ``x``.
 
     Returns:
@@ -188,7 +199,12 @@ def rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float] | Non
     H, N, D = x.shape[1], x.shape[2], x.shape[3]
     dummy = x.new_empty(1, dtype=torch.float32)
     w, eps = norm if norm is not None else (None, 0.0)
-    cos, sin = _rope_tables(rope, (N, H, D // 2), x.device) if rope is not None else (dummy, dummy)
-    strides = cos.stride() if rope is not None else (0, 0, 0)
-    return _launch(x, out, _RMS_NORM if norm is not None else 0, w if w is not None else dummy, dummy, eps,
-                   w is not None, cos, sin, strides, 0, rope is not None, True)
+    table = (N, D) if per_channel_rope else (N, H, D // 2)
+    cos, sin = _rope_tables(rope, table, x.device) if rope is not None else (dummy, dummy)
+    if rope is None:
+        strides = (0, 0, 0)
+    else:
+        strides = (cos.stride(0), 0, cos.stride(1)) if per_channel_rope else cos.stride()
+    kind = 0 if norm is None else (_RMS_NORM_ROUNDED if round_before_weight else _RMS_NORM)
+    return _launch(x, out, kind, w if w is not None else dummy, dummy, eps, w is not None, cos, sin, strides, 0,
+                   rope is not None, not per_channel_rope)
