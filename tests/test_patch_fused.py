@@ -178,3 +178,50 @@ def test_fused_sd3_one_layer_and_fallbacks(seed):
                             device=DEVICE, seed=seed % 1000)
     _, stats = _run(model, inputs, True)
     assert "fused_qk_prologue" not in stats
+
+
+def test_fused_flux_matches_the_routed_stock_processor(seed):
+    """Flux: double- and single-stream blocks, RMSNorms and rotary embeddings into joint buffers, against the
+    stock processor (concatenation, fp32 apply_rotary_emb, dispatch_attention_fn) routed through sagegen."""
+    model = build_tiny_transformer("flux", dtype=torch.bfloat16).to(DEVICE)
+    inputs = example_inputs(model, batch=1, height=64, width=64, text_tokens=9, dtype=torch.bfloat16,
+                            device=DEVICE, seed=seed % 1000)
+    fused, stats_fused = _run(model, inputs, True)
+    routed, stats_routed = _run(model, inputs, False)
+    calls = len(model.transformer_blocks) + len(model.single_transformer_blocks)
+    assert stats_fused["fused_qk_prologue"] == stats_fused["routed"] == stats_routed["routed"] == calls
+    assert "fused_qk_prologue" not in stats_routed
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+    quant_err = rel_l1(routed, stock)
+    assert 0 < quant_err < 0.05
+    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
+    assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
+
+
+def test_fused_flux_one_layer_with_rotary_embeddings_and_fallbacks(seed):
+    from sagegen.patch import fused
+
+    model = build_tiny_transformer("flux", dtype=torch.bfloat16).to(DEVICE)
+    attn = model.transformer_blocks[0].attn
+    hs = torch.randn(1, 16, attn.to_q.in_features, dtype=torch.bfloat16, device=DEVICE)
+    ehs = torch.randn(1, 5, attn.add_q_proj.in_features, dtype=torch.bfloat16, device=DEVICE)
+    theta = (torch.rand(21, attn.head_dim // 2, device=DEVICE) * 6.28).repeat_interleave(2, dim=1)
+    rope = (theta.cos(), theta.sin())
+    with torch.no_grad(), sagegen.patched(model):
+        proc = attn.processor
+        call = lambda *args, **kw: fused.flux_call(proc.original, proc._sage_session, attn, args, kw)
+        stock = proc.original(attn, hs, ehs, image_rotary_emb=rope)
+        proc._sage_session.fuse_qk_prologue = False
+        routed = proc(attn, hs, ehs, image_rotary_emb=rope)
+        out = call(hs, ehs, image_rotary_emb=rope)
+        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
+        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        assert call(hs, ehs, attention_mask=torch.ones(1, 21, dtype=torch.bool, device=DEVICE)) is None
+        assert call(hs, ehs, image_rotary_emb=(theta[:20].cos(), theta[:20].sin())) is None  # wrong length
+        assert call(hs, None) is None  # a joint block without its text: not what the stock code does
+        attn.norm_q, saved = torch.nn.LayerNorm(attn.head_dim), attn.norm_q
+        try:
+            assert call(hs, ehs) is None
+        finally:
+            attn.norm_q = saved

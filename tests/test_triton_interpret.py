@@ -351,3 +351,20 @@ def test_rms_norm_rope_per_channel_tables_match_apply_rotary_emb(seed):
     assert (diff <= (x.float().abs().unflatten(-1, (-1, 2)).amax(-1, keepdim=True).expand(-1, -1, -1, -1, 2)
                      .flatten(-2) + ref.float().abs()) * 2.0**-7).all()
     assert not torch.equal(out, x)
+
+
+def test_rms_norm_matches_torch_rmsnorm(seed):
+    """Flux's qk norm, torch.nn.RMSNorm: one rounding (the default form), within a bf16 step of torch."""
+    from sagegen.kernels.triton_qk_prologue import rms_norm_rope
+
+    d = 128
+    x = (torch.randn(1, 3, 50, d, device=DEVICE) * 3).to(torch.bfloat16)
+    norm = torch.nn.RMSNorm(d, eps=1e-6).to(DEVICE)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(d) + 0.5)
+    norm = norm.to(torch.bfloat16)
+    with torch.no_grad():
+        ref, out = norm(x), rms_norm_rope(x, (norm.weight, norm.eps), None)
+    diff = (out.float() - ref.float()).abs()
+    assert (diff <= ref.float().abs() * 2.0**-7 + 1e-6).all()
+    assert (diff > 0).float().mean() < 0.02, float((diff > 0).float().mean())

@@ -24,6 +24,9 @@ identity); anything else runs the original. Mochi runs its attention eagerly und
 SD3/SD3.5: the joint processor RMS-normalises Q and K of the image and the text tokens (diffusers' RMSNorm:
 five eager kernels each) and concatenates Q, K and V along the tokens: ~25 kernels per layer, ~14% of an
 SD3.5-large step. `sd3_call` writes the normalised Q and K and V straight into joint buffers.
+
+Flux: the same joint layout (text first) with torch.nn.RMSNorm and diffusers' apply_rotary_emb over the
+joint tokens in fp32 (`flux_call`), in the double- and single-stream blocks.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def call(processor, attn, args, kwargs):
     run the original. Never with an attention override: an attention-free analysis run keeps diffusers' own
     code around attention, so it measures the stock model's non-attention time."""
     session = processor._sage_session
-    fused = {"cogvideox": cogvideox_call, "mochi": mochi_call, "sd3": sd3_call}.get(session.family)
+    fused = {"cogvideox": cogvideox_call, "mochi": mochi_call, "sd3": sd3_call, "flux": flux_call}.get(session.family)
     if fused is None or not session.fuse_qk_prologue or session.attention_override is not None:
         return None
     out = fused(processor._sage_original, session, attn, args, kwargs)
@@ -290,3 +293,83 @@ def sd3_call(original, session, attn, args, kwargs):
             encoder_out = attn.to_add_out(encoder_out)
     out = attn.to_out[1](attn.to_out[0](out))
     return (out, encoder_out) if encoder_hidden_states is not None else out
+
+
+def _torch_rms_params(norm, head_dim: int, dtype: torch.dtype):
+    """(weight or None, eps) of a torch.nn.RMSNorm over the head dim; None for no norm; False otherwise."""
+    if norm is None:
+        return None
+    if type(norm) is torch.nn.RMSNorm and tuple(norm.normalized_shape) == (head_dim,):
+        weight = norm.weight
+        if weight is None or tuple(weight.shape) == (head_dim,):
+            return weight, (norm.eps if norm.eps is not None else torch.finfo(dtype).eps)
+    return False
+
+
+def flux_call(original, session, attn, args, kwargs):
+    """FluxAttnProcessor.__call__ with Q/K RMSNorms and rotary embeddings written into joint buffers (no
+    concatenations, no fp32 copies); None where not applicable."""
+    from ..kernels.triton_qk_prologue import rms_norm_rope
+
+    try:
+        from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
+    except ImportError:
+        return None
+    if type(original) is not FluxAttnProcessor:
+        return None
+    try:
+        bound = inspect.signature(type(original).__call__).bind(original, attn, *args, **kwargs)
+    except TypeError:
+        return None
+    a = bound.arguments
+    hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
+    if a.get("attention_mask") is not None or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
+        return None
+    joint_text = getattr(attn, "added_kv_proj_dim", None) is not None
+    if joint_text != (encoder_hidden_states is not None):
+        return None  # shapes the stock processor itself does not combine this way
+    if joint_text and (not isinstance(encoder_hidden_states, torch.Tensor) or encoder_hidden_states.dim() != 3):
+        return None
+    dtype, head_dim = hidden_states.dtype, getattr(attn, "head_dim", None)
+    if dtype not in _HALF or not isinstance(head_dim, int) or head_dim % 2 or not (
+            hidden_states.is_cuda or triton_interpret()):
+        return None
+    names = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if joint_text else ())
+    norms = [_torch_rms_params(getattr(attn, n, None), head_dim, dtype) for n in names]
+    if any(n is False for n in norms):
+        return None
+    batch, n_img = hidden_states.shape[:2]
+    n_txt = encoder_hidden_states.shape[1] if joint_text else 0
+    total = n_txt + n_img
+    rope = a.get("image_rotary_emb")
+    if rope is not None:
+        rope = _rope_pair(rope, total, head_dim)
+        if rope is False:
+            return None
+
+    projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    if any(t is not None and t.dtype != dtype for t in projections):
+        return None
+    heads = projections[0].shape[-1] // head_dim
+    joint = [torch.empty(batch, total, heads, head_dim, dtype=dtype, device=hidden_states.device)
+             for _ in range(3)]
+    hnd = lambda t: t.transpose(1, 2)
+    parts = [(projections[:3], slice(n_txt, None), norms[:2])]
+    if joint_text:
+        parts.append((projections[3:], slice(0, n_txt), norms[2:]))
+    for (q, k, v), rows, (norm_q, norm_k) in parts:
+        table = (rope[0][rows], rope[1][rows]) if rope is not None else None
+        for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
+            src = src.unflatten(-1, (-1, head_dim))
+            if norm is None and table is None:
+                dst[:, rows] = src
+            else:
+                rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), per_channel_rope=True)
+        joint[2][:, rows] = v.unflatten(-1, (-1, head_dim))
+    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
+    out = out.transpose(1, 2).flatten(2, 3).to(dtype)
+    if not joint_text:
+        return out
+    encoder_out, out = out.split_with_sizes([n_txt, n_img], dim=1)
+    out = attn.to_out[1](attn.to_out[0](out.contiguous()))
+    return out, attn.to_add_out(encoder_out.contiguous())
