@@ -1,8 +1,9 @@
-"""The patch's fused CogVideoX Q/K prologue (sagegen/patch/fused.py): the same output as routing the stock
-processor, on the tiny random-weight CogVideoX (rotary embeddings, LayerNorm Q/K norms), and the fallbacks."""
+"""The patch's fused Q/K prologues (sagegen/patch/fused.py) for CogVideoX, Mochi, SD3 and Flux: the same
+output as routing the stock processor, on the tiny random-weight models, and the fallbacks."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import sagegen
@@ -20,8 +21,7 @@ def _session(model):
 
 
 def _run(model, inputs, fuse: bool):
-    with torch.no_grad(), sagegen.patched(model, backend="triton"):
-        _session(model).fuse_qk_prologue = fuse
+    with torch.no_grad(), sagegen.patched(model, backend="triton", fuse_prologue=fuse):
         out = model(**inputs)[0]
         return out, dict(patch_info(model)["stats"])
 
@@ -225,3 +225,14 @@ def test_fused_flux_one_layer_with_rotary_embeddings_and_fallbacks(seed):
             assert call(hs, ehs) is None
         finally:
             attn.norm_q = saved
+
+
+def test_fuse_prologue_option():
+    model = build_tiny_transformer("flux", dtype=torch.bfloat16)
+    with sagegen.patched(model, fuse_prologue=False):
+        assert _session(model).fuse_qk_prologue is False
+        with sagegen.patched(model):  # a nested patch with the default turns it on, and restores it after
+            assert _session(model).fuse_qk_prologue is True
+        assert _session(model).fuse_qk_prologue is False
+    with pytest.raises(TypeError, match="fuse_prologue"):
+        sagegen.patch(model, fuse_prologue="yes")

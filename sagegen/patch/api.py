@@ -62,7 +62,8 @@ class _PatchState:
 
 
 def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPolicy | None = None,
-          backend: str = "auto", allow_generic: bool = False, fp32_dtype: torch.dtype = torch.bfloat16):
+          backend: str = "auto", allow_generic: bool = False, fp32_dtype: torch.dtype = torch.bfloat16,
+          fuse_prologue: bool = True):
     """Route the attention of a diffusers pipeline's denoising transformer (or of a transformer) to sagegen.
 
     Args:
@@ -80,6 +81,10 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         allow_generic: patch a transformer class that is not in ``SUPPORTED_MODELS`` too, by the same generic
             route (every processor's SDPA call goes to sagegen). Off by default: unknown models raise.
         fp32_dtype: the dtype q/k/v of an fp32 model are cast to for the kernel (bf16 or fp16).
+        fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux and
+            SD3/SD3.5 processors as one Triton pass writing straight into (joint) Q/K/V buffers
+            (`sagegen.patch.fused`; counted as ``fused_qk_prologue`` in `patch_info`). False: diffusers' own
+            code runs around attention (the same values up to rounding order).
 
     Patching an already patched object again updates its config/policy/backend and wraps any processor that
     was replaced in the meantime; it never wraps twice. Returns ``obj``.
@@ -99,6 +104,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         raise TypeError(f"policy must be a sagegen.PrecisionPolicy or None, got {type(policy).__name__}")
     if backend not in _BACKENDS:
         raise ValueError(f"backend={backend!r} is not supported; use one of {_BACKENDS}")
+    if not isinstance(fuse_prologue, bool):
+        raise TypeError(f"fuse_prologue must be True or False, got {fuse_prologue!r}")
     if fp32_dtype not in _FP32_DTYPES:
         raise ValueError(f"fp32_dtype={fp32_dtype!r} is not supported; use torch.bfloat16 or torch.float16")
     if policy.last_steps and pipe is None and policy.num_steps is None:
@@ -119,6 +126,7 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         session = state.session
         session.config, session.backend, session.fp32_dtype = config, backend, fp32_dtype
         state.policy = policy
+    session.fuse_qk_prologue = fuse_prologue
     session.full_precision_names = full_names
 
     for name, module in modules.items():
@@ -171,7 +179,8 @@ def patched(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPo
     saved = None
     if previous is not None:
         s = previous.session
-        saved = dict(config=s.config, policy=previous.policy, backend=s.backend, fp32_dtype=s.fp32_dtype)
+        saved = dict(config=s.config, policy=previous.policy, backend=s.backend, fp32_dtype=s.fp32_dtype,
+                     fuse_prologue=s.fuse_qk_prologue)
     patch(obj, config, policy=policy, **kwargs)
     try:
         yield obj

@@ -10,9 +10,9 @@ covers both kinds of processor diffusers has:
 * processors that call ``diffusers.models.attention_dispatch.dispatch_attention_fn`` (HunyuanVideo and Flux
   from diffusers 0.35 on), whose default ``native`` backend ends in ``F.scaled_dot_product_attention``.
 
-One exception, eager CogVideoX and Mochi: their processors run with the Q/K norms and rotary embeddings
-fused into one Triton pass (`fused.cogvideox_call`, `fused.mochi_call`; Mochi's per-sample loop becomes one
-masked call), falling back to the mechanism above for anything they do not reproduce exactly.
+One exception, eager CogVideoX, Mochi, Flux and SD3: their processors run with the Q/K norms and rotary
+embeddings fused into one Triton pass writing (joint) Q/K/V buffers (`fused.call`; Mochi's per-sample loop
+becomes one masked call), falling back to the mechanism above for anything they do not reproduce exactly.
 
 Nothing module-global is replaced: torch-function modes are thread-local and live only for the duration of
 one processor call, so text encoders, the VAE, other threads and other models never see the interception.
@@ -71,7 +71,7 @@ class PatchSession:
         self.full_precision_names: frozenset[str] = frozenset()
         self.step_full_precision = False  # set per transformer forward by the step tracker
         self.attention_override = None  # analysis hook: fn(q, k, v, attn_mask, is_causal, scale) -> out
-        self.fuse_qk_prologue = True  # eager CogVideoX and Mochi: Q/K norm + rotary in one pass (patch/fused.py)
+        self.fuse_qk_prologue = True  # eager CogVideoX/Mochi/Flux/SD3: Q/K norm + rotary in one pass (fused.py)
         self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
         self._warned: set[str] = set()
 
