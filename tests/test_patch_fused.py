@@ -26,6 +26,17 @@ def _run(model, inputs, fuse: bool):
         return out, dict(patch_info(model)["stats"])
 
 
+def _assert_as_close_as_routed(model, inputs, fused, routed):
+    """One layer agrees to ~5e-4 (the one-layer tests); through a tiny random model that grows to ~40% of the
+    quantization error itself, and the fused output must be no further from the unquantized stock model."""
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+    quant_err = rel_l1(routed, stock)
+    assert 0 < quant_err < 0.05
+    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
+    assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
+
+
 def test_fused_prologue_matches_the_routed_stock_processor(seed):
     model = build_tiny_transformer("cogvideox", dtype=torch.bfloat16).to(DEVICE)
     inputs = example_inputs(model, batch=2, height=32, width=32, frames=9, text_tokens=13, dtype=torch.bfloat16,
@@ -75,27 +86,6 @@ def test_fused_prologue_steps_aside_for_fp32_models_and_masks(seed):
             attn.norm_q = saved
 
 
-def test_fused_mochi_matches_the_routed_stock_processor(seed):
-    """Mochi: norms and rotation into one joint buffer and one masked call, against the stock per-sample
-    loop routed through sagegen; different valid text lengths per sample."""
-    model = build_tiny_transformer("mochi", dtype=torch.bfloat16).to(DEVICE)
-    inputs = example_inputs(model, batch=2, height=32, width=32, frames=13, text_tokens=16, dtype=torch.bfloat16,
-                            device=DEVICE, seed=seed % 1000, valid_text=[5, 16])
-    fused, stats_fused = _run(model, inputs, True)
-    routed, stats_routed = _run(model, inputs, False)
-    layers = len(model.transformer_blocks)
-    assert stats_fused["fused_qk_prologue"] == layers and stats_fused["routed"] == layers  # one call per layer
-    assert "fused_qk_prologue" not in stats_routed and stats_routed["routed"] == 2 * layers  # one per sample
-    with torch.no_grad():
-        stock = model(**inputs)[0]
-    # One layer agrees to ~5e-4 (test below); through the tiny random model that grows to ~40% of the
-    # quantization error itself, and the fused output is no further from the unquantized stock model.
-    quant_err = rel_l1(routed, stock)
-    assert 0 < quant_err < 0.05
-    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
-    assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
-
-
 def test_fused_mochi_steps_aside_where_it_would_differ(seed):
     from sagegen.patch import fused
 
@@ -132,24 +122,6 @@ def test_fused_mochi_steps_aside_where_it_would_differ(seed):
         assert torch.equal(out[1][0, 2:], stock[1][0, 2:])  # padded text rows: to_add_out of zeros, as stock
 
 
-def test_fused_sd3_matches_the_routed_stock_processor(seed):
-    """SD3/SD3.5 joint attention (layer 0 with SD3.5-medium's extra image attention): RMSNorms written into
-    joint buffers, against the stock processor's concatenations routed through sagegen."""
-    model = build_tiny_transformer("sd3", dtype=torch.bfloat16).to(DEVICE)
-    inputs = example_inputs(model, batch=2, height=64, width=64, text_tokens=11, dtype=torch.bfloat16,
-                            device=DEVICE, seed=seed % 1000)
-    fused, stats_fused = _run(model, inputs, True)
-    routed, stats_routed = _run(model, inputs, False)
-    assert stats_fused["fused_qk_prologue"] == stats_routed["routed"] == stats_fused["routed"] == 3
-    assert "fused_qk_prologue" not in stats_routed
-    with torch.no_grad():
-        stock = model(**inputs)[0]
-    quant_err = rel_l1(routed, stock)
-    assert 0 < quant_err < 0.05
-    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
-    assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
-
-
 def test_fused_sd3_one_layer_and_fallbacks(seed):
     from sagegen.patch import fused
 
@@ -178,25 +150,6 @@ def test_fused_sd3_one_layer_and_fallbacks(seed):
                             device=DEVICE, seed=seed % 1000)
     _, stats = _run(model, inputs, True)
     assert "fused_qk_prologue" not in stats
-
-
-def test_fused_flux_matches_the_routed_stock_processor(seed):
-    """Flux: double- and single-stream blocks, RMSNorms and rotary embeddings into joint buffers, against the
-    stock processor (concatenation, fp32 apply_rotary_emb, dispatch_attention_fn) routed through sagegen."""
-    model = build_tiny_transformer("flux", dtype=torch.bfloat16).to(DEVICE)
-    inputs = example_inputs(model, batch=1, height=64, width=64, text_tokens=9, dtype=torch.bfloat16,
-                            device=DEVICE, seed=seed % 1000)
-    fused, stats_fused = _run(model, inputs, True)
-    routed, stats_routed = _run(model, inputs, False)
-    calls = len(model.transformer_blocks) + len(model.single_transformer_blocks)
-    assert stats_fused["fused_qk_prologue"] == stats_fused["routed"] == stats_routed["routed"] == calls
-    assert "fused_qk_prologue" not in stats_routed
-    with torch.no_grad():
-        stock = model(**inputs)[0]
-    quant_err = rel_l1(routed, stock)
-    assert 0 < quant_err < 0.05
-    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
-    assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
 
 
 def test_fused_flux_one_layer_with_rotary_embeddings_and_fallbacks(seed):
@@ -236,3 +189,31 @@ def test_fuse_prologue_option():
         assert _session(model).fuse_qk_prologue is False
     with pytest.raises(TypeError, match="fuse_prologue"):
         sagegen.patch(model, fuse_prologue="yes")
+
+
+# family: (example_inputs options, attention calls of the stock processors routed, of the fused ones)
+JOINT_FAMILIES = {
+    # Mochi: the stock processor loops over samples (one call each); different valid text lengths per sample
+    "mochi": (dict(batch=2, height=32, width=32, frames=13, text_tokens=16, valid_text=[5, 16]),
+              lambda m: 2 * len(m.transformer_blocks), lambda m: len(m.transformer_blocks)),
+    # SD3: layer 0 has SD3.5-medium's extra image-only attention
+    "sd3": (dict(batch=2, height=64, width=64, text_tokens=11), lambda m: 3, lambda m: 3),
+    # Flux: double- and single-stream blocks, rotary embeddings over the joint tokens
+    "flux": (dict(batch=1, height=64, width=64, text_tokens=9),
+             lambda m: len(m.transformer_blocks) + len(m.single_transformer_blocks),
+             lambda m: len(m.transformer_blocks) + len(m.single_transformer_blocks)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(JOINT_FAMILIES))
+def test_fused_joint_attention_matches_the_routed_stock_processor(seed, family):
+    """Norms (and rotary embeddings) written into joint Q/K/V buffers and one attention call, against the stock
+    processors (concatenations, fp32 rotations, Mochi's per-sample loop) routed through sagegen."""
+    options, routed_calls, fused_calls = JOINT_FAMILIES[family]
+    model = build_tiny_transformer(family, dtype=torch.bfloat16).to(DEVICE)
+    inputs = example_inputs(model, dtype=torch.bfloat16, device=DEVICE, seed=seed % 1000, **options)
+    fused, stats_fused = _run(model, inputs, True)
+    routed, stats_routed = _run(model, inputs, False)
+    assert stats_fused["fused_qk_prologue"] == stats_fused["routed"] == fused_calls(model)
+    assert "fused_qk_prologue" not in stats_routed and stats_routed["routed"] == routed_calls(model)
+    _assert_as_close_as_routed(model, inputs, fused, routed)

@@ -31,6 +31,7 @@ joint tokens in fp32 (`flux_call`), in the double- and single-stream blocks.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 
 import torch
@@ -38,6 +39,28 @@ import torch
 from ..api import triton_interpret
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+def _arguments(original, cls_path: str, attn, args, kwargs):
+    """The call's arguments by name when ``original`` is exactly diffusers' class ``cls_path`` (whose code
+    path the fused call mirrors; a subclass may differ); None otherwise."""
+    module, _, name = cls_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    if type(original) is not cls:
+        return None
+    try:
+        return inspect.signature(cls.__call__).bind(original, attn, *args, **kwargs).arguments
+    except TypeError:
+        return None
+
+
+def _kernel_can_run(weight, hidden_states) -> bool:
+    """Half-precision weights of a plain linear projection, on a GPU (or under the Triton interpreter)."""
+    return (isinstance(weight, torch.Tensor) and weight.dtype in _HALF
+            and (hidden_states.is_cuda or triton_interpret()))
 
 
 def _layer_norm_params(norm, head_dim: int):
@@ -64,27 +87,17 @@ def cogvideox_call(original, session, attn, args, kwargs):
     """CogVideoXAttnProcessor2_0.__call__ with Q/K norm and rotary embeddings fused; None where not applicable."""
     from ..kernels.triton_qk_prologue import layer_norm_rope
 
-    try:
-        from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
-    except ImportError:
+    a = _arguments(original, "diffusers.models.attention_processor.CogVideoXAttnProcessor2_0", attn, args, kwargs)
+    if a is None:
         return None
-    if type(original) is not CogVideoXAttnProcessor2_0:  # exactly diffusers' class: its code path is mirrored
-        return None
-    try:
-        bound = inspect.signature(type(original).__call__).bind(original, attn, *args, **kwargs)
-    except TypeError:
-        return None
-    a = bound.arguments
     hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
     if a.get("attention_mask") is not None or not isinstance(hidden_states, torch.Tensor):
         return None
     if not isinstance(encoder_hidden_states, torch.Tensor) or hidden_states.dim() != 3:
         return None
-    weight, out_features = getattr(attn.to_q, "weight", None), getattr(attn.to_k, "out_features", None)
-    if not isinstance(weight, torch.Tensor) or not isinstance(out_features, int):
-        return None  # projections that are not plain linear layers: the stock path
-    if weight.dtype not in _HALF or not (hidden_states.is_cuda or triton_interpret()):
-        return None
+    out_features = getattr(attn.to_k, "out_features", None)
+    if not isinstance(out_features, int) or not _kernel_can_run(getattr(attn.to_q, "weight", None), hidden_states):
+        return None  # projections that are not plain linear layers, fp32, CPU: the stock path
     heads = attn.heads
     head_dim = out_features // heads
     text_len = encoder_hidden_states.size(1)
@@ -149,25 +162,15 @@ def mochi_call(original, session, attn, args, kwargs):
     batched attention call; None where not applicable."""
     from ..kernels.triton_qk_prologue import rms_norm_rope
 
-    try:
-        from diffusers.models.attention_processor import MochiAttnProcessor2_0
-    except ImportError:
+    a = _arguments(original, "diffusers.models.attention_processor.MochiAttnProcessor2_0", attn, args, kwargs)
+    if a is None:
         return None
-    if type(original) is not MochiAttnProcessor2_0:  # exactly diffusers' class: its code path is mirrored
-        return None
-    try:
-        bound = inspect.signature(type(original).__call__).bind(original, attn, *args, **kwargs)
-    except TypeError:
-        return None
-    a = bound.arguments
     hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
     if not (isinstance(hidden_states, torch.Tensor) and isinstance(encoder_hidden_states, torch.Tensor)
             and hidden_states.dim() == 3 and encoder_hidden_states.dim() == 3):
         return None
-    weight, out_features = getattr(attn.to_q, "weight", None), getattr(attn.to_q, "out_features", None)
-    if not isinstance(weight, torch.Tensor) or not isinstance(out_features, int):
-        return None  # projections that are not plain linear layers: the stock path
-    if weight.dtype not in _HALF or not (hidden_states.is_cuda or triton_interpret()):
+    out_features = getattr(attn.to_q, "out_features", None)
+    if not isinstance(out_features, int) or not _kernel_can_run(getattr(attn.to_q, "weight", None), hidden_states):
         return None
     heads = attn.heads
     head_dim = out_features // heads
@@ -238,17 +241,9 @@ def sd3_call(original, session, attn, args, kwargs):
     None where not applicable."""
     from ..kernels.triton_qk_prologue import rms_norm_rope
 
-    try:
-        from diffusers.models.attention_processor import JointAttnProcessor2_0
-    except ImportError:
+    a = _arguments(original, "diffusers.models.attention_processor.JointAttnProcessor2_0", attn, args, kwargs)
+    if a is None:  # (its attention_mask is ignored below, as the stock processor ignores it)
         return None
-    if type(original) is not JointAttnProcessor2_0:
-        return None
-    try:
-        bound = inspect.signature(type(original).__call__).bind(original, attn, *args, **kwargs)
-    except TypeError:
-        return None
-    a = bound.arguments  # attention_mask is ignored, as the stock processor ignores it
     hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
         return None
@@ -256,10 +251,8 @@ def sd3_call(original, session, attn, args, kwargs):
                                               or encoder_hidden_states.dim() != 3):
         return None
     weight, inner_dim = getattr(attn.to_q, "weight", None), getattr(attn.to_k, "out_features", None)
-    if not isinstance(weight, torch.Tensor) or not isinstance(inner_dim, int):
-        return None
     dtype = hidden_states.dtype
-    if weight.dtype not in _HALF or dtype != weight.dtype or not (hidden_states.is_cuda or triton_interpret()):
+    if not isinstance(inner_dim, int) or not _kernel_can_run(weight, hidden_states) or dtype != weight.dtype:
         return None
     heads = attn.heads
     head_dim = inner_dim // heads
@@ -311,17 +304,10 @@ def flux_call(original, session, attn, args, kwargs):
     concatenations, no fp32 copies); None where not applicable."""
     from ..kernels.triton_qk_prologue import rms_norm_rope
 
-    try:
-        from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, _get_qkv_projections
-    except ImportError:
+    a = _arguments(original, "diffusers.models.transformers.transformer_flux.FluxAttnProcessor", attn, args, kwargs)
+    if a is None:
         return None
-    if type(original) is not FluxAttnProcessor:
-        return None
-    try:
-        bound = inspect.signature(type(original).__call__).bind(original, attn, *args, **kwargs)
-    except TypeError:
-        return None
-    a = bound.arguments
+    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
     hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
     if a.get("attention_mask") is not None or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
         return None
