@@ -10,7 +10,7 @@ import sagegen
 from patch_support import rel_l1
 from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
-from sagegen.patch import patch_info, set_attention_override
+from sagegen.patch import fused, fused_joint, patch_info, set_attention_override
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 
@@ -67,8 +67,6 @@ def test_fused_prologue_steps_aside_for_fp32_models_and_masks(seed):
     _, stats = _run(model, inputs, True)
     assert "fused_qk_prologue" not in stats and stats["routed"] == len(model.transformer_blocks)
 
-    from sagegen.patch import fused
-
     model = build_tiny_transformer("cogvideox", dtype=torch.bfloat16).to(DEVICE)
     attn = next(m for m in model.modules() if hasattr(m, "processor"))
     hs = torch.randn(1, 8, attn.to_q.in_features, dtype=torch.bfloat16, device=DEVICE)
@@ -87,8 +85,6 @@ def test_fused_prologue_steps_aside_for_fp32_models_and_masks(seed):
 
 
 def test_fused_mochi_steps_aside_where_it_would_differ(seed):
-    from sagegen.patch import fused
-
     model = build_tiny_transformer("mochi", dtype=torch.bfloat16).to(DEVICE)
     attn = next(m for m in model.modules() if hasattr(m, "processor"))
     hs = torch.randn(2, 8, attn.to_q.in_features, dtype=torch.bfloat16, device=DEVICE)
@@ -123,15 +119,13 @@ def test_fused_mochi_steps_aside_where_it_would_differ(seed):
 
 
 def test_fused_sd3_one_layer_and_fallbacks(seed):
-    from sagegen.patch import fused
-
     model = build_tiny_transformer("sd3", dtype=torch.bfloat16).to(DEVICE)
     attn = model.transformer_blocks[1].attn
     hs = torch.randn(2, 16, attn.to_q.in_features, dtype=torch.bfloat16, device=DEVICE)
     ehs = torch.randn(2, 5, attn.add_q_proj.in_features, dtype=torch.bfloat16, device=DEVICE)
     with torch.no_grad(), sagegen.patched(model):
         proc = attn.processor
-        call = lambda *args, **kw: fused.sd3_call(proc.original, proc._sage_session, attn, args, kw)
+        call = lambda *args, **kw: fused_joint.sd3_call(proc.original, proc._sage_session, attn, args, kw)
         stock = proc.original(attn, hs, ehs)
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs)
@@ -153,8 +147,6 @@ def test_fused_sd3_one_layer_and_fallbacks(seed):
 
 
 def test_fused_flux_one_layer_with_rotary_embeddings_and_fallbacks(seed):
-    from sagegen.patch import fused
-
     model = build_tiny_transformer("flux", dtype=torch.bfloat16).to(DEVICE)
     attn = model.transformer_blocks[0].attn
     hs = torch.randn(1, 16, attn.to_q.in_features, dtype=torch.bfloat16, device=DEVICE)
@@ -163,7 +155,7 @@ def test_fused_flux_one_layer_with_rotary_embeddings_and_fallbacks(seed):
     rope = (theta.cos(), theta.sin())
     with torch.no_grad(), sagegen.patched(model):
         proc = attn.processor
-        call = lambda *args, **kw: fused.flux_call(proc.original, proc._sage_session, attn, args, kw)
+        call = lambda *args, **kw: fused_joint.flux_call(proc.original, proc._sage_session, attn, args, kw)
         stock = proc.original(attn, hs, ehs, image_rotary_emb=rope)
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs, image_rotary_emb=rope)
@@ -191,29 +183,69 @@ def test_fuse_prologue_option():
         sagegen.patch(model, fuse_prologue="yes")
 
 
-# family: (example_inputs options, attention calls of the stock processors routed, of the fused ones)
+# family: (example_inputs options, counts(model) -> (attention calls routed with the stock processors, calls
+# taking the fused prologue, attention calls routed with it))
 JOINT_FAMILIES = {
     # Mochi: the stock processor loops over samples (one call each); different valid text lengths per sample
     "mochi": (dict(batch=2, height=32, width=32, frames=13, text_tokens=16, valid_text=[5, 16]),
-              lambda m: 2 * len(m.transformer_blocks), lambda m: len(m.transformer_blocks)),
+              lambda m: (2 * len(m.transformer_blocks), len(m.transformer_blocks), len(m.transformer_blocks))),
     # SD3: layer 0 has SD3.5-medium's extra image-only attention
-    "sd3": (dict(batch=2, height=64, width=64, text_tokens=11), lambda m: 3, lambda m: 3),
+    "sd3": (dict(batch=2, height=64, width=64, text_tokens=11), lambda m: (3, 3, 3)),
+    # HunyuanVideo: dual- and single-stream blocks with the text mask; its token refiner (one layer here) has
+    # another processor, routed as before
+    "hunyuanvideo": (dict(batch=2, height=32, width=32, frames=9, text_tokens=12, valid_text=[4, 12]),
+                     lambda m: (1 + _blocks(m), _blocks(m), 1 + _blocks(m))),
     # Flux: double- and single-stream blocks, rotary embeddings over the joint tokens
-    "flux": (dict(batch=1, height=64, width=64, text_tokens=9),
-             lambda m: len(m.transformer_blocks) + len(m.single_transformer_blocks),
-             lambda m: len(m.transformer_blocks) + len(m.single_transformer_blocks)),
+    "flux": (dict(batch=1, height=64, width=64, text_tokens=9), lambda m: (_blocks(m), _blocks(m), _blocks(m))),
 }
+
+
+def _blocks(model) -> int:
+    return len(model.transformer_blocks) + len(model.single_transformer_blocks)
 
 
 @pytest.mark.parametrize("family", sorted(JOINT_FAMILIES))
 def test_fused_joint_attention_matches_the_routed_stock_processor(seed, family):
     """Norms (and rotary embeddings) written into joint Q/K/V buffers and one attention call, against the stock
     processors (concatenations, fp32 rotations, Mochi's per-sample loop) routed through sagegen."""
-    options, routed_calls, fused_calls = JOINT_FAMILIES[family]
+    options, counts = JOINT_FAMILIES[family]
     model = build_tiny_transformer(family, dtype=torch.bfloat16).to(DEVICE)
     inputs = example_inputs(model, dtype=torch.bfloat16, device=DEVICE, seed=seed % 1000, **options)
     fused, stats_fused = _run(model, inputs, True)
     routed, stats_routed = _run(model, inputs, False)
-    assert stats_fused["fused_qk_prologue"] == stats_fused["routed"] == fused_calls(model)
-    assert "fused_qk_prologue" not in stats_routed and stats_routed["routed"] == routed_calls(model)
+    stock_routed, fused_calls, fused_routed = counts(model)
+    assert stats_fused["fused_qk_prologue"] == fused_calls and stats_fused["routed"] == fused_routed
+    assert "fused_qk_prologue" not in stats_routed and stats_routed["routed"] == stock_routed
     _assert_as_close_as_routed(model, inputs, fused, routed)
+
+
+@pytest.mark.parametrize("block", ["transformer_blocks", "single_transformer_blocks"])
+def test_fused_hunyuan_one_layer_and_fallbacks(seed, block):
+    """One HunyuanVideo attention of each block kind, with random rotary tables on the video tokens and a text
+    padding mask, against its stock processor routed through sagegen."""
+    model = build_tiny_transformer("hunyuanvideo", dtype=torch.bfloat16).to(DEVICE)
+    attn = getattr(model, block)[0].attn
+    dim = attn.to_q.in_features
+    hs = torch.randn(2, 16, dim, dtype=torch.bfloat16, device=DEVICE)
+    ehs = torch.randn(2, 6, attn.add_q_proj.in_features if attn.add_q_proj is not None else dim,
+                      dtype=torch.bfloat16, device=DEVICE)
+    head_dim = attn.to_q.out_features // attn.heads
+    theta = (torch.rand(16, head_dim // 2, device=DEVICE) * 6.28).repeat_interleave(2, dim=1)
+    rope = (theta.cos(), theta.sin())
+    mask = torch.ones(2, 22, dtype=torch.bool, device=DEVICE)
+    mask[0, 19:] = False  # the first sample's last three text tokens are padding
+    with torch.no_grad(), sagegen.patched(model):
+        proc = attn.processor
+        call = lambda *args, **kw: fused_joint.hunyuan_call(proc.original, proc._sage_session, attn, args, kw)
+        proc._sage_session.fuse_qk_prologue = False
+        routed = proc(attn, hs, ehs, mask, image_rotary_emb=rope)
+        stock = proc.original(attn, hs, ehs, mask, image_rotary_emb=rope)
+        out = call(hs, ehs, mask, image_rotary_emb=rope)
+        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
+        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        assert call(hs, ehs, mask, image_rotary_emb=(theta[:15].cos(), theta[:15].sin())) is None
+        proc.original._attention_backend = "flash"  # another diffusers backend: the stock path (and its backend)
+        try:
+            assert call(hs, ehs, mask, image_rotary_emb=rope) is None
+        finally:
+            proc.original._attention_backend = None

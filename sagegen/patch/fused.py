@@ -21,12 +21,7 @@ the tokens are taken (the stock code compacts the valid tokens to the front; for
 identity); anything else runs the original. Mochi runs its attention eagerly under torch.compile as well
 (a data-dependent ``nonzero`` breaks the graph), so this path serves compiled Mochi too.
 
-SD3/SD3.5: the joint processor RMS-normalises Q and K of the image and the text tokens (diffusers' RMSNorm:
-five eager kernels each) and concatenates Q, K and V along the tokens: ~25 kernels per layer, ~14% of an
-SD3.5-large step. `sd3_call` writes the normalised Q and K and V straight into joint buffers.
-
-Flux: the same joint layout (text first) with torch.nn.RMSNorm and diffusers' apply_rotary_emb over the
-joint tokens in fp32 (`flux_call`), in the double- and single-stream blocks.
+SD3/SD3.5, Flux and HunyuanVideo: the same idea for their joint attention, in `fused_joint`.
 """
 
 from __future__ import annotations
@@ -55,6 +50,15 @@ def _arguments(original, cls_path: str, attn, args, kwargs):
         return inspect.signature(cls.__call__).bind(original, attn, *args, **kwargs).arguments
     except TypeError:
         return None
+
+
+def _native_dispatch(original) -> bool:
+    """Whether a processor that calls diffusers' ``dispatch_attention_fn`` would run the native (SDPA) backend,
+    the only one the patch routes: with another backend chosen, the fused call steps aside too."""
+    from .processors import _native_active  # (processors imports this module)
+
+    return (getattr(original, "_attention_backend", None) is None
+            and getattr(original, "_parallel_config", None) is None and _native_active())
 
 
 def _kernel_can_run(weight, hidden_states) -> bool:
@@ -125,7 +129,10 @@ def call(processor, attn, args, kwargs):
     run the original. Never with an attention override: an attention-free analysis run keeps diffusers' own
     code around attention, so it measures the stock model's non-attention time."""
     session = processor._sage_session
-    fused = {"cogvideox": cogvideox_call, "mochi": mochi_call, "sd3": sd3_call, "flux": flux_call}.get(session.family)
+    from . import fused_joint
+
+    fused = {"cogvideox": cogvideox_call, "mochi": mochi_call, "sd3": fused_joint.sd3_call,
+             "flux": fused_joint.flux_call, "hunyuanvideo": fused_joint.hunyuan_call}.get(session.family)
     if fused is None or not session.fuse_qk_prologue or session.attention_override is not None:
         return None
     out = fused(processor._sage_original, session, attn, args, kwargs)
@@ -219,143 +226,3 @@ def _rope_pair_per_head(rope, n_rot: int, heads: int, head_dim: int):
         return rope[0], rope[1]
     return False
 
-
-def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):
-    """(weight or None, eps) of diffusers' RMSNorm over the head dim with no bias and, if any, a weight of the
-    activations' half dtype (the case whose roundings `rms_norm_rope(round_before_weight=True)` reproduces);
-    None for no norm; False otherwise."""
-    if norm is None:
-        return None
-    if (type(norm).__name__ == "RMSNorm" and type(norm).__module__.startswith("diffusers.")
-            and tuple(getattr(norm, "dim", ())) == (head_dim,) and getattr(norm, "bias", None) is None
-            and isinstance(getattr(norm, "eps", None), float)):
-        weight = getattr(norm, "weight", None)
-        if weight is None or (isinstance(weight, torch.Tensor) and weight.dtype == dtype
-                              and tuple(weight.shape) == (head_dim,)):
-            return weight, norm.eps
-    return False
-
-
-def sd3_call(original, session, attn, args, kwargs):
-    """JointAttnProcessor2_0.__call__ with the Q/K RMSNorms written into joint buffers (no concatenations);
-    None where not applicable."""
-    from ..kernels.triton_qk_prologue import rms_norm_rope
-
-    a = _arguments(original, "diffusers.models.attention_processor.JointAttnProcessor2_0", attn, args, kwargs)
-    if a is None:  # (its attention_mask is ignored below, as the stock processor ignores it)
-        return None
-    hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
-    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
-        return None
-    if encoder_hidden_states is not None and (not isinstance(encoder_hidden_states, torch.Tensor)
-                                              or encoder_hidden_states.dim() != 3):
-        return None
-    weight, inner_dim = getattr(attn.to_q, "weight", None), getattr(attn.to_k, "out_features", None)
-    dtype = hidden_states.dtype
-    if not isinstance(inner_dim, int) or not _kernel_can_run(weight, hidden_states) or dtype != weight.dtype:
-        return None
-    heads = attn.heads
-    head_dim = inner_dim // heads
-    names = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if encoder_hidden_states is not None else ())
-    norms = [_diffusers_rms_params(getattr(attn, n, None), head_dim, dtype) for n in names]
-    if any(n is False for n in norms):
-        return None
-
-    batch, n_img = hidden_states.shape[:2]
-    n_txt = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
-    joint = [torch.empty(batch, n_img + n_txt, heads, head_dim, dtype=dtype, device=hidden_states.device)
-             for _ in range(3)]
-    parts = [((attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)), slice(0, n_img))]
-    if encoder_hidden_states is not None:
-        parts.append(((attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
-                       attn.add_v_proj(encoder_hidden_states)), slice(n_img, None)))
-    hnd = lambda t: t.transpose(1, 2)
-    for p, (projections, rows) in enumerate(parts):
-        for i, proj in enumerate(projections):
-            src = proj.view(batch, -1, heads, head_dim)
-            norm = norms[2 * p + i] if i < 2 else None
-            if norm is None:
-                joint[i][:, rows] = src
-            else:
-                rms_norm_rope(hnd(src), norm, None, out=hnd(joint[i][:, rows]), round_before_weight=True)
-    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
-    out = out.transpose(1, 2).reshape(batch, -1, heads * head_dim).to(dtype)
-    if encoder_hidden_states is not None:
-        out, encoder_out = out[:, :n_img], out[:, n_img:]
-        if not attn.context_pre_only:
-            encoder_out = attn.to_add_out(encoder_out)
-    out = attn.to_out[1](attn.to_out[0](out))
-    return (out, encoder_out) if encoder_hidden_states is not None else out
-
-
-def _torch_rms_params(norm, head_dim: int, dtype: torch.dtype):
-    """(weight or None, eps) of a torch.nn.RMSNorm over the head dim; None for no norm; False otherwise."""
-    if norm is None:
-        return None
-    if type(norm) is torch.nn.RMSNorm and tuple(norm.normalized_shape) == (head_dim,):
-        weight = norm.weight
-        if weight is None or tuple(weight.shape) == (head_dim,):
-            return weight, (norm.eps if norm.eps is not None else torch.finfo(dtype).eps)
-    return False
-
-
-def flux_call(original, session, attn, args, kwargs):
-    """FluxAttnProcessor.__call__ with Q/K RMSNorms and rotary embeddings written into joint buffers (no
-    concatenations, no fp32 copies); None where not applicable."""
-    from ..kernels.triton_qk_prologue import rms_norm_rope
-
-    a = _arguments(original, "diffusers.models.transformers.transformer_flux.FluxAttnProcessor", attn, args, kwargs)
-    if a is None:
-        return None
-    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
-    hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
-    if a.get("attention_mask") is not None or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
-        return None
-    joint_text = getattr(attn, "added_kv_proj_dim", None) is not None
-    if joint_text != (encoder_hidden_states is not None):
-        return None  # shapes the stock processor itself does not combine this way
-    if joint_text and (not isinstance(encoder_hidden_states, torch.Tensor) or encoder_hidden_states.dim() != 3):
-        return None
-    dtype, head_dim = hidden_states.dtype, getattr(attn, "head_dim", None)
-    if dtype not in _HALF or not isinstance(head_dim, int) or head_dim % 2 or not (
-            hidden_states.is_cuda or triton_interpret()):
-        return None
-    names = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if joint_text else ())
-    norms = [_torch_rms_params(getattr(attn, n, None), head_dim, dtype) for n in names]
-    if any(n is False for n in norms):
-        return None
-    batch, n_img = hidden_states.shape[:2]
-    n_txt = encoder_hidden_states.shape[1] if joint_text else 0
-    total = n_txt + n_img
-    rope = a.get("image_rotary_emb")
-    if rope is not None:
-        rope = _rope_pair(rope, total, head_dim)
-        if rope is False:
-            return None
-
-    projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-    if any(t is not None and t.dtype != dtype for t in projections):
-        return None
-    heads = projections[0].shape[-1] // head_dim
-    joint = [torch.empty(batch, total, heads, head_dim, dtype=dtype, device=hidden_states.device)
-             for _ in range(3)]
-    hnd = lambda t: t.transpose(1, 2)
-    parts = [(projections[:3], slice(n_txt, None), norms[:2])]
-    if joint_text:
-        parts.append((projections[3:], slice(0, n_txt), norms[2:]))
-    for (q, k, v), rows, (norm_q, norm_k) in parts:
-        table = (rope[0][rows], rope[1][rows]) if rope is not None else None
-        for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
-            src = src.unflatten(-1, (-1, head_dim))
-            if norm is None and table is None:
-                dst[:, rows] = src
-            else:
-                rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), per_channel_rope=True)
-        joint[2][:, rows] = v.unflatten(-1, (-1, head_dim))
-    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
-    out = out.transpose(1, 2).flatten(2, 3).to(dtype)
-    if not joint_text:
-        return out
-    encoder_out, out = out.split_with_sizes([n_txt, n_img], dim=1)
-    out = attn.to_out[1](attn.to_out[0](out.contiguous()))
-    return out, attn.to_add_out(encoder_out.contiguous())
