@@ -130,25 +130,30 @@ def _check_x(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def _rope_tables(rope, shape: tuple, device) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = rope
-    if tuple(cos.shape) != shape or tuple(sin.shape) != shape:
-        raise ValueError(f"rope: cos and sin must be {list(shape)}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    cos, sin = cos.to(device), sin.to(device)  # as the eager code, which moves them to x's device
-    if cos.stride() != sin.stride():
-        cos, sin = cos.contiguous(), sin.contiguous()
-    return cos, sin
-
-
-def _launch(x, out, norm_kind: int, w, bias, eps, has_weight: bool, cos, sin, table_strides, start: int,
-            rope: bool, pair_table: bool) -> torch.Tensor:
+def _launch(x, out, norm_kind: int, w, bias, eps, rope, table_shape: tuple, pair_table: bool,
+            start: int = 0) -> torch.Tensor:
+    """One pass over x into out: norm (w None: no weight) and, with ``rope`` = (cos, sin) of ``table_shape``
+    (per channel [n, D], or per pair and head [n, H, D/2] when ``pair_table``), the rotation of tokens >= start."""
     B, H, N, D = x.shape
+    dummy = x.new_empty(1, dtype=torch.float32)
+    cos = sin = dummy
+    strides = (0, 0, 0)
+    if rope is not None:
+        cos, sin = rope
+        if tuple(cos.shape) != table_shape or tuple(sin.shape) != table_shape:
+            raise ValueError(f"rope: cos and sin must be {list(table_shape)}, got {tuple(cos.shape)} and "
+                             f"{tuple(sin.shape)}")
+        cos, sin = cos.to(x.device), sin.to(x.device)  # as the eager code, which moves them to x's device
+        if cos.stride() != sin.stride():
+            cos, sin = cos.contiguous(), sin.contiguous()
+        strides = cos.stride() if pair_table else (cos.stride(0), 0, cos.stride(1))
     head_dim = triton.next_power_of_2(D)
     block_n = max(1, min(64, 4096 // head_dim))
     _norm_rope_kernel[(triton.cdiv(N, block_n), B * H)](
-        x, out, w, bias, cos, sin, *x.stride(), *out.stride(), *table_strides,
-        H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm_kind, HAS_WEIGHT=has_weight,
-        ROPE=rope, PAIR_TABLE=pair_table, EXACT_CAST=interpreting(), FULL_D=head_dim == D, num_warps=4,
+        x, out, w if w is not None else dummy, bias if bias is not None else dummy, cos, sin, *x.stride(),
+        *out.stride(), *strides, H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm_kind,
+        HAS_WEIGHT=w is not None, ROPE=rope is not None, PAIR_TABLE=pair_table, EXACT_CAST=interpreting(),
+        FULL_D=head_dim == D, num_warps=4,
     )
     return out
 
@@ -169,13 +174,9 @@ def layer_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, flo
         ``out``.
     """
     out = _check_x(x, out)
-    N, D = x.shape[2], x.shape[3]
-    dummy = x.new_empty(1, dtype=torch.float32)
-    w, bias, eps = norm if norm is not None else (dummy, dummy, 0.0)
-    cos, sin = _rope_tables(rope, (N - start, D), x.device) if rope is not None else (dummy, dummy)
-    strides = (cos.stride(0), 0, cos.stride(1)) if rope is not None else (0, 0, 0)
-    return _launch(x, out, _LAYER_NORM if norm is not None else 0, w, bias, eps, True, cos, sin, strides, start,
-                   rope is not None, False)
+    w, bias, eps = norm if norm is not None else (None, None, 0.0)
+    return _launch(x, out, _LAYER_NORM if norm is not None else 0, w, bias, eps, rope,
+                   (x.shape[2] - start, x.shape[3]), False, start)
 
 
 def rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float] | None,
@@ -196,15 +197,8 @@ def rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float] | Non
         ``out``.
     """
     out = _check_x(x, out)
-    H, N, D = x.shape[1], x.shape[2], x.shape[3]
-    dummy = x.new_empty(1, dtype=torch.float32)
+    _, H, N, D = x.shape
     w, eps = norm if norm is not None else (None, 0.0)
-    table = (N, D) if per_channel_rope else (N, H, D // 2)
-    cos, sin = _rope_tables(rope, table, x.device) if rope is not None else (dummy, dummy)
-    if rope is None:
-        strides = (0, 0, 0)
-    else:
-        strides = (cos.stride(0), 0, cos.stride(1)) if per_channel_rope else cos.stride()
     kind = 0 if norm is None else (_RMS_NORM_ROUNDED if round_before_weight else _RMS_NORM)
-    return _launch(x, out, kind, w if w is not None else dummy, dummy, eps, w is not None, cos, sin, strides, 0,
-                   rope is not None, not per_channel_rope)
+    return _launch(x, out, kind, w, None, eps, rope, (N, D) if per_channel_rope else (N, H, D // 2),
+                   not per_channel_rope)

@@ -77,14 +77,39 @@ def _layer_norm_params(norm, head_dim: int):
     return False
 
 
-def _rope_pair(rope, n_rot: int, head_dim: int):
-    """(cos, sin) as apply_rotary_emb(use_real=True) takes them, [n_rot, head_dim] each; None; or False."""
+def _rope_pair(rope, *shape: int):
+    """(cos, sin), each of the given shape: [n_rot, head_dim] as apply_rotary_emb(use_real=True) takes them,
+    or Mochi's [n_rot, heads, head_dim / 2]; None; or False."""
     if rope is None:
         return None
     if (isinstance(rope, (tuple, list)) and len(rope) == 2 and all(isinstance(t, torch.Tensor) for t in rope)
-            and all(tuple(t.shape) == (n_rot, head_dim) for t in rope)):
+            and all(tuple(t.shape) == shape for t in rope)):
         return rope[0], rope[1]
     return False
+
+
+def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, **kernel_options) -> torch.Tensor:
+    """One attention call over joint [B, tokens, H, D] Q/K/V buffers filled from ``parts``, each
+    ((q, k, v) projections [B, n, H·D], its token slice, (norm_q, norm_k), rotary tables or None): Q and K
+    normalised (and rotated) straight into place by `rms_norm_rope(**kernel_options)`, V copied (so no
+    concatenations). Returns the attention output [B, tokens, H·D]."""
+    from ..kernels.triton_qk_prologue import rms_norm_rope
+
+    first = parts[0][0][0]
+    total = sum(p[0][0].shape[1] for p in parts)
+    joint = [torch.empty(first.shape[0], total, heads, head_dim, dtype=first.dtype, device=first.device)
+             for _ in range(3)]
+    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
+    for (q, k, v), rows, (norm_q, norm_k), table in parts:
+        for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
+            src = src.unflatten(-1, (heads, head_dim))
+            if norm is None and table is None:
+                dst[:, rows] = src
+            else:
+                rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), **kernel_options)
+        joint[2][:, rows] = v.unflatten(-1, (heads, head_dim))
+    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False})
+    return out.transpose(1, 2).flatten(2, 3).to(first.dtype)
 
 
 def cogvideox_call(original, session, attn, args, kwargs):
@@ -167,8 +192,6 @@ def _prefix_lengths(mask: torch.Tensor, batch: int, text_len: int):
 def mochi_call(original, session, attn, args, kwargs):
     """MochiAttnProcessor2_0.__call__ with Q/K norms and rotary embeddings fused into a joint buffer and one
     batched attention call; None where not applicable."""
-    from ..kernels.triton_qk_prologue import rms_norm_rope
-
     a = _arguments(original, "diffusers.models.attention_processor.MochiAttnProcessor2_0", attn, args, kwargs)
     if a is None:
         return None
@@ -184,45 +207,26 @@ def mochi_call(original, session, attn, args, kwargs):
     batch, n_video, n_text = hidden_states.size(0), hidden_states.size(1), encoder_hidden_states.size(1)
     norms = [_rms_norm_params(getattr(attn, name, None), head_dim)
              for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k")]
-    rope = a.get("image_rotary_emb")
-    if rope is not None:
-        rope = _rope_pair_per_head(rope, n_video, heads, head_dim)
+    rope = _rope_pair(a.get("image_rotary_emb"), n_video, heads, head_dim // 2)
     if any(n is False for n in norms) or rope is False or head_dim % 2:
         return None
     lengths = _prefix_lengths(a.get("attention_mask"), batch, n_text)
     if lengths is None:
         return None
 
-    total = n_video + n_text
-    dtype, device = hidden_states.dtype, hidden_states.device
-    joint = [torch.empty(batch, total, heads, head_dim, dtype=dtype, device=device) for _ in range(3)]
-    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
+    device = hidden_states.device
     video = (attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states))
     text = (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
             attn.add_v_proj(encoder_hidden_states))
-    for i in range(2):  # Q, K: norm (+ rotation for the video tokens) into the joint buffer
-        rms_norm_rope(hnd(video[i].unflatten(2, (heads, -1))), norms[i], rope, out=hnd(joint[i][:, :n_video]))
-        rms_norm_rope(hnd(text[i].unflatten(2, (heads, -1))), norms[2 + i], None, out=hnd(joint[i][:, n_video:]))
-    joint[2][:, :n_video] = video[2].unflatten(2, (heads, -1))
-    joint[2][:, n_video:] = text[2].unflatten(2, (heads, -1))
-
     text_valid = torch.arange(n_text, device=device)[None, :] < lengths[:, None].to(device)
     keys = torch.cat([torch.ones(batch, n_video, dtype=torch.bool, device=device), text_valid], dim=1)
-    out = session.route(tuple(hnd(t) for t in joint),
-                        {"attn_mask": keys[:, None, None, :], "dropout_p": 0.0, "is_causal": False})
-    out = out.transpose(1, 2).flatten(2, 3)
+    out = _joint_attention(session, [(video, slice(0, n_video), norms[:2], rope),
+                                     (text, slice(n_video, None), norms[2:], None)],
+                           heads, head_dim, keys[:, None, None, :])
     hidden_states, encoder_hidden_states = out.split_with_sizes((n_video, n_text), dim=1)
     encoder_hidden_states = encoder_hidden_states * text_valid[..., None].to(out.dtype)  # stock: zero padding
     hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
     if hasattr(attn, "to_add_out"):
         encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
     return hidden_states, encoder_hidden_states
-
-
-def _rope_pair_per_head(rope, n_rot: int, heads: int, head_dim: int):
-    """Mochi's (cos, sin), each [n_rot, heads, head_dim / 2]; False for anything else."""
-    if (isinstance(rope, (tuple, list)) and len(rope) == 2 and all(isinstance(t, torch.Tensor) for t in rope)
-            and all(tuple(t.shape) == (n_rot, heads, head_dim // 2) for t in rope)):
-        return rope[0], rope[1]
-    return False
 

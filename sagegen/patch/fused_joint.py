@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..api import triton_interpret
-from .fused import _HALF, _arguments, _kernel_can_run, _native_dispatch, _rope_pair
+from .fused import _HALF, _arguments, _joint_attention, _kernel_can_run, _native_dispatch, _rope_pair
 
 
 def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):
@@ -40,8 +40,6 @@ def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):
 def sd3_call(original, session, attn, args, kwargs):
     """JointAttnProcessor2_0.__call__ with the Q/K RMSNorms written into joint buffers (no concatenations);
     None where not applicable."""
-    from ..kernels.triton_qk_prologue import rms_norm_rope
-
     a = _arguments(original, "diffusers.models.attention_processor.JointAttnProcessor2_0", attn, args, kwargs)
     if a is None:  # (its attention_mask is ignored below, as the stock processor ignores it)
         return None
@@ -62,25 +60,13 @@ def sd3_call(original, session, attn, args, kwargs):
     if any(n is False for n in norms):
         return None
 
-    batch, n_img = hidden_states.shape[:2]
-    n_txt = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
-    joint = [torch.empty(batch, n_img + n_txt, heads, head_dim, dtype=dtype, device=hidden_states.device)
-             for _ in range(3)]
-    parts = [((attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)), slice(0, n_img))]
+    n_img = hidden_states.shape[1]
+    parts = [((attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)), slice(0, n_img),
+              norms[:2], None)]
     if encoder_hidden_states is not None:
         parts.append(((attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
-                       attn.add_v_proj(encoder_hidden_states)), slice(n_img, None)))
-    hnd = lambda t: t.transpose(1, 2)
-    for p, (projections, rows) in enumerate(parts):
-        for i, proj in enumerate(projections):
-            src = proj.view(batch, -1, heads, head_dim)
-            norm = norms[2 * p + i] if i < 2 else None
-            if norm is None:
-                joint[i][:, rows] = src
-            else:
-                rms_norm_rope(hnd(src), norm, None, out=hnd(joint[i][:, rows]), round_before_weight=True)
-    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
-    out = out.transpose(1, 2).reshape(batch, -1, heads * head_dim).to(dtype)
+                       attn.add_v_proj(encoder_hidden_states)), slice(n_img, None), norms[2:], None))
+    out = _joint_attention(session, parts, heads, head_dim, round_before_weight=True)
     if encoder_hidden_states is not None:
         out, encoder_out = out[:, :n_img], out[:, n_img:]
         if not attn.context_pre_only:
@@ -103,8 +89,6 @@ def _torch_rms_params(norm, head_dim: int, dtype: torch.dtype):
 def flux_call(original, session, attn, args, kwargs):
     """FluxAttnProcessor.__call__ with Q/K RMSNorms and rotary embeddings written into joint buffers (no
     concatenations, no fp32 copies); None where not applicable."""
-    from ..kernels.triton_qk_prologue import rms_norm_rope
-
     a = _arguments(original, "diffusers.models.transformers.transformer_flux.FluxAttnProcessor", attn, args, kwargs)
     if a is None or not _native_dispatch(original):
         return None
@@ -125,36 +109,22 @@ def flux_call(original, session, attn, args, kwargs):
     norms = [_torch_rms_params(getattr(attn, n, None), head_dim, dtype) for n in names]
     if any(n is False for n in norms):
         return None
-    batch, n_img = hidden_states.shape[:2]
+    n_img = hidden_states.shape[1]
     n_txt = encoder_hidden_states.shape[1] if joint_text else 0
     total = n_txt + n_img
-    rope = a.get("image_rotary_emb")
-    if rope is not None:
-        rope = _rope_pair(rope, total, head_dim)
-        if rope is False:
-            return None
+    rope = _rope_pair(a.get("image_rotary_emb"), total, head_dim)
+    if rope is False:
+        return None
 
     projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
     if any(t is not None and t.dtype != dtype for t in projections):
         return None
     heads = projections[0].shape[-1] // head_dim
-    joint = [torch.empty(batch, total, heads, head_dim, dtype=dtype, device=hidden_states.device)
-             for _ in range(3)]
-    hnd = lambda t: t.transpose(1, 2)
     parts = [(projections[:3], slice(n_txt, None), norms[:2])]
     if joint_text:
         parts.append((projections[3:], slice(0, n_txt), norms[2:]))
-    for (q, k, v), rows, (norm_q, norm_k) in parts:
-        table = (rope[0][rows], rope[1][rows]) if rope is not None else None
-        for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
-            src = src.unflatten(-1, (-1, head_dim))
-            if norm is None and table is None:
-                dst[:, rows] = src
-            else:
-                rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), per_channel_rope=True)
-        joint[2][:, rows] = v.unflatten(-1, (-1, head_dim))
-    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
-    out = out.transpose(1, 2).flatten(2, 3).to(dtype)
+    parts = [(qkv, rows, n, (rope[0][rows], rope[1][rows]) if rope is not None else None) for qkv, rows, n in parts]
+    out = _joint_attention(session, parts, heads, head_dim, per_channel_rope=True)
     if not joint_text:
         return out
     encoder_out, out = out.split_with_sizes([n_txt, n_img], dim=1)
@@ -165,8 +135,6 @@ def flux_call(original, session, attn, args, kwargs):
 def hunyuan_call(original, session, attn, args, kwargs):
     """HunyuanVideoAttnProcessor2_0.__call__ (dual- and single-stream blocks) with the Q/K RMSNorms and the
     video tokens' rotary embeddings written into joint buffers; None where not applicable."""
-    from ..kernels.triton_qk_prologue import rms_norm_rope
-
     a = _arguments(original, "diffusers.models.transformers.transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0",
                    attn, args, kwargs)
     if a is None or not _native_dispatch(original):
@@ -186,18 +154,11 @@ def hunyuan_call(original, session, attn, args, kwargs):
     dual = attn.add_q_proj is not None
     names = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if dual else ())
     norms = [_diffusers_rms_params(getattr(attn, n, None), head_dim, dtype) for n in names]
-    n_txt = encoder_hidden_states.shape[1]
     n_vid = hidden_states.shape[1]
-    rope = a.get("image_rotary_emb")
-    if rope is not None:
-        rope = _rope_pair(rope, n_vid, head_dim)
+    rope = _rope_pair(a.get("image_rotary_emb"), n_vid, head_dim)
     if any(n is False for n in norms) or rope is False or head_dim % 2:
         return None
 
-    batch, total = hidden_states.shape[0], n_vid + n_txt
-    joint = [torch.empty(batch, total, heads, head_dim, dtype=dtype, device=hidden_states.device)
-             for _ in range(3)]
-    hnd = lambda t: t.transpose(1, 2)
     vid, txt = slice(0, n_vid), slice(n_vid, None)
     if dual:
         parts = [((attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)), vid, norms[:2], rope),
@@ -207,20 +168,10 @@ def hunyuan_call(original, session, attn, args, kwargs):
         joint_in = torch.cat([hidden_states, encoder_hidden_states], dim=1)
         q, k, v = attn.to_q(joint_in), attn.to_k(joint_in), attn.to_v(joint_in)
         parts = [((q[:, vid], k[:, vid], v[:, vid]), vid, norms, rope), ((q[:, txt], k[:, txt], v[:, txt]), txt, norms, None)]
-    for (q, k, v), rows, (norm_q, norm_k), table in parts:
-        for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
-            src = src.unflatten(2, (heads, -1))
-            if norm is None and table is None:
-                dst[:, rows] = src
-            else:
-                rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), round_before_weight=True,
-                              per_channel_rope=True)
-        joint[2][:, rows] = v.unflatten(2, (heads, -1))
     mask = a.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # [B, S], as the routed dispatcher reads it
         mask = mask[:, None, None, :]
-    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False})
-    out = out.transpose(1, 2).flatten(2, 3).to(dtype)
+    out = _joint_attention(session, parts, heads, head_dim, mask, round_before_weight=True, per_channel_rope=True)
     out, encoder_out = out[:, :n_vid], out[:, n_vid:]
     if getattr(attn, "to_out", None) is not None:
         out = attn.to_out[1](attn.to_out[0](out))
