@@ -85,9 +85,15 @@ def time_ms(fn, *args):
 
 
 def quant_only(q, k, v):
+    """The separate quantization pass as the full call runs it (on Hopper the Gluon kernel quantizes Q itself)."""
+    from sagegen.kernels import triton_attn
+
     cfg = sagegen.SageConfig()
     bq, bk = cfg.blocks(q.shape[-1])
-    return triton_quant.quantize(q, k, v, cfg, bq, bk, max(16, q.shape[-1]))
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    return triton_quant.quantize(q, k, v, cfg, bq, bk, max(16, q.shape[-1]),
+                                 permute_v_keys=hopper and triton_attn.gluon_permutes_v(),
+                                 quantize_q=not (hopper and triton_attn.gluon_quantizes_q()))
 
 
 def speed(shapes, impls):

@@ -61,26 +61,34 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
 
 
 def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: int | None = None,
-                  maxnreg: int | None = None):
+                  maxnreg: int | None = None, block_n: int | None = None, quant_q: bool | None = None):
     """The Hopper Gluon kernel (`gluon_attn`) at its launch settings, compiled for `arch` without a GPU."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from sagegen.kernels import gluon_attn
 
     bq, bk = SageConfig().blocks(head_dim)
-    default_stages, default_reg = gluon_attn.launch_settings(head_dim)
+    bk = block_n or bk
+    default_stages, default_reg = gluon_attn.launch_settings(head_dim, bk)
     q_l, k_l, v_l = gluon_attn.shared_layouts(bq, bk, head_dim)
     fn = gluon_attn._attn_fwd_sm90
     names = list(inspect.signature(fn.fn).parameters)
+    quant_q = gluon_attn.QUANT_Q_IN_KERNEL if quant_q is None else quant_q
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
-                 SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True)
+                 SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, PAD_D=False,
+                 SPLIT_PV=gluon_attn.splits_pv(head_dim, bk), q_layout=q_l,
+                 stride_qd=1, stride_od=1)  # unit strides, as the JIT specializes them for contiguous tensors
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}
-    ptr = {**PTR, "KV_LEN": "*i32"}
+    ptr = {**PTR, "KV_LEN": "*i32", "Q": "*bf16" if quant_q else "*i8"}
     sig = {n: "constexpr" if n in const else desc.get(n) or ptr.get(n) or ("fp32" if n == "sm_scale_log2" else "i32")
            for n in names}
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
+    # pointers and row strides divisible by 16, as the JIT finds them for real tensors: vectorized accesses
+    aligned = [n for n in names if n in ptr or n in ("stride_qb", "stride_qh", "stride_qm", "stride_ob", "stride_oh",
+                                                      "stride_om")]
+    src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()},
+                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": 4, "maxnreg": maxnreg or default_reg})
 

@@ -91,14 +91,15 @@ def test_smooth_v_cuts_kernel_error_on_biased_v(seed):
     assert smooth <= 0.6 * plain
 
 
-KERNELS = ["gluon", "triton"]
+# "gluon-64": the Gluon kernel with 64-key blocks (P·V in head-dim halves at head dim 128, three CTAs per SM)
+KERNELS = ["gluon", "gluon-64", "triton"]
 
 
 def _use_kernel(monkeypatch, kernel: str, cfg: SageConfig) -> SageConfig:
     if kernel.startswith("gluon") and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernels are sm90-only")
-    monkeypatch.setenv("SAGEGEN_KERNEL", kernel)
-    return cfg
+    monkeypatch.setenv("SAGEGEN_KERNEL", kernel.split("-")[0])
+    return cfg.replace(block_k=64) if kernel == "gluon-64" else cfg
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -108,6 +109,8 @@ def _use_kernel(monkeypatch, kernel: str, cfg: SageConfig) -> SageConfig:
 def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, nk):
     """Every kernel (SAGEGEN_KERNEL) against the emulation and fp64: odd lengths, GQA, V smoothing, LSE;
     key counts of one partial block, two, and a partial third."""
+    if kernel == "gluon-64" and d <= 64:
+        pytest.skip("64-key blocks are a head-dim-128 variant")
     cfg = _use_kernel(monkeypatch, kernel, SageConfig(smooth_v=True))
     q, _, _ = qkv(2, 8, hkv, nq, nk, d, dtype=torch.bfloat16, device="cuda")
     _, k, v = qkv(2, 8, hkv, nq, nk, d, dtype=torch.bfloat16, device="cuda")
@@ -119,6 +122,29 @@ def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, n
     assert torch.isfinite(t).all()
     assert rel_l1(t, r) < 2e-4 and (lt - lr).abs().max() < 5e-4
     assert cosine(t, ref) > 0.999
+
+
+@pytest.mark.parametrize("kernel", ["gluon", "gluon-64"])
+@pytest.mark.parametrize("d,layout", [(128, "HND"), (64, "NHD"), (96, "NHD")])
+def test_gluon_q_quantized_in_kernel_is_bit_identical(seed, monkeypatch, kernel, d, layout):
+    """The Gluon kernel quantizes Q per CTA (gluon_attn.QUANT_Q_IN_KERNEL): the same output and LSE, bit for
+    bit, as with Q quantized by the separate pass; odd lengths, a padded head dim, a strided (NHD) Q."""
+    from sagegen.kernels import gluon_attn, triton_attn
+
+    if kernel == "gluon-64" and d <= 64:
+        pytest.skip("64-key blocks are a head-dim-128 variant")
+    cfg = _use_kernel(monkeypatch, kernel, SageConfig(smooth_v=True))
+    q, k, v = qkv(2, 8, 4, 1000 + 3, 700 + 9, d, dtype=torch.bfloat16, device="cuda", layout=layout)
+    q = q * 5.0  # rows with large values: scales far from 1
+    seen, real_quantize = [], triton_attn.quantize
+    monkeypatch.setattr(triton_attn, "quantize", lambda *a, **kw: seen.append(kw["quantize_q"]) or real_quantize(*a, **kw))
+    runs = {}
+    for in_kernel in (True, False):
+        monkeypatch.setattr(gluon_attn, "QUANT_Q_IN_KERNEL", in_kernel)
+        runs[in_kernel] = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, return_lse=True,
+                                           backend="triton")
+    assert seen == [False, True]  # the first run left Q to the kernel, the second quantized it separately
+    assert torch.equal(runs[True][0], runs[False][0]) and torch.equal(runs[True][1], runs[False][1])
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

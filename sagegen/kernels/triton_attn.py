@@ -238,6 +238,12 @@ def gluon_permutes_v() -> bool:
     return gluon_attn.PERMUTE_V
 
 
+def gluon_quantizes_q() -> bool:
+    from . import gluon_attn
+
+    return gluon_attn.QUANT_Q_IN_KERNEL
+
+
 def key_prefix_lengths(key_bias: torch.Tensor) -> torch.Tensor | None:
     """int32 [B] valid-key counts when a key-padding bias [B, Nk] is 0 on a prefix of the keys and -inf after
     it (text padded at the end, as HunyuanVideo's), with at least one valid key; else None. One host sync."""
@@ -264,8 +270,8 @@ def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int,
         return "key-padding masks other than a valid prefix use the Triton kernel"
     if config.pv_precision != "fp8" or config.k_granularity != "per_block" or config.smooth_q:
         return "fp16 P·V, per-token K scales and Q smoothing use the Triton kernel"
-    if d_pad not in (64, 128) or tuple(blocks) != (64, 128):
-        return "the Gluon kernel has 64x128 tiles at head dims 64 and 128"
+    if not (d_pad in (64, 128) and tuple(blocks) == (64, 128) or d_pad == 128 and tuple(blocks) == (64, 64)):
+        return "the Gluon kernel has 64x128 tiles at head dims 64 and 128, and 64x64 tiles at head dim 128"
     try:
         from . import gluon_attn  # noqa: F401
     except Exception as exc:  # a Triton without Gluon's Hopper API
@@ -318,8 +324,10 @@ def sage_attention(
     if choice == "gluon" and why_not:
         raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
     use_gluon = why_not is None
+    # The Gluon kernel quantizes Q itself (per-token scales only; per-block ones keep the Q pass).
+    q_in_kernel = use_gluon and gluon_quantizes_q() and config.q_granularity == "per_token"
     qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias,
-                  permute_v_keys=use_gluon and gluon_permutes_v())
+                  permute_v_keys=use_gluon and gluon_permutes_v(), quantize_q=not q_in_kernel)
     c = sm_scale * LOG2E
     if use_gluon:
         from . import gluon_attn
@@ -328,13 +336,13 @@ def sage_attention(
         try:
             gluon_attn.launch(qq, out, lse, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
                               block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
-                              permuted_v=gluon_permutes_v())
+                              permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None)
             return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
         except GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel
             if choice == "gluon":
                 raise
             _gluon_failed(exc)
-            if gluon_permutes_v():
+            if gluon_permutes_v() or q_in_kernel:
                 qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)
 
     q_bias = qq.q_scale  # placeholder pointer when unused

@@ -241,8 +241,8 @@ def _quant_kv_kernel(
 
 @dataclass
 class QuantizedQKV:
-    q8: torch.Tensor  # int8 [B, Hq, Nq_pad, D_pad]
-    q_scale: torch.Tensor  # fp32 [B, Hq, Nq_pad], per row (per-block scales repeated)
+    q8: torch.Tensor | None  # int8 [B, Hq, Nq_pad, D_pad]; None with quantize_q=False
+    q_scale: torch.Tensor | None  # fp32 [B, Hq, Nq_pad], per row (per-block scales repeated)
     q_block_mean: torch.Tensor | None  # fp32 [B, Hq, nblocks_q, D_pad] when smooth_q
     k8: torch.Tensor  # int8 [B, Hkv, Nk_pad, D_pad]
     k_scale: torch.Tensor  # fp32 [B, Hkv, Nk_pad]
@@ -291,12 +291,15 @@ QUANT_WARPS = {"stats": 2, "q": 4, "kv": 4}  # stats: 2 warps 10-30 us faster th
 
 
 def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int,
-             key_bias: torch.Tensor | None = None, permute_v_keys: bool = False) -> QuantizedQKV:
+             key_bias: torch.Tensor | None = None, permute_v_keys: bool = False,
+             quantize_q: bool = True) -> QuantizedQKV:
     """Quantize q [B, Hq, Nq, D] and k, v [B, Hkv, Nk, D] (any strides) for the attention kernel.
 
     key_bias: a key-padding mask as an fp32 bias [B, Nk] (contiguous; -inf = masked). Masked keys are left
     out of the smoothing means and the scales, and quantize to zeros.
     permute_v_keys: store FP8 V's keys in `gluon_attn`'s order (see `_quant_kv_kernel`).
+    quantize_q: False leaves Q to the attention kernel (`gluon_attn` quantizes it per CTA): q8 and q_scale
+    are None.
 
     Three launches: K/V channel statistics (one read of K and V), Q (one read), and K with V (one more
     read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
@@ -306,14 +309,17 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     nq_pad = triton.cdiv(Nq, block_q) * block_q
     nk_pad = triton.cdiv(Nk, block_k) * block_k
     dev = q.device
-    q8 = torch.empty(B, Hq, nq_pad, d_pad, dtype=torch.int8, device=dev)
-    q_scale = torch.empty(B, Hq, nq_pad, dtype=torch.float32, device=dev)
-    q_bm = torch.empty(B, Hq, nq_pad // block_q, d_pad, dtype=torch.float32, device=dev) if config.smooth_q else None
-    _quant_q_kernel[(nq_pad // block_q, B * Hq)](
-        q, q8, q_scale, q_bm if q_bm is not None else q_scale, *q.stride(), Hq, Nq, D, nq_pad,
-        BLOCK=block_q, HEAD_DIM=d_pad, BLOCK_MEAN=config.smooth_q,
-        PER_TOKEN=config.q_granularity == "per_token", num_warps=QUANT_WARPS["q"],
-    )
+    q8 = q_scale = q_bm = None
+    if quantize_q:
+        q8 = torch.empty(B, Hq, nq_pad, d_pad, dtype=torch.int8, device=dev)
+        q_scale = torch.empty(B, Hq, nq_pad, dtype=torch.float32, device=dev)
+        if config.smooth_q:
+            q_bm = torch.empty(B, Hq, nq_pad // block_q, d_pad, dtype=torch.float32, device=dev)
+        _quant_q_kernel[(nq_pad // block_q, B * Hq)](
+            q, q8, q_scale, q_bm if q_bm is not None else q_scale, *q.stride(), Hq, Nq, D, nq_pad,
+            BLOCK=block_q, HEAD_DIM=d_pad, BLOCK_MEAN=config.smooth_q,
+            PER_TOKEN=config.q_granularity == "per_token", num_warps=QUANT_WARPS["q"],
+        )
 
     fp8 = config.pv_precision == "fp8"
     k_mean, v_mean, v_scale, v_inv_scale = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
