@@ -1,8 +1,9 @@
 """Same-run comparison of Hopper Gluon kernel variants (full call, bf16) next to SDPA's default, alternating
 the variants twice so drift shows; accuracy against fp64 for each variant. JSON to --out.
 
-Variants: "q-pass" (Q quantized by the separate pass), "q-in-kernel" (Q quantized per CTA, the default), and
-"keys64" (64-key blocks: at head dim 128 P·V in head-dim halves, 168 registers, three CTAs per SM).
+Variants: "q-pass" (Q quantized by the separate pass), "q-in-kernel" (Q quantized per CTA, the default). The
+results file of 2026-11-21 also has "keys64" (64-key blocks at head dim 128 with P·V in head-dim halves, 168
+registers, three CTAs per SM; commit 17d5f88, removed afterwards: bench/NOTES.md v3.1).
 
     python bench/ab_gluon_variants.py --out $OUT/ab-variants.json
 """
@@ -25,20 +26,12 @@ from sagegen.kernels import gluon_attn  # noqa: E402
 SHAPES = [(4, 32, 4096, 128), (4, 32, 8192, 128), (4, 32, 16384, 128), (1, 24, 32768, 128), (1, 24, 4608, 128),
           (4, 32, 8192, 64), (2, 48, 17776, 64), (2, 38, 4429, 64)]
 ACCURACY = [(1, 8, 4096, 128), (1, 8, 4096, 64)]
-VARIANTS = {  # name: (Q in the kernel, 64-key blocks at head dim 128)
-    "q-pass": (False, False), "q-in-kernel": (True, False), "keys64": (True, True),
-    "keys64-4stages": (True, True),
-}
+VARIANTS = {"q-pass": False, "q-in-kernel": True}  # name: Q quantized in the kernel
 
 
 def run_variant(name, q, k, v):
-    in_kernel, keys64 = VARIANTS[name]
-    gluon_attn.QUANT_Q_IN_KERNEL = in_kernel
-    gluon_attn.LAUNCH_OVERRIDES.clear()
-    if name == "keys64-4stages":
-        gluon_attn.LAUNCH_OVERRIDES[(128, 64)] = (4, 168)
-    cfg = sagegen.SageConfig(block_k=64) if keys64 and q.shape[-1] > 64 else sagegen.SageConfig()
-    return sagegen.sageattn(q, k, v, config=cfg, backend="triton")
+    gluon_attn.QUANT_Q_IN_KERNEL = VARIANTS[name]
+    return sagegen.sageattn(q, k, v, backend="triton")
 
 
 def main():
@@ -70,8 +63,6 @@ def main():
         row = {"shape": [b, h, n, d], "sdpa_default": tf(bench(lambda: F.scaled_dot_product_attention(q, k, v)))}
         for rep in (1, 2):
             for name in names:
-                if d <= 64 and name.startswith("keys64"):
-                    continue
                 row[f"{name}#{rep}"] = tf(bench(lambda: run_variant(name, q, k, v)))
         rows.append(row)
         print(" ".join(f"{k_}={v_:.0f}" if isinstance(v_, float) else f"{k_}={v_}" for k_, v_ in row.items()),

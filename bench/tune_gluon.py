@@ -45,7 +45,7 @@ def main():
         os.environ["SAGEGEN_KERNEL"] = "gluon"
         row["gluon"] = {}
         for stages, maxnreg in CANDIDATES[d]:
-            gluon_attn.LAUNCH_OVERRIDES[(d, 128)] = (stages, maxnreg)
+            gluon_attn.LAUNCH_OVERRIDES[d] = (stages, maxnreg)
             try:
                 t = tf(bench(lambda: sagegen.sageattn(q, k, v, backend="triton")))
             except Exception as exc:  # e.g. out of shared memory

@@ -91,15 +91,14 @@ def test_smooth_v_cuts_kernel_error_on_biased_v(seed):
     assert smooth <= 0.6 * plain
 
 
-# "gluon-64": the Gluon kernel with 64-key blocks (P·V in head-dim halves at head dim 128, three CTAs per SM)
-KERNELS = ["gluon", "gluon-64", "triton"]
+KERNELS = ["gluon", "triton"]
 
 
 def _use_kernel(monkeypatch, kernel: str, cfg: SageConfig) -> SageConfig:
     if kernel.startswith("gluon") and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernels are sm90-only")
-    monkeypatch.setenv("SAGEGEN_KERNEL", kernel.split("-")[0])
-    return cfg.replace(block_k=64) if kernel == "gluon-64" else cfg
+    monkeypatch.setenv("SAGEGEN_KERNEL", kernel)
+    return cfg
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -109,8 +108,6 @@ def _use_kernel(monkeypatch, kernel: str, cfg: SageConfig) -> SageConfig:
 def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, nk):
     """Every kernel (SAGEGEN_KERNEL) against the emulation and fp64: odd lengths, GQA, V smoothing, LSE;
     key counts of one partial block, two, and a partial third."""
-    if kernel == "gluon-64" and d <= 64:
-        pytest.skip("64-key blocks are a head-dim-128 variant")
     cfg = _use_kernel(monkeypatch, kernel, SageConfig(smooth_v=True))
     q, _, _ = qkv(2, 8, hkv, nq, nk, d, dtype=torch.bfloat16, device="cuda")
     _, k, v = qkv(2, 8, hkv, nq, nk, d, dtype=torch.bfloat16, device="cuda")
@@ -124,16 +121,13 @@ def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, n
     assert cosine(t, ref) > 0.999
 
 
-@pytest.mark.parametrize("kernel", ["gluon", "gluon-64"])
 @pytest.mark.parametrize("d,layout", [(128, "HND"), (64, "NHD"), (96, "NHD")])
-def test_gluon_q_quantized_in_kernel_is_bit_identical(seed, monkeypatch, kernel, d, layout):
+def test_gluon_q_quantized_in_kernel_is_bit_identical(seed, monkeypatch, d, layout):
     """The Gluon kernel quantizes Q per CTA (gluon_attn.QUANT_Q_IN_KERNEL): the same output and LSE, bit for
     bit, as with Q quantized by the separate pass; odd lengths, a padded head dim, a strided (NHD) Q."""
     from sagegen.kernels import gluon_attn, triton_attn
 
-    if kernel == "gluon-64" and d <= 64:
-        pytest.skip("64-key blocks are a head-dim-128 variant")
-    cfg = _use_kernel(monkeypatch, kernel, SageConfig(smooth_v=True))
+    cfg = _use_kernel(monkeypatch, "gluon", SageConfig(smooth_v=True))
     q, k, v = qkv(2, 8, 4, 1000 + 3, 700 + 9, d, dtype=torch.bfloat16, device="cuda", layout=layout)
     q = q * 5.0  # rows with large values: scales far from 1
     seen, real_quantize = [], triton_attn.quantize

@@ -11,7 +11,8 @@ overlap), and the FP8 P·V of each block is still computed fresh and added into 
 Scope (the launcher in `triton_attn` sends everything else to the Triton kernel): sm90, no causal mask,
 per-block K scales, no Q smoothing, FP8 P·V, head dims 64 and 128 (padded), masks: none, or a key-padding
 mask that is a valid prefix per batch (given as key lengths). Same math, op for op, as `triton_attn` with
-FAST=True, so `reference.py` stays its oracle.
+FAST=True, so `reference.py` stays its oracle. With per-token Q scales (the default) each CTA quantizes its
+own Q rows (`_quantize_q_tile`) instead of reading them from the separate quantization pass.
 """
 
 from __future__ import annotations
@@ -110,54 +111,19 @@ def _p_operand(p, p_layout: gl.constexpr, PERMUTED_V: gl.constexpr):
 
 
 @gluon.jit
-def _pv_halves(p8, v_tile, acc0, acc1, alpha_o, zero):
-    """acc0/acc1 (the two head-dim halves of the accumulator) rescaled by alpha_o plus P·V, one half after the
-    other: only half of the fresh product is ever live, which keeps 64-key blocks at head dim 128 within 168
-    registers (three CTAs per SM). alpha_o: alpha expanded to acc's layout; zero: a zero half."""
-    HALF: gl.constexpr = v_tile.shape[0] // 2
-    tok = warpgroup_mma(p8, v_tile.slice(0, HALF).permute((1, 0)), zero, use_acc=False, is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(tok,))
-    # An opaque (side-effecting) identity keeps acc0's update before the second multiply is issued: LLVM
-    # would otherwise sink it below, and both halves of the product would be live at once.
-    acc0 = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [acc0 * alpha_o + pv], dtype=gl.float32,
-                                     is_pure=False, pack=1)
-    tok = warpgroup_mma(p8, v_tile.slice(HALF, HALF).permute((1, 0)), zero, use_acc=False, is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(tok,))
-    return acc0, acc1 * alpha_o + pv
-
-
-@gluon.jit
-def _split_block(q_smem, k_smem, v_smem, bars, j, ks_base, q_scale, m_i, r_i, l_i, acc0, acc1, s_zero, o_zero,
-                 n_keys, STAGES: gl.constexpr, BLOCK_N: gl.constexpr, TAIL: gl.constexpr, s_layout: gl.constexpr,
-                 p_layout: gl.constexpr, row_o: gl.constexpr, PERMUTED_V: gl.constexpr):
-    """One key block of the SPLIT_PV loop: Q·Kᵀ, softmax, P·V in head-dim halves, in that order."""
-    slot = j % STAGES
-    mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    ks = gl.load(ks_base + j * BLOCK_N)
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, TAIL, s_layout)
-    p8 = _p_operand(p, p_layout, PERMUTED_V)
-    acc0, acc1 = _pv_halves(p8, v_smem.index(slot), acc0, acc1, gl.expand_dims(gl.convert_layout(alpha, row_o), 1),
-                            o_zero)
-    return m_i, r_i, l_i, acc0, acc1
-
-
-@gluon.jit
 def _attn_fwd_sm90(
     q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
     H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
-    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPLIT_PV: gl.constexpr, q_layout: gl.constexpr,
+    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, q_layout: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BLOCK_N, 32])
-    O_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT_PV else HEAD_DIM  # columns per accumulator tensor
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
-                                                      instr_shape=[16, O_COLS, 32])
+                                                      instr_shape=[16, HEAD_DIM, 32])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -200,86 +166,66 @@ def _attn_fwd_sm90(
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)  # running row max of the scores
     r_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)  # the max that acc and l are relative to
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-    acc = gl.zeros([BLOCK_M, O_COLS], gl.float32, o_layout)
-    if SPLIT_PV:
-        acc1 = gl.zeros([BLOCK_M, O_COLS], gl.float32, o_layout)  # acc holds the first half of the head dim
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
-    o_zero = gl.zeros([BLOCK_M, O_COLS], gl.float32, o_layout)
+    o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
     if not QUANT_Q:
         mbarrier.wait(q_bar, 0)
-    if SPLIT_PV:
-        # 64-key blocks at head dim 128, three CTAs per SM: no Q·Kᵀ in flight during the softmax (its 32
-        # registers do not fit under 168); the other CTAs on the SM fill this one's waits instead.
-        for j in range(0, n_blocks - 1):
-            m_i, r_i, l_i, acc, acc1 = _split_block(q_smem, k_smem, v_smem, bars, j, ks_base, q_scale, m_i, r_i,
-                                                    l_i, acc, acc1, s_zero, o_zero, n_keys, STAGES, BLOCK_N, False,
-                                                    s_layout, p_layout, row_o, PERMUTED_V)
-            if j + STAGES < n_blocks:
-                _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, STAGES, BLOCK_N)
-        m_i, r_i, l_i, acc, acc1 = _split_block(q_smem, k_smem, v_smem, bars, n_blocks - 1, ks_base, q_scale, m_i,
-                                                r_i, l_i, acc, acc1, s_zero, o_zero, n_keys, STAGES, BLOCK_N, True,
-                                                s_layout, p_layout, row_o, PERMUTED_V)
-    else:
-        mbarrier.wait(bars.index(0), 0)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s_tok,))
-        ks = gl.load(ks_base)
+    mbarrier.wait(bars.index(0), 0)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    ks = gl.load(ks_base)
 
-        # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
-        # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
-        for j in range(0, n_blocks - 1):
-            nxt = j + 1
-            mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
-            s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)
-            ks_next = gl.load(ks_base + nxt * BLOCK_N)
-            p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, False,
-                                                     s_layout)
-            p8 = _p_operand(p, p_layout, PERMUTED_V)
-            pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), o_zero, use_acc=False,
-                                   is_async=True)
-            s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
-            if j + STAGES < n_blocks:
-                _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, STAGES, BLOCK_N)
-            ks = ks_next
-
-        # The last block: the only one that can be partial.
-        last = n_blocks - 1
-        p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, last * BLOCK_N, n_keys, True,
+    # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
+    # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
+    for j in range(0, n_blocks - 1):
+        nxt = j + 1
+        mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        ks_next = gl.load(ks_base + nxt * BLOCK_N)
+        p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, False,
                                                  s_layout)
         p8 = _p_operand(p, p_layout, PERMUTED_V)
-        pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
+        pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), o_zero, use_acc=False,
                                is_async=True)
-        pv = warpgroup_mma_wait(0, deps=(pv_tok,))
+        s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
+        if j + STAGES < n_blocks:
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, STAGES, BLOCK_N)
+        ks = ks_next
+
+    # The last block: the only one that can be partial.
+    last = n_blocks - 1
+    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, last * BLOCK_N, n_keys, True,
+                                             s_layout)
+    p8 = _p_operand(p, p_layout, PERMUTED_V)
+    pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
+                           is_async=True)
+    pv = warpgroup_mma_wait(0, deps=(pv_tok,))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
-    _epilogue(acc, 0, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
-              stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, O_COLS,
+    _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
+              stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
               SMOOTH_V, RETURN_LSE, s_layout, o_layout)
-    if SPLIT_PV:
-        _epilogue(acc1, O_COLS, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
-                  stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, O_COLS,
-                  SMOOTH_V, False, s_layout, o_layout)
 
 
 @gluon.jit
-def _epilogue(acc, col0, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
+def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
-              BLOCK_M: gl.constexpr, COLS: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
+              BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
               s_layout: gl.constexpr, o_layout: gl.constexpr):
-    """O = acc / l, undo V's FP8 scale (and smoothing), store rows row0.. and head-dim columns col0.. of head
-    (b, h); the LSE too."""
+    """O = acc / l, undo V's FP8 scale (and smoothing), store rows row0.. of head (b, h); the LSE too."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     # acc and l both carry P's factor 448, which cancels here.
     l_o = gl.convert_layout(l_i, row_o)
     inv_l = gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)
-    offs_d = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, o_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     o = acc * gl.expand_dims(inv_l, 1) * gl.expand_dims(gl.load(VS + v_row0 + offs_d), 0)
     if SMOOTH_V:
         v_mean = gl.expand_dims(gl.load(VM + v_row0 + offs_d), 0)
@@ -307,24 +253,16 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 PERMUTE_V = True
 # Q quantized inside the kernel (no separate Q pass); False only to measure the difference.
 QUANT_Q_IN_KERNEL = True
-# (ring slots, register cap) per (padded head dim, keys per block); bench/tune_gluon.py measures alternatives.
-LAUNCH_OVERRIDES: dict[tuple[int, int], tuple[int, int | None]] = {}
+# (ring slots, register cap) per padded head dim; bench/tune_gluon.py measures the alternatives.
+LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
 
 
-def launch_settings(head_dim: int, block_n: int = 128) -> tuple[int, int | None]:
-    """128-key blocks: three K+V ring slots at head dim 128 (104 KiB of shared memory: two CTAs per SM, 254
-    registers); four at head dim 64 with registers capped at 168 so that three CTAs share an SM. 64-key blocks
-    at head dim 128 (P·V in head-dim halves): three slots, 168 registers, three CTAs per SM."""
-    if (head_dim, block_n) in LAUNCH_OVERRIDES:
-        return LAUNCH_OVERRIDES[(head_dim, block_n)]
-    if block_n == 64:
-        return (3, 168) if head_dim >= 128 else (4, 168)
+def launch_settings(head_dim: int) -> tuple[int, int | None]:
+    """Three K+V ring slots at head dim 128 (104 KiB of shared memory: two CTAs per SM, 254 registers);
+    four at head dim 64 with registers capped at 168 so that three CTAs share an SM."""
+    if head_dim in LAUNCH_OVERRIDES:
+        return LAUNCH_OVERRIDES[head_dim]
     return (3, None) if head_dim >= 128 else (4, 168)
-
-
-def splits_pv(head_dim: int, block_n: int) -> bool:
-    """P·V in two head-dim halves (`_pv_halves`): 64-key blocks at head dim 128."""
-    return head_dim >= 128 and block_n == 64
 
 
 def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, n_k: int, d: int,
@@ -340,7 +278,7 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     d_pad = qq.k8.shape[-1]
     nk_pad = qq.k8.shape[2]
     nq_pad = triton.cdiv(n_q, block_m) * block_m
-    stages, maxnreg = launch_settings(d_pad, block_n)
+    stages, maxnreg = launch_settings(d_pad)
     q_l, k_l, v_l = shared_layouts(block_m, block_n, d_pad)
     k_desc = TensorDescriptor.from_tensor(qq.k8.view(-1, d_pad), [block_n, d_pad], k_l)
     v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, nk_pad), [d_pad, block_n], v_l)
@@ -359,5 +297,5 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
-        PAD_D=d != d_pad, SPLIT_PV=splits_pv(d_pad, block_n), q_layout=q_l, num_warps=4, **extra,
+        PAD_D=d != d_pad, q_layout=q_l, num_warps=4, **extra,
     )

@@ -270,8 +270,8 @@ def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int,
         return "key-padding masks other than a valid prefix use the Triton kernel"
     if config.pv_precision != "fp8" or config.k_granularity != "per_block" or config.smooth_q:
         return "fp16 P·V, per-token K scales and Q smoothing use the Triton kernel"
-    if not (d_pad in (64, 128) and tuple(blocks) == (64, 128) or d_pad == 128 and tuple(blocks) == (64, 64)):
-        return "the Gluon kernel has 64x128 tiles at head dims 64 and 128, and 64x64 tiles at head dim 128"
+    if d_pad not in (64, 128) or tuple(blocks) != (64, 128):
+        return "the Gluon kernel has 64x128 tiles at head dims 64 and 128"
     try:
         from . import gluon_attn  # noqa: F401
     except Exception as exc:  # a Triton without Gluon's Hopper API
