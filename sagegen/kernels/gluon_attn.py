@@ -253,8 +253,6 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 PERMUTE_V = True
 # Q quantized inside the kernel (no separate Q pass); False only to measure the difference.
 QUANT_Q_IN_KERNEL = True
-# Padded head dims that run the `gluon_pingpong` experiment instead (needs QUANT_Q_IN_KERNEL = False).
-PINGPONG_HEAD_DIMS: set[int] = set()
 # (ring slots, register cap) per padded head dim; bench/tune_gluon.py measures the alternatives.
 LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
 
@@ -278,12 +276,6 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     `quantize(..., quantize_q=False)` left qq.q8 empty.
     """
     d_pad = qq.k8.shape[-1]
-    if d_pad in PINGPONG_HEAD_DIMS:
-        from . import gluon_pingpong
-
-        return gluon_pingpong.launch(qq, out, lse, kv_len, H=H, group=group, n_q=n_q, n_k=n_k, d=d,
-                                     block_n=block_n, smooth_v=smooth_v, sm_scale_log2=sm_scale_log2,
-                                     permuted_v=permuted_v)
     nk_pad = qq.k8.shape[2]
     nq_pad = triton.cdiv(n_q, block_m) * block_m
     stages, maxnreg = launch_settings(d_pad)
