@@ -240,6 +240,8 @@ def test_layer_norm_rope_matches_diffusers_eager_ops(seed, d, start, norm, rope)
     assert (diff > 0).float().mean() < 0.05  # rounding-order differences only, at a few elements
     if rope:
         assert not torch.equal(out[:, :, start:], (ln(x) if norm else x)[:, :, start:])  # it did rotate
+    if not norm:  # the rotation alone rounds exactly as the eager ops (no FMA contraction in the kernel)
+        assert torch.equal(out, ref)
 
 
 def test_layer_norm_rope_rejects_bad_rope_shape():
@@ -340,16 +342,17 @@ def test_rms_norm_rope_per_channel_tables_match_apply_rotary_emb(seed):
 
     from sagegen.kernels.triton_qk_prologue import rms_norm_rope
 
-    B, H, N, d = 1, 2, 29, 64
+    # On the GPU large enough (2M elements) that FMA contraction would show: it moves ~2e-5 of them a bf16 step
+    B, H, N, d = (1, 2, 29, 64) if DEVICE == "cpu" else (2, 8, 2048, 64)
     x = torch.randn(B, H, N, d, device=DEVICE).to(torch.bfloat16)
     theta = (torch.rand(N, d // 2, device=DEVICE) * 6.28).repeat_interleave(2, dim=1)
     cos, sin = theta.cos(), theta.sin()
     with torch.no_grad():
         ref = apply_rotary_emb(x, (cos, sin))
         out = rms_norm_rope(x, None, (cos, sin), per_channel_rope=True)
-    diff = (out.float() - ref.float()).abs()
-    assert (diff <= (x.float().abs().unflatten(-1, (-1, 2)).amax(-1, keepdim=True).expand(-1, -1, -1, -1, 2)
-                     .flatten(-2) + ref.float().abs()) * 2.0**-7).all()
+    # No FMA contraction in the kernel (triton_qk_prologue.FP_FUSION): each product rounds as in eager torch,
+    # so the rotation is bit-identical, in the interpreter and on the GPU.
+    assert torch.equal(out, ref)
     assert not torch.equal(out, x)
 
 

@@ -297,5 +297,5 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
-        PAD_D=d != d_pad, q_layout=q_l, num_warps=4, **extra,
+        PAD_D=d != d_pad, q_layout=q_l, num_warps=4, enable_fp_fusion=True, **extra,
     )

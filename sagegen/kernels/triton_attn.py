@@ -388,7 +388,7 @@ def sage_attention(
         CAUSAL=is_causal, K_PER_TOKEN=config.k_granularity == "per_token", MASK_KIND=kind,
         SMOOTH_Q=config.smooth_q, SMOOTH_V=config.smooth_v, PV_FP8=config.pv_precision == "fp8",
         RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128,
-        num_warps=num_warps, num_stages=num_stages, **extra,
+        num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=True, **extra,
     )
     return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
 

@@ -24,6 +24,12 @@ import triton.language as tl
 from .triton_quant import interpreting
 
 
+# No FMA contraction here: eager PyTorch rounds every product of the rotation separately, and so does this
+# kernel then; the rotation matches diffusers' ops bit for bit on an H200 (with contraction 2e-5 of the
+# elements differ by a bf16 step: bench/probe_prologue_rounding.py). Memory-bound, so no speed cost.
+FP_FUSION = False
+
+
 @triton.jit
 def _round_to_half_grid(x, dtype: tl.constexpr):
     """fp32 -> the nearest value (ties to even) of bf16/fp16 as fp32, with integer ops: under TRITON_INTERPRET
@@ -153,7 +159,7 @@ def _launch(x, out, norm_kind: int, w, bias, eps, rope, table_shape: tuple, pair
         x, out, w if w is not None else dummy, bias if bias is not None else dummy, cos, sin, *x.stride(),
         *out.stride(), *strides, H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm_kind,
         HAS_WEIGHT=w is not None, ROPE=rope is not None, PAIR_TABLE=pair_table, EXACT_CAST=interpreting(),
-        FULL_D=head_dim == D, num_warps=4,
+        FULL_D=head_dim == D, num_warps=4, enable_fp_fusion=FP_FUSION,
     )
     return out
 

@@ -271,7 +271,7 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
         *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
         *k.stride(), *v.stride(), H, N, D, nb,
         BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
-        KEY_MASK=key_bias is not None, num_warps=QUANT_WARPS["stats"],
+        KEY_MASK=key_bias is not None, num_warps=QUANT_WARPS["stats"], enable_fp_fusion=True,
     )
     out = lambda flag: torch.empty(B * H, d_pad, dtype=torch.float32, device=k.device) if flag else None
     k_mean, v_mean, v_scale, v_inv_scale = out(k_sum), out(v_sum), out(v_range), out(v_range)
@@ -281,7 +281,7 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
         key_bias if key_bias is not None else dummy,
         *(t if t is not None else dummy for t in (k_mean, v_mean, v_scale, v_inv_scale)),
         H, N, D, nb, HEAD_DIM=d_pad, CHANNELS=channels, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
-        KEY_MASK=key_bias is not None, ROWS=64, COUNT_BLOCK=1024, num_warps=4,
+        KEY_MASK=key_bias is not None, ROWS=64, COUNT_BLOCK=1024, num_warps=4, enable_fp_fusion=True,
     )
     return k_mean, v_mean, v_scale, v_inv_scale
 
@@ -318,7 +318,7 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         _quant_q_kernel[(nq_pad // block_q, B * Hq)](
             q, q8, q_scale, q_bm if q_bm is not None else q_scale, *q.stride(), Hq, Nq, D, nq_pad,
             BLOCK=block_q, HEAD_DIM=d_pad, BLOCK_MEAN=config.smooth_q,
-            PER_TOKEN=config.q_granularity == "per_token", num_warps=QUANT_WARPS["q"],
+            PER_TOKEN=config.q_granularity == "per_token", num_warps=QUANT_WARPS["q"], enable_fp_fusion=True,
         )
 
     fp8 = config.pv_precision == "fp8"
@@ -337,6 +337,7 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
         K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
         KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8, num_warps=QUANT_WARPS["kv"],
+        enable_fp_fusion=True,
     )
     shape = (B, Hkv, d_pad)
     return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean.view(shape) if k_mean is not None else None,
