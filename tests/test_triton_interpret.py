@@ -164,42 +164,6 @@ def test_quantization_statistics_match_torch(seed, n, masked):
     assert torch.allclose(v_inv * v_scale, torch.ones_like(v_scale), rtol=1e-6)
 
 
-def _quantize_both_ways(monkeypatch, q, k, v, cfg, **kw):
-    from sagegen.kernels import triton_quant
-
-    runs = []
-    for one_pass in (True, False):
-        monkeypatch.setattr(triton_quant, "ONE_PASS_KV", one_pass)
-        runs.append(triton_quant.quantize(q, k, v, cfg, 64, 128, 64, **kw))
-    return runs
-
-
-@pytest.mark.parametrize("cfg,masked,per_head", [
-    (SageConfig(smooth_v=True), False, None), (SageConfig(), True, 2),
-    (SageConfig(pv_precision="fp16", k_granularity="per_token"), False, 3)], ids=["smooth-v", "mask", "fp16"])
-def test_kv_one_pass_matches_two_launches(seed, monkeypatch, cfg, masked, per_head):
-    """triton_kv_onepass (here as its two interpreter launches) writes the same K, V, scales and means as the
-    statistics + quantization launches: odd lengths, a padded head dim, a key-padding mask, programs that
-    cover several tiles of their head (per_head < tiles), fp16 V."""
-    from sagegen.kernels import triton_kv_onepass
-
-    if per_head:
-        monkeypatch.setattr(triton_kv_onepass, "programs_per_head", lambda n, dev: min(n, per_head))
-    q, k, v = qkv(2, 4, 2, 70, 700 + 13, 48, device=DEVICE, layout="NHD")
-    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-    kw = {}
-    if masked:
-        bias = torch.zeros(2, k.shape[2], device=DEVICE)
-        bias[0, 500:] = float("-inf")
-        kw["key_bias"] = bias
-    one, two = _quantize_both_ways(monkeypatch, q, k, v, cfg, permute_v_keys=cfg.pv_precision == "fp8", **kw)
-    for name in ("k8", "k_scale", "v", "k_mean", "v_scale", "v_mean"):
-        a, b = getattr(one, name), getattr(two, name)
-        assert (a is None) == (b is None), name
-        if a is not None:
-            assert torch.equal(a.float(), b.float()), name
-
-
 def test_permuted_v_keys_are_a_relabelling():
     """quantize(permute_v_keys=True) stores the same FP8 V with keys in gluon_attn's order."""
     from sagegen.kernels.triton_quant import quantize

@@ -105,12 +105,20 @@ def _live_keys(KeyBias, b, offs_n, N, KEY_MASK: tl.constexpr):
 
 
 @triton.jit
-def _kv_tile_stats(K, V, KeyBias, KSum, VSum, VMin, VMax, b, h, pid_bh, pid_n,
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   N, D, N_BLOCKS, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr,
-                   V_SUM: tl.constexpr, V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr):
-    """Tile pid_n of head (b, h): K's and V's channel sums, V's channel min and max over its tokens (keys
-    masked out by a key-padding mask excluded), stored as row pid_n of the head's partials."""
+def _kv_stats_kernel(
+    K, V, KeyBias, KSum, VSum, VMin, VMax,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    H, N, D, N_BLOCKS,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
+    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr,
+):
+    """Per-tile partial statistics over tokens: K's and V's channel sums, V's channel min and max
+    (keys masked out by a key-padding mask excluded)."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
@@ -130,29 +138,17 @@ def _kv_tile_stats(K, V, KeyBias, KSum, VSum, VMin, VMax, b, h, pid_bh, pid_n,
 
 
 @triton.jit
-def _kv_stats_kernel(
-    K, V, KeyBias, KSum, VSum, VMin, VMax,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
+def _kv_stats_finish_kernel(
+    KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale,
     H, N, D, N_BLOCKS,
-    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
-    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CHANNELS: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
+    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr, ROWS: tl.constexpr, COUNT_BLOCK: tl.constexpr,
 ):
-    """Per-tile partial statistics over tokens (`_kv_tile_stats`), one tile per program."""
-    pid_bh = tl.program_id(1)
-    _kv_tile_stats(K, V, KeyBias, KSum, VSum, VMin, VMax, pid_bh // H, pid_bh % H, pid_bh, tl.program_id(0),
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   N, D, N_BLOCKS, BLOCK, HEAD_DIM, K_SUM, V_SUM, V_RANGE, KEY_MASK)
-
-
-@triton.jit
-def _kv_finish_channels(KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale, pid, offs_d, H, N, D,
-                        N_BLOCKS, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
-                        V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr, ROWS: tl.constexpr,
-                        COUNT_BLOCK: tl.constexpr):
-    """Head pid (batch·heads index), channels offs_d: the per-tile partials of `_kv_tile_stats` -> K's and V's
-    channel means and V's FP8 scale and its inverse. Padding channels get scale 1."""
-    CHANNELS: tl.constexpr = offs_d.shape[0]
+    """One (batch, head) and CHANNELS channels per program: the per-tile partials of `_kv_stats_kernel` ->
+    K's and V's channel means and V's FP8 scale and its inverse (one launch instead of a dozen small torch
+    ops, which weigh on the quantization pass at short sequences). Padding channels get scale 1."""
+    pid = tl.program_id(0)
+    offs_d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
     if KEY_MASK:  # live keys of this batch item
         live = tl.zeros([COUNT_BLOCK], dtype=tl.int32)
         for start in range(0, N, COUNT_BLOCK):
@@ -194,26 +190,23 @@ def _kv_finish_channels(KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, V
 
 
 @triton.jit
-def _kv_stats_finish_kernel(
-    KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale,
-    H, N, D, N_BLOCKS,
-    HEAD_DIM: tl.constexpr, CHANNELS: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
-    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr, ROWS: tl.constexpr, COUNT_BLOCK: tl.constexpr,
+def _quant_kv_kernel(
+    K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    H, N, D, N_PAD,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
+    K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr,
+    PERMUTE_KEYS: tl.constexpr,
 ):
-    """One (batch, head) and CHANNELS channels per program (`_kv_finish_channels`): one launch instead of a
-    dozen small torch ops, which weigh on the quantization pass at short sequences."""
-    offs_d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
-    _kv_finish_channels(KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale, tl.program_id(0),
-                        offs_d, H, N, D, N_BLOCKS, HEAD_DIM, K_SUM, V_SUM, V_RANGE, KEY_MASK, ROWS, COUNT_BLOCK)
-
-
-@triton.jit
-def _quant_kv_tile(K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ, b, h, pid_bh, pid_n,
-                   stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn, stride_vd,
-                   N, D, N_PAD, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr,
-                   SMOOTH_V: tl.constexpr, K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr,
-                   EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr, PERMUTE_KEYS: tl.constexpr):
-    """Tile pid_n of head (b, h): K -> int8 (smoothed), V -> fp8 (transposed, per-channel scale) or fp16."""
+    """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
+    scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile. PERMUTE_KEYS stores the FP8 V's keys in
+    the order `gluon_attn` feeds P to the tensor cores (within every 16 keys, bit 3 of the index moves
+    below bits 1-2), so P needs no shuffles there."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     stats = pid_bh * HEAD_DIM + offs_d
@@ -244,27 +237,6 @@ def _quant_kv_tile(K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ, b, h,
         tl.store(VQ + head + offs_d[:, None] * N_PAD + offs_n[None, :], vt)
     else:
         tl.store(VQ + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], v.to(tl.float16))
-
-
-@triton.jit
-def _quant_kv_kernel(
-    K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ,
-    stride_kb, stride_kh, stride_kn, stride_kd,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    H, N, D, N_PAD,
-    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
-    K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr,
-    PERMUTE_KEYS: tl.constexpr,
-):
-    """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
-    scale) or fp16 [B*H, N_PAD, HEAD_DIM], one tile per program (`_quant_kv_tile`). PERMUTE_KEYS stores the
-    FP8 V's keys in the order `gluon_attn` feeds P to the tensor cores (within every 16 keys, bit 3 of the
-    index moves below bits 1-2), so P needs no shuffles there."""
-    pid_bh = tl.program_id(1)
-    _quant_kv_tile(K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ, pid_bh // H, pid_bh % H, pid_bh,
-                   tl.program_id(0), stride_kb, stride_kh, stride_kn, stride_kd, stride_vb, stride_vh, stride_vn,
-                   stride_vd, N, D, N_PAD, BLOCK, HEAD_DIM, SMOOTH_K, SMOOTH_V, K_PER_TOKEN, FP8, EXACT_FP8_CAST,
-                   KEY_MASK, PERMUTE_KEYS)
 
 
 @dataclass
@@ -316,8 +288,6 @@ def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
 
 # Warps per CTA of the three quantization launches (bench/profile_quant.py --warps measures alternatives).
 QUANT_WARPS = {"stats": 2, "q": 4, "kv": 4}  # stats: 2 warps 10-30 us faster than 4 (H200)
-# K/V statistics and quantization in one launch (`triton_kv_onepass`); False: the two-launch form.
-ONE_PASS_KV = True
 
 
 def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int,
@@ -331,9 +301,8 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     quantize_q: False leaves Q to the attention kernel (`gluon_attn` quantizes it per CTA): q8 and q_scale
     are None.
 
-    Launches: Q (one read), and K with V: with ONE_PASS_KV their channel statistics and quantization in one
-    launch (`triton_kv_onepass`), else statistics (one read of K and V, plus a small reduction launch) and
-    quantization (one more read); writing int8 Q and K and fp8 (transposed) or fp16 V.
+    Three launches: K/V channel statistics (one read of K and V), Q (one read), and K with V (one more
+    read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -353,24 +322,13 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         )
 
     fp8 = config.pv_precision == "fp8"
+    k_mean, v_mean, v_scale, v_inv_scale = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
     if fp8:
         vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=dev)
     else:
         vq = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.float16, device=dev)
     k8 = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.int8, device=dev)
     k_scale = torch.empty(B, Hkv, nk_pad, dtype=torch.float32, device=dev)
-    shape = (B, Hkv, d_pad)
-    if ONE_PASS_KV and block_k == STATS_BLOCK and (config.smooth_k or config.smooth_v or fp8):
-        from .triton_kv_onepass import quantize_kv
-
-        k_mean, v_mean, v_scale = quantize_kv(
-            k, v, k8, k_scale, vq, d_pad=d_pad, block=block_k, smooth_k=config.smooth_k, smooth_v=config.smooth_v,
-            fp8=fp8, k_per_token=config.k_granularity == "per_token", key_bias=key_bias,
-            permute_keys=permute_v_keys, num_warps=QUANT_WARPS["kv"])
-        return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean.view(shape) if k_mean is not None else None,
-                            vq, v_scale.view(shape) if v_scale is not None else None,
-                            v_mean.view(shape) if v_mean is not None else None)
-    k_mean, v_mean, v_scale, v_inv_scale = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
     dummy = k_scale
     _quant_kv_kernel[(nk_pad // block_k, B * Hkv)](
         k, v, key_bias if key_bias is not None else dummy,
@@ -381,6 +339,7 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8, num_warps=QUANT_WARPS["kv"],
         enable_fp_fusion=True,
     )
+    shape = (B, Hkv, d_pad)
     return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean.view(shape) if k_mean is not None else None,
                         vq, v_scale.view(shape) if v_scale is not None else None,
                         v_mean.view(shape) if v_mean is not None else None)
