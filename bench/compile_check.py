@@ -75,7 +75,7 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
     names = list(inspect.signature(fn.fn).parameters)
     quant_q = gluon_attn.QUANT_Q_IN_KERNEL if quant_q is None else quant_q
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
-                 SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, PAD_D=False, q_layout=q_l, EXP2_POLY=gluon_attn.EXP2_POLY,
+                 SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, PAD_D=False, q_layout=q_l,
                  stride_qd=1, stride_od=1)  # unit strides, as the JIT specializes them for contiguous tensors
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",

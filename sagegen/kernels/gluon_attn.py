@@ -74,34 +74,8 @@ def _quantize_q_tile(Q, q_smem, b, h, row0, N_Q, D, stride_qb, stride_qh, stride
     return gl.convert_layout(gl.div_rn(amax, gl.full_like(amax, _INT8_MAX)), row_s)
 
 
-# exp2 of four values: three on the MUFU, the fourth on the FMA pipe (FlashAttention-4's split): clamp at -125,
-# split off the nearest integer j with the 1.5·2^23 trick, a degree-4 polynomial for 2^f on [-0.5, 0.5]
-# (relative error 2.7e-6), and j added into the exponent field (t's bits shifted by 23 are j's).
-_EXP2_3MUFU_1POLY = gl.constexpr("""{
-.reg .f32 x, t, j, f, p;
-.reg .b32 ti, pi;
-ex2.approx.ftz.f32 $0, $4;
-ex2.approx.ftz.f32 $1, $5;
-ex2.approx.ftz.f32 $2, $6;
-max.ftz.f32 x, $7, 0fC2FA0000;
-add.rn.ftz.f32 t, x, 0f4B400000;
-sub.rn.ftz.f32 j, t, 0f4B400000;
-sub.rn.ftz.f32 f, x, j;
-fma.rn.ftz.f32 p, f, 0f3C1CCBEA, 0f3D650A20;
-fma.rn.ftz.f32 p, p, f, 0f3E76036D;
-fma.rn.ftz.f32 p, p, f, 0f3F31706E;
-fma.rn.ftz.f32 p, p, f, 0f3F7FFFF4;
-mov.b32 ti, t;
-mov.b32 pi, p;
-shl.b32 ti, ti, 23;
-add.s32 pi, pi, ti;
-mov.b32 $3, pi;
-}""")
-
-
 @gluon.jit
-def _softmax_block(s, q_scale, ks, m_i, r_i, l_i, start_n, N_K, TAIL: gl.constexpr, s_layout: gl.constexpr,
-                   EXP2_POLY: gl.constexpr = False):
+def _softmax_block(s, q_scale, ks, m_i, r_i, l_i, start_n, N_K, TAIL: gl.constexpr, s_layout: gl.constexpr):
     """Scores of one key block (raw int32) -> P (fp32, on e4m3's scale), the rescale factor, new row stats.
 
     Identical to `triton_attn._attn_block` with FAST=True: max, scale and shift work on the magic-offset
@@ -115,12 +89,7 @@ def _softmax_block(s, q_scale, ks, m_i, r_i, l_i, start_n, N_K, TAIL: gl.constex
     m_new = gl.maximum(m_i, m_blk)
     r_new = gl.maximum(m_blk, m_new - _REF_WINDOW)
     shift = row_scale * _MAGIC_F + r_new - _LOG2_FP8_MAX
-    arg = x * gl.expand_dims(row_scale, 1) - gl.expand_dims(shift, 1)
-    if EXP2_POLY:
-        p = gl.inline_asm_elementwise(_EXP2_3MUFU_1POLY, "=f,=f,=f,=f,f,f,f,f", [arg], dtype=gl.float32,
-                                      is_pure=True, pack=4)
-    else:
-        p = gl.exp2(arg)
+    p = gl.exp2(x * gl.expand_dims(row_scale, 1) - gl.expand_dims(shift, 1))
     alpha = gl.exp2(r_i - r_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, r_new, l_i
@@ -148,7 +117,7 @@ def _attn_fwd_sm90(
     H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
-    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, q_layout: gl.constexpr, EXP2_POLY: gl.constexpr = False,
+    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, q_layout: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -217,7 +186,7 @@ def _attn_fwd_sm90(
                               is_async=True)
         ks_next = gl.load(ks_base + nxt * BLOCK_N)
         p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, False,
-                                                 s_layout, EXP2_POLY)
+                                                 s_layout)
         p8 = _p_operand(p, p_layout, PERMUTED_V)
         pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), o_zero, use_acc=False,
                                is_async=True)
@@ -230,7 +199,7 @@ def _attn_fwd_sm90(
     # The last block: the only one that can be partial.
     last = n_blocks - 1
     p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, last * BLOCK_N, n_keys, True,
-                                             s_layout, EXP2_POLY)
+                                             s_layout)
     p8 = _p_operand(p, p_layout, PERMUTED_V)
     pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
                            is_async=True)
@@ -284,8 +253,6 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 PERMUTE_V = True
 # Q quantized inside the kernel (no separate Q pass); False only to measure the difference.
 QUANT_Q_IN_KERNEL = True
-# A quarter of the exp2s on the FMA pipe (`_EXP2_3MUFU_1POLY`); an experiment, off.
-EXP2_POLY = False
 # (ring slots, register cap) per padded head dim; bench/tune_gluon.py measures the alternatives.
 LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
 
@@ -330,5 +297,5 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
-        PAD_D=d != d_pad, q_layout=q_l, EXP2_POLY=EXP2_POLY, num_warps=4, enable_fp_fusion=True, **extra,
+        PAD_D=d != d_pad, q_layout=q_l, num_warps=4, enable_fp_fusion=True, **extra,
     )
