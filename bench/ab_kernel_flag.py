@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import sagegen  # noqa: E402
+from bench_attention import quant_only  # noqa: E402  (the separate pass as the full call runs it)
 
 SHAPES = [(4, 32, 4096, 128), (4, 32, 8192, 128), (4, 32, 16384, 128), (1, 24, 32768, 128),
           (4, 32, 16384, 64), (2, 48, 17776, 64), (1, 24, 4608, 128), (2, 38, 4429, 64)]
@@ -62,7 +63,7 @@ def main():
             setattr(mod, attr, values[name[0]])
             row[name] = tf(bench(lambda: sagegen.sageattn(q, k, v, backend="triton")))
             if args.quant:
-                row[f"quant_us_{name}"] = 1000 * bench(lambda: quant_pass(q, k, v))
+                row[f"quant_us_{name}"] = 1000 * bench(lambda: quant_only(q, k, v))
         rows.append(row)
         print(" ".join(f"{k_}={v_:.0f}" if isinstance(v_, float) else f"{k_}={v_}" for k_, v_ in row.items()),
               flush=True)
@@ -72,16 +73,6 @@ def main():
            "date": datetime.date.today().isoformat(), "flag": args.flag, "A": args.a, "B": args.b}
     with open(args.out, "w") as f:
         json.dump({"environment": env, "unit": "TFLOP/s", "accuracy": acc_rows, "rows": rows}, f, indent=1)
-
-
-def quant_pass(q, k, v):
-    """The separate quantization pass as a Hopper call runs it (Q left to the Gluon kernel)."""
-    from sagegen.kernels import triton_attn, triton_quant
-
-    cfg = sagegen.SageConfig()
-    bq, bk = cfg.blocks(q.shape[-1])
-    return triton_quant.quantize(q, k, v, cfg, bq, bk, q.shape[-1], permute_v_keys=triton_attn.gluon_permutes_v(),
-                                 quantize_q=not triton_attn.gluon_quantizes_q())
 
 
 if __name__ == "__main__":

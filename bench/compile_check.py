@@ -61,14 +61,13 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
 
 
 def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: int | None = None,
-                  maxnreg: int | None = None, block_n: int | None = None, quant_q: bool | None = None):
+                  maxnreg: int | None = None, quant_q: bool | None = None):
     """The Hopper Gluon kernel (`gluon_attn`) at its launch settings, compiled for `arch` without a GPU."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from sagegen.kernels import gluon_attn
 
     bq, bk = SageConfig().blocks(head_dim)
-    bk = block_n or bk
     default_stages, default_reg = gluon_attn.launch_settings(head_dim)
     q_l, k_l, v_l = gluon_attn.shared_layouts(bq, bk, head_dim)
     fn = gluon_attn._attn_fwd_sm90

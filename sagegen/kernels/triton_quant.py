@@ -301,8 +301,9 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     quantize_q: False leaves Q to the attention kernel (`gluon_attn` quantizes it per CTA): q8 and q_scale
     are None.
 
-    Three launches: K/V channel statistics (one read of K and V), Q (one read), and K with V (one more
-    read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
+    Launches: Q (one read; skipped with quantize_q=False), K/V channel statistics (one read of K and V, plus a
+    small finishing launch), and K with V (one more read of each), writing int8 Q and K and fp8 (transposed)
+    or fp16 V.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
