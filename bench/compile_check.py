@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from sagegen.config import SageConfig  # noqa: E402
 from sagegen.kernels import triton_attn  # noqa: E402
 
-PTR = {"QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "VI": "*fp32", "VM": "*fp32", "QB": "*fp32", "MSK": "*fp32",
+PTR = {"QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "VM": "*fp32", "QB": "*fp32", "MSK": "*fp32",
        "Out": "*bf16", "Lse": "*fp32"}
 
 
@@ -35,7 +35,7 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
     names = list(inspect.signature(fn.fn).parameters)
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, CAUSAL=causal,
                  K_PER_TOKEN=cfg.k_granularity == "per_token", MASK_KIND=mask_kind, SMOOTH_Q=cfg.smooth_q,
-                 SMOOTH_V=triton_attn.kernel_adds_v_mean(cfg), PV_FP8=cfg.pv_precision == "fp8", RETURN_LSE=False,
+                 SMOOTH_V=cfg.smooth_v, PV_FP8=cfg.pv_precision == "fp8", RETURN_LSE=False,
                  EXACT_FP8_CAST=False, **{"SPLIT_D": head_dim >= 128, **extra})
     chunk = head_dim // 2 if head_dim >= 128 else head_dim
     fp8 = cfg.pv_precision == "fp8"

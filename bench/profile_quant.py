@@ -23,13 +23,13 @@ def main():
     ap.add_argument("--shape", type=int, nargs=4, default=[4, 32, 8192, 128])
     ap.add_argument("--permute", action="store_true", help="V keys in the Gluon kernel's order")
     ap.add_argument("--smooth-v", action="store_true")
-    ap.add_argument("--warps", nargs=3, type=int, metavar=("MEANS", "Q", "KV"), action="append",
+    ap.add_argument("--warps", nargs=3, type=int, metavar=("STATS", "Q", "KV"), action="append",
                     help="warps per CTA of the three launches (repeatable: one profile each)")
     args = ap.parse_args()
     for warps in args.warps or [None]:
         if warps:
-            triton_quant.QUANT_WARPS.update(zip(("means", "q", "kv"), warps))
-            print(f"warps means/q/kv = {warps}")
+            triton_quant.QUANT_WARPS.update(zip(("stats", "q", "kv"), warps))
+            print(f"warps stats/q/kv = {warps}")
         profile_once(args)
 
 
@@ -49,9 +49,9 @@ def profile_once(args):
     rows = [(e.key, e.device_time_total / reps, e.count // reps) for e in prof.key_averages()
             if e.device_time_total > 0]
     total = sum(t for _, t, _ in rows)
-    bytes_moved = 3 * q.numel() * 2 + 3 * q.numel()  # bf16 reads (Q, K, V once), 8-bit writes
+    bytes_moved = 3 * q.numel() * 2 + 2 * k.numel() * 2 + 3 * q.numel()  # bf16 reads (K, V twice), 8-bit writes
     print(f"shape {args.shape}: GPU time per quantize {total:.1f} us; {bytes_moved / total / 1e6:.2f} TB/s "
-          f"if Q, K and V are read once")
+          f"if Q read once and K, V twice")
     for name, t, c in sorted(rows, key=lambda r: -r[1]):
         print(f"  {t:8.1f} us  x{c}  {name[:90]}")
 

@@ -134,7 +134,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
 
 # Kernel-name fragments that identify attention and quantization kernels in a profile.
 ATTENTION_KERNELS = ("_attn_fwd", "fmha", "flash_fwd", "sdpa")  # sagegen's, PyTorch's efficient/flash/cuDNN
-QUANT_KERNELS = ("_quant_", "_sample_means")
+QUANT_KERNELS = ("_quant_", "_kv_stats")
 PROLOGUE_KERNELS = ("_norm_rope_kernel",)  # the patch's fused Q/K norms + rotary embeddings (CogVideoX, Mochi)
 
 

@@ -52,8 +52,8 @@ def test_profile_kernel_groups():
     from sagegen.kernels import triton_qk_prologue, triton_quant
 
     # the kernels' own names, so a rename cannot silently move them to "other"
-    for kernel in (triton_quant._quant_q_kernel, triton_quant._quant_kv_kernel,
-                   triton_quant._sample_means_kernel):
+    for kernel in (triton_quant._quant_q_kernel, triton_quant._quant_kv_kernel, triton_quant._kv_stats_kernel,
+                   triton_quant._kv_stats_finish_kernel):
         assert group(kernel.fn.__name__) == "quantization", kernel.fn.__name__
     assert group(triton_qk_prologue._norm_rope_kernel.fn.__name__) == "qk_prologue"
     for name in ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64", "cudnn::ops::nchwToNhwcKernel",

@@ -112,7 +112,7 @@ def _p_operand(p, p_layout: gl.constexpr, PERMUTED_V: gl.constexpr):
 
 @gluon.jit
 def _attn_fwd_sm90(
-    q_desc, k_desc, v_desc, Q, QS, KS, VS, VI, VM, KV_LEN, Out, Lse,
+    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
     H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
@@ -140,8 +140,6 @@ def _attn_fwd_sm90(
     kv_row0 = bh_kv * NK_PAD
     v_row0 = bh_kv * HEAD_DIM
     ks_base = KS + kv_row0
-    vs_base = VS + bh_kv * (NK_PAD // BLOCK_N)  # FP8 V's scale (and its inverse) per key block
-    vi_base = VI + bh_kv * (NK_PAD // BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -178,7 +176,6 @@ def _attn_fwd_sm90(
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
     ks = gl.load(ks_base)
-    s_prev = gl.load(vs_base)  # acc is kept in the V scale of the last block added
 
     # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
     # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
@@ -188,11 +185,8 @@ def _attn_fwd_sm90(
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
         ks_next = gl.load(ks_base + nxt * BLOCK_N)
-        s_blk = gl.load(vs_base + j)
-        ratio = s_prev * gl.load(vi_base + j)
         p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, False,
                                                  s_layout)
-        alpha = alpha * ratio  # moves acc to this block's V scale
         p8 = _p_operand(p, p_layout, PERMUTED_V)
         pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), o_zero, use_acc=False,
                                is_async=True)
@@ -201,14 +195,11 @@ def _attn_fwd_sm90(
         if j + STAGES < n_blocks:
             _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, STAGES, BLOCK_N)
         ks = ks_next
-        s_prev = s_blk
 
     # The last block: the only one that can be partial.
     last = n_blocks - 1
     p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, last * BLOCK_N, n_keys, True,
                                              s_layout)
-    s_blk = gl.load(vs_base + last)
-    alpha = alpha * (s_prev * gl.load(vi_base + last))
     p8 = _p_operand(p, p_layout, PERMUTED_V)
     pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
                            is_async=True)
@@ -219,24 +210,23 @@ def _attn_fwd_sm90(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
-    _epilogue(acc, l_i, r_i, s_blk, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
+    _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
               SMOOTH_V, RETURN_LSE, s_layout, o_layout)
 
 
 @gluon.jit
-def _epilogue(acc, l_i, r_i, s_last, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
+def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
               s_layout: gl.constexpr, o_layout: gl.constexpr):
-    """O = acc / l, undo V's FP8 scale s_last (and smoothing), store rows row0.. of head (b, h); the LSE
-    too."""
+    """O = acc / l, undo V's FP8 scale (and smoothing), store rows row0.. of head (b, h); the LSE too."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     # acc and l both carry P's factor 448, which cancels here.
     l_o = gl.convert_layout(l_i, row_o)
     inv_l = gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    o = acc * gl.expand_dims(inv_l, 1) * s_last
+    o = acc * gl.expand_dims(inv_l, 1) * gl.expand_dims(gl.load(VS + v_row0 + offs_d), 0)
     if SMOOTH_V:
         v_mean = gl.expand_dims(gl.load(VM + v_row0 + offs_d), 0)
         o = gl.where(gl.expand_dims(l_o > 0, 1), o + v_mean, 0.0)
@@ -297,11 +287,11 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         q_arg, q_strides, qs = qq.q8, (0, 0, 0, 0), qq.q_scale
     else:  # no Q buffers: k_desc stands in for the unused descriptor argument
         q_desc, q_arg, q_strides, qs = k_desc, q, q.stride(), qq.k_scale
-    vm = qq.v_mean if qq.v_mean is not None else qq.k_scale
+    vm = qq.v_mean if qq.v_mean is not None else qq.v_scale
     grid = (triton.cdiv(n_q, block_m), out.shape[0] * H)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     _attn_fwd_sm90[grid](
-        q_desc, k_desc, v_desc, q_arg, qs, qq.k_scale, qq.v_scale, qq.v_inv_scale, vm,
+        q_desc, k_desc, v_desc, q_arg, qs, qq.k_scale, qq.v_scale, vm,
         kv_len if kv_len is not None else qq.k_scale, out, lse if lse is not None else qq.k_scale,
         *q_strides, *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
         H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,

@@ -15,8 +15,7 @@ import math
 import torch
 
 from ..config import SageConfig
-from .spec import (EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, SAMPLE_TOKENS, V_SCALE_MAX,
-                   MaskSpec, device_capability)
+from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, device_capability
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
 
@@ -76,33 +75,11 @@ def _live_keys(mask: MaskSpec, n_k: int) -> torch.Tensor | None:
     return (mask.tensor > -math.inf).float()[:, None, :, None]
 
 
-def sample_index(n: int, device=None) -> torch.Tensor:
-    """The keys the smoothing means are taken over: (t * n) // SAMPLE_TOKENS, or all of them."""
-    if n <= SAMPLE_TOKENS:
-        return torch.arange(n, device=device)
-    return torch.arange(SAMPLE_TOKENS, device=device) * n // SAMPLE_TOKENS
-
-
-def _sampled_mean(x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the sampled tokens (dim 2) of x [B, H, N, D] (live keys only with a key-padding mask)."""
-    idx = sample_index(x.shape[2], x.device)
-    xs = x[:, :, idx]
+def _masked_mean(x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
+    """Mean over tokens (dim 2) of x [B, H, N, D], over live keys only when a key-padding mask is given."""
     if live is None:
-        return xs.sum(dim=2, keepdim=True) / float(len(idx))
-    ls = live[:, :, idx]
-    return (xs * ls).sum(dim=2, keepdim=True) / ls.sum(dim=2, keepdim=True).clamp(min=1.0)
-
-
-def quantize_v_fp8(vs: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """FP8 e4m3 V with one scale per `block` keys: vs [B, H, N, D] fp32 (smoothed, masked keys zero) ->
-    (values as fp32 [B, H, N, D], scales and their inverses fp32 [B, H, n_blocks])."""
-    B, H, N, D = vs.shape
-    n_blocks = -(-N // block)
-    padded = torch.nn.functional.pad(vs, (0, 0, 0, n_blocks * block - N)).reshape(B, H, n_blocks, block, D)
-    amax = padded.abs().amax(dim=(3, 4)).clamp(min=EPS, max=FP8_MAX * V_SCALE_MAX)
-    scale, inv = amax / FP8_MAX, _div(FP8_MAX, amax)
-    vq = (padded * inv[..., None, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
-    return vq.reshape(B, H, n_blocks * block, D)[:, :, :N], scale, inv
+        return x.mean(dim=2, keepdim=True)
+    return (x * live).sum(dim=2, keepdim=True) / live.sum(dim=2, keepdim=True).clamp(min=1.0)
 
 
 def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -159,7 +136,7 @@ def sage_attention(
     # Keys masked out by a key-padding mask take no part in the statistics (means, scales): padding can
     # hold anything, and it must not cost the real keys precision.
     live = _live_keys(mask, Nk)
-    k_mean = _sampled_mean(kf, live) if config.smooth_k else None
+    k_mean = _masked_mean(kf, live) if config.smooth_k else None
     ks = kf - k_mean if config.smooth_k else kf
     if live is not None:
         ks = ks * live
@@ -169,19 +146,22 @@ def sage_attention(
     q8, q_scale = quantize_int8(qs, block_q, config.q_granularity == "per_token")
     k8, k_scale = quantize_int8(ks, block_k, config.k_granularity == "per_token")
 
-    v_mean = _sampled_mean(vf, live) if config.smooth_v else None
+    v_mean = _masked_mean(vf, live) if config.smooth_v else None
     vs = vf - v_mean if config.smooth_v else vf
     if live is not None:
         vs = vs * live
-    v_scales = None
     if config.pv_precision == "fp8":
-        vq, *v_scales = quantize_v_fp8(vs, block_k)
+        v_amax = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS)  # [B, Hkv, 1, D]
+        v_scale = v_amax / FP8_MAX
+        vq = (vs * _div(FP8_MAX, v_amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+        v_dequant = v_scale
     else:
         vq = vs.to(torch.float16).float()
+        v_dequant = None
 
     k8, k_scale, ks_e, vq = (_expand_kv(t, group) for t in (k8, k_scale, ks, vq))
-    if v_scales is not None:
-        v_scales = [_expand_kv(t, group) for t in v_scales]
+    if v_dequant is not None:
+        v_dequant = _expand_kv(v_dequant, group)
     if v_mean is not None:
         v_mean = _expand_kv(v_mean, group)
 
@@ -209,12 +189,11 @@ def sage_attention(
             i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
             j = torch.arange(Nk, device=q.device)[None, :]
             s = s.masked_fill(j > i, -math.inf)
-        o, m, l = _blockwise_softmax_pv(s, vq_blocks, v_scales, block_k, pad_k, config.pv_accum,
-                                        config.pv_precision == "fp8")
+        o, m, l = _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, config.pv_accum, config.pv_precision == "fp8")
         safe_l = torch.where(l > 0, l, torch.ones_like(l))
         o = o * torch.where(l > 0, 1.0 / safe_l, torch.zeros_like(l))[..., None]
-        if v_scales is not None:  # acc is in the last key block's V scale
-            o = o * v_scales[0][:, :, -1, None, None]
+        if v_dequant is not None:
+            o = o * v_dequant
         if v_mean is not None:
             o = torch.where(l[..., None] > 0, o + v_mean, torch.zeros_like(o))
         out[:, :, rows] = o.to(q.dtype)
@@ -227,7 +206,7 @@ def sage_attention(
     return out, lse
 
 
-def _blockwise_softmax_pv(s, vq_blocks, v_scales, block_k, pad_k, accum, fp8):
+def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
     """Online softmax·V over key blocks, exactly as the kernel orders it.
 
     s: scaled scores in log2 units [B, H, M, Nk]; vq_blocks: [B, H, n_blocks, block_k, D] (quantized V).
@@ -244,7 +223,6 @@ def _blockwise_softmax_pv(s, vq_blocks, v_scales, block_k, pad_k, accum, fp8):
     r = m.clone()  # the max that acc and l are relative to
     l = torch.zeros(B, H, M, device=s.device)
     acc = torch.zeros(B, H, M, D, device=s.device)
-    s_prev = v_scales[0][:, :, 0] if v_scales is not None else None
     for j in range(n_blocks):
         sj = sb[..., j, :]
         m_blk = sj.amax(dim=-1)
@@ -255,11 +233,7 @@ def _blockwise_softmax_pv(s, vq_blocks, v_scales, block_k, pad_k, accum, fp8):
         p = torch.exp2(sj - (r_safe - LOG2_FP8_MAX)[..., None])
         l = l * alpha + p.sum(dim=-1)
         pq = p.clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float() if fp8 else p.to(torch.float16).float()
-        alpha_acc = alpha
-        if v_scales is not None:
-            alpha_acc = alpha * (s_prev * v_scales[1][:, :, j])[:, :, None]
-            s_prev = v_scales[0][:, :, j]
-        acc = acc * alpha_acc[..., None] + pq @ vq_blocks[:, :, j]
+        acc = acc * alpha[..., None] + pq @ vq_blocks[:, :, j]
         if accum == "fp22":
             acc = truncate_fp22(acc)
         r = r_new

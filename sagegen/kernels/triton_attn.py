@@ -47,11 +47,11 @@ def _pv_update(acc, pq, v_desc, row0, start_n, d_off, alpha, PV_FP8: tl.constexp
 
 
 @triton.jit
-def _store_out(acc, offs_d, inv_l, l_i, s_ptr, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
+def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
                PV_FP8: tl.constexpr, SMOOTH_V: tl.constexpr):
     o = acc * inv_l[:, None]
-    if PV_FP8:  # acc is in the last key block's V scale
-        o = o * tl.load(s_ptr)
+    if PV_FP8:
+        o = o * tl.load(VS + vs_off + offs_d)[None, :]
     if SMOOTH_V:
         v_mean = tl.load(VM + vs_off + offs_d)
         o = tl.where((l_i > 0)[:, None], o + v_mean[None, :], 0.0)
@@ -62,17 +62,13 @@ def _store_out(acc, offs_d, inv_l, l_i, s_ptr, VM, vs_off, o_base, offs_m, strid
 @triton.jit
 def _attn_block(
     q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0, ks_base,
-    vs_base, vi_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K,
+    qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K,
     BLOCK_N: tl.constexpr, CHUNK_D: tl.constexpr, FAST: tl.constexpr, TAIL: tl.constexpr,
     CAUSAL: tl.constexpr, K_PER_TOKEN: tl.constexpr, MASK_KIND: tl.constexpr, SMOOTH_Q: tl.constexpr,
     PV_FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, SPLIT_D: tl.constexpr,
 ):
-    """One key block of the online softmax; TAIL blocks check key bounds (and causality). With FP8 V the
-    accumulator moves to this block's V scale s (the factor s_prev / s rides on the rescale)."""
+    """One key block of the online softmax; TAIL blocks check key bounds (and causality)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    if PV_FP8:  # acc moves from the previous block's V scale to this one's
-        blk = start_n // BLOCK_N
-        ratio = tl.load(vs_base + tl.maximum(blk - 1, 0)) * tl.load(vi_base + blk)
     k = k_desc.load([kv_row0 + start_n, 0])
     qk = tl.dot(q, tl.trans(k))
     x = (qk + 0x4B400000).to(tl.float32, bitcast=True)  # 12582912 + qk, exactly
@@ -118,7 +114,6 @@ def _attn_block(
         if EXACT_FP8_CAST:
             p = round_to_e4m3_grid(p)
         pq = p.to(tl.float8e4nv)
-        alpha = alpha * ratio
     else:
         pq = p.to(tl.float16)
     acc0 = _pv_update(acc0, pq, v_desc, v_row0, start_n, 0, alpha, PV_FP8)
@@ -129,7 +124,7 @@ def _attn_block(
 
 @triton.jit
 def _attn_fwd_kernel(
-    q_desc, k_desc, v_desc, QS, KS, VS, VI, VM, QB, MSK, Out, Lse,
+    q_desc, k_desc, v_desc, QS, KS, VS, VM, QB, MSK, Out, Lse,
     stride_qbm,
     stride_mb, stride_mh, stride_mm, stride_mn,
     stride_ob, stride_oh, stride_om, stride_od,
@@ -164,10 +159,6 @@ def _attn_fwd_kernel(
     # accumulation needs besides the accumulator) small enough not to spill registers at head dim 128.
     acc0 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
     acc1 = tl.zeros([BLOCK_M, CHUNK_D], dtype=tl.float32)
-    vs_base = VS + bh_kv * (NK_PAD // BLOCK_N)  # FP8 V's scale (and its inverse) per key block
-    vi_base = VI + bh_kv * (NK_PAD // BLOCK_N)
-    n_seen = tl.minimum(N_K, (start_m + 1) * BLOCK_M) if CAUSAL else N_K
-    s_last_ptr = vs_base + (n_seen - 1) // BLOCK_N  # the V scale acc ends in
 
     qb_row = QB + (pid_bh * (NQ_PAD // BLOCK_M) + start_m) * stride_qbm
     msk_base = MSK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
@@ -175,7 +166,7 @@ def _attn_fwd_kernel(
         for start_n in range(0, tl.minimum(N_K, (start_m + 1) * BLOCK_M), BLOCK_N):
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
                 q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0,
-                ks_base, vs_base, vi_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
                 K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
     else:
         # Whole key blocks need no bounds check; the partial last block is peeled off.
@@ -183,12 +174,12 @@ def _attn_fwd_kernel(
         for start_n in range(0, n_full, BLOCK_N):
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
                 q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0,
-                ks_base, vs_base, vi_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, False, CAUSAL,
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, False, CAUSAL,
                 K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
         if n_full < N_K:
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
                 q, q_scale, m_i, r_i, l_i, acc0, acc1, n_full, offs_m, k_desc, v_desc, kv_row0, v_row0,
-                ks_base, vs_base, vi_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
                 K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
 
     # acc and l both carry P's factor 448, which cancels here.
@@ -196,21 +187,14 @@ def _attn_fwd_kernel(
     vs_off = bh_kv * HEAD_DIM
     o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh  # no wrap past 2^31
     offs_d0 = tl.arange(0, CHUNK_D)
-    _store_out(acc0, offs_d0, inv_l, l_i, s_last_ptr, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
+    _store_out(acc0, offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
                PV_FP8, SMOOTH_V)
     if SPLIT_D:
-        _store_out(acc1, CHUNK_D + offs_d0, inv_l, l_i, s_last_ptr, VM, vs_off, o_base, offs_m, stride_om, stride_od,
+        _store_out(acc1, CHUNK_D + offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od,
                    N_Q, D, PV_FP8, SMOOTH_V)
     if RETURN_LSE:
         lse = (r_i + tl.math.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
-
-
-def kernel_adds_v_mean(config: SageConfig) -> bool:
-    """Whether the kernel's epilogue adds a V mean: with smoothing, and with FP8 V always (zeros without
-    smoothing). Why: with the last key block's scale as the only other factor there, Triton 3.9 spills
-    ~500 bytes at sm89 / head dim 128 (a cliff in register allocation); the per-column load avoids it."""
-    return config.smooth_v or config.pv_precision == "fp8"
 
 
 # Launch settings per (block_m, block_n, head_dim); tuned on an H200 (bench/tune_attention.py), and
@@ -382,10 +366,8 @@ def sage_attention(
         m_strides = (0, 0, 0, 0)
 
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else qq.q_scale
-    vs, vi = (t if t is not None else qq.q_scale for t in (qq.v_scale, qq.v_inv_scale))
-    vm = qq.v_mean if qq.v_mean is not None else qq.q_scale
-    if kernel_adds_v_mean(config) and qq.v_mean is None:
-        vm = torch.zeros(B * Hkv * d_pad, dtype=torch.float32, device=q.device)
+    vs = qq.v_scale if qq.v_scale is not None else qq.q_scale
+    vm = qq.v_mean if qq.v_mean is not None else vs
     nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
     chunk_d = d_pad // 2 if d_pad >= 128 else d_pad
     q_desc = TensorDescriptor.from_tensor(qq.q8.view(-1, d_pad), [block_q, d_pad])
@@ -398,13 +380,13 @@ def sage_attention(
     num_warps, num_stages, *maxnreg = launch_settings(block_q, block_k, d_pad, capability)
     extra = {"maxnreg": maxnreg[0]} if maxnreg else {}
     _attn_fwd_kernel[grid](
-        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vi, vm, q_bias, m_arg, out, lse,
+        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse,
         q_bias.stride(2) if config.smooth_q else 0,
         *m_strides, *out.stride(), lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
         H, H // Hkv, Nq, Nk, nq_pad, nk_pad, D, sm_scale * LOG2E,
         BLOCK_M=block_q, BLOCK_N=block_k, HEAD_DIM=d_pad,
         CAUSAL=is_causal, K_PER_TOKEN=config.k_granularity == "per_token", MASK_KIND=kind,
-        SMOOTH_Q=config.smooth_q, SMOOTH_V=kernel_adds_v_mean(config), PV_FP8=config.pv_precision == "fp8",
+        SMOOTH_Q=config.smooth_q, SMOOTH_V=config.smooth_v, PV_FP8=config.pv_precision == "fp8",
         RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128,
         num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=True, **extra,
     )

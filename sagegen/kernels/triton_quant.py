@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..config import SageConfig
-from .spec import EPS, FP8_MAX, INT8_MAX, SAMPLE_TOKENS, V_SCALE_MAX
+from .spec import EPS, FP8_MAX, INT8_MAX
 
 # Kernels may only read module globals that are constexpr.
 _EPS = tl.constexpr(EPS)
@@ -105,67 +105,102 @@ def _live_keys(KeyBias, b, offs_n, N, KEY_MASK: tl.constexpr):
 
 
 @triton.jit
-def _sample_sums_kernel(
-    K, V, KeyBias, KSum, VSum, Count,
+def _kv_stats_kernel(
+    K, V, KeyBias, KSum, VSum, VMin, VMax,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
-    H, N, D, N_SAMPLE,
-    HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, K_MEAN: tl.constexpr, V_MEAN: tl.constexpr,
-    KEY_MASK: tl.constexpr,
+    H, N, D, N_BLOCKS,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
+    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr,
 ):
-    """Partial channel sums of K and V over ROWS of the sampled keys (t * N) // N_SAMPLE, t < N_SAMPLE
-    (spec.SAMPLE_TOKENS), leaving out keys a key-padding mask drops, and how many keys were summed."""
-    pid_c = tl.program_id(0)
+    """Per-tile partial statistics over tokens: K's and V's channel sums, V's channel min and max
+    (keys masked out by a key-padding mask excluded)."""
+    pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
-    t = pid_c * ROWS + tl.arange(0, ROWS)
-    idx = ((t.to(tl.int64) * N) // N_SAMPLE).to(tl.int32)
-    use = ((t < N_SAMPLE) & _live_keys(KeyBias, b, idx, N, KEY_MASK))[:, None]
-    part = pid_bh * tl.num_programs(0) + pid_c
-    if K_MEAN:
-        k, _ = _load_tile(K, b, h, idx, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
-        tl.store(KSum + part * HEAD_DIM + offs_d, tl.sum(tl.where(use, k, 0.0), axis=0))
-    if V_MEAN:
-        v, _ = _load_tile(V, b, h, idx, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
-        tl.store(VSum + part * HEAD_DIM + offs_d, tl.sum(tl.where(use, v, 0.0), axis=0))
-    tl.store(Count + part, tl.sum(tl.sum(use.to(tl.float32), axis=1), axis=0))
+    out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
+    live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)
+    if K_SUM:
+        k, _ = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
+        tl.store(KSum + out, tl.sum(tl.where(live[:, None], k, 0.0), axis=0))
+    if V_SUM or V_RANGE:
+        v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
+        valid = valid & live[:, None]
+        v = tl.where(valid, v, 0.0)
+        if V_SUM:
+            tl.store(VSum + out, tl.sum(v, axis=0))
+        if V_RANGE:
+            tl.store(VMin + out, tl.min(tl.where(valid, v, float("inf")), axis=0))
+            tl.store(VMax + out, tl.max(tl.where(valid, v, float("-inf")), axis=0))
 
 
 @triton.jit
-def _sample_means_kernel(KSum, VSum, Count, KMean, VMean, N_PARTS,
-                         HEAD_DIM: tl.constexpr, PARTS: tl.constexpr, K_MEAN: tl.constexpr,
-                         V_MEAN: tl.constexpr):
-    """The partial sums of one (batch, head) -> K's and V's smoothing means, added in a fixed order."""
-    pid_bh = tl.program_id(0)
-    rows = tl.arange(0, PARTS)
-    ok = rows < N_PARTS
-    offs = (pid_bh * N_PARTS + rows)[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
-    n = tl.maximum(tl.sum(tl.load(Count + pid_bh * N_PARTS + rows, mask=ok, other=0.0), axis=0), 1.0)
-    out = pid_bh * HEAD_DIM + tl.arange(0, HEAD_DIM)
-    if K_MEAN:
-        k_sum = tl.sum(tl.load(KSum + offs, mask=ok[:, None], other=0.0), axis=0)
-        tl.store(KMean + out, tl.math.div_rn(k_sum, n + tl.zeros_like(k_sum)))
-    if V_MEAN:
-        v_sum = tl.sum(tl.load(VSum + offs, mask=ok[:, None], other=0.0), axis=0)
-        tl.store(VMean + out, tl.math.div_rn(v_sum, n + tl.zeros_like(v_sum)))
+def _kv_stats_finish_kernel(
+    KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale,
+    H, N, D, N_BLOCKS,
+    HEAD_DIM: tl.constexpr, CHANNELS: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
+    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr, ROWS: tl.constexpr, COUNT_BLOCK: tl.constexpr,
+):
+    """One (batch, head) and CHANNELS channels per program: the per-tile partials of `_kv_stats_kernel` ->
+    K's and V's channel means and V's FP8 scale and its inverse (one launch instead of a dozen small torch
+    ops, which weigh on the quantization pass at short sequences). Padding channels get scale 1."""
+    pid = tl.program_id(0)
+    offs_d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
+    if KEY_MASK:  # live keys of this batch item
+        live = tl.zeros([COUNT_BLOCK], dtype=tl.int32)
+        for start in range(0, N, COUNT_BLOCK):
+            offs = start + tl.arange(0, COUNT_BLOCK)
+            bias = tl.load(KeyBias + (pid // H) * N + offs, mask=offs < N, other=float("-inf"))
+            live += (bias > float("-inf")).to(tl.int32)
+        count = tl.maximum(tl.sum(live, axis=0), 1).to(tl.float32)
+    else:
+        count = tl.full([], N, tl.int32).to(tl.float32)
+    k_sum = tl.zeros([CHANNELS], dtype=tl.float32)
+    v_sum = tl.zeros([CHANNELS], dtype=tl.float32)
+    v_min = tl.full([CHANNELS], float("inf"), dtype=tl.float32)
+    v_max = tl.full([CHANNELS], float("-inf"), dtype=tl.float32)
+    for start in range(0, N_BLOCKS, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        offs = (pid * N_BLOCKS + rows)[:, None] * HEAD_DIM + offs_d[None, :]
+        ok = (rows < N_BLOCKS)[:, None]
+        if K_SUM:
+            k_sum += tl.sum(tl.load(KSum + offs, mask=ok, other=0.0), axis=0)
+        if V_SUM:
+            v_sum += tl.sum(tl.load(VSum + offs, mask=ok, other=0.0), axis=0)
+        if V_RANGE:
+            v_min = tl.minimum(v_min, tl.min(tl.load(VMin + offs, mask=ok, other=float("inf")), axis=0))
+            v_max = tl.maximum(v_max, tl.max(tl.load(VMax + offs, mask=ok, other=float("-inf")), axis=0))
+    out = pid * HEAD_DIM + offs_d
+    v_mean = tl.math.div_rn(v_sum, count)
+    if K_SUM:
+        tl.store(KMean + out, tl.math.div_rn(k_sum, count))
+    if V_SUM:
+        tl.store(VMean + out, v_mean)
+    if V_RANGE:
+        if V_SUM:
+            amax = tl.maximum(v_max - v_mean, v_mean - v_min)
+        else:
+            amax = tl.maximum(v_max, -v_min)
+        amax = tl.where(offs_d < D, tl.maximum(amax, _EPS), _FP8_MAX)
+        tl.store(VScale + out, tl.math.div_rn(amax, _FP8_MAX))
+        tl.store(VInvScale + out, tl.math.div_rn(_FP8_MAX + tl.zeros_like(amax), amax))
 
 
 @triton.jit
 def _quant_kv_kernel(
-    K, V, KeyBias, KMean, VMean, K8, KScale, VQ, VScale, VInvScale,
+    K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     H, N, D, N_PAD,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
-    V_AMAX_MAX: tl.constexpr,
     K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr,
     PERMUTE_KEYS: tl.constexpr,
 ):
-    """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, one scale
-    per tile: VScale and VInvScale [B*H, N_PAD // BLOCK]) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over
-    the tile. PERMUTE_KEYS stores the FP8 V's keys in
+    """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
+    scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile. PERMUTE_KEYS stores the FP8 V's keys in
     the order `gluon_attn` feeds P to the tensor cores (within every 16 keys, bit 3 of the index moves
     below bits 1-2), so P needs no shuffles there."""
     pid_n = tl.program_id(0)
@@ -191,12 +226,7 @@ def _quant_kv_kernel(
         v = v - tl.load(VMean + stats)[None, :]
     v = tl.where(valid & live, v, 0.0)
     if FP8:
-        amax = tl.minimum(tl.maximum(tl.max(tl.max(tl.abs(v), axis=1), axis=0), _EPS), V_AMAX_MAX)
-        inv = tl.math.div_rn(_FP8_MAX + tl.zeros_like(amax), amax)
-        blk = pid_bh * (N_PAD // BLOCK) + pid_n
-        tl.store(VScale + blk, tl.math.div_rn(amax, _FP8_MAX + tl.zeros_like(amax)))
-        tl.store(VInvScale + blk, inv)
-        y = v * inv
+        y = v * tl.load(VInvScale + stats)[None, :]
         y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)
         if EXACT_FP8_CAST:
             y = round_to_e4m3_grid(y)
@@ -218,42 +248,46 @@ class QuantizedQKV:
     k_scale: torch.Tensor  # fp32 [B, Hkv, Nk_pad]
     k_mean: torch.Tensor | None  # fp32 [B, Hkv, D_pad] when smooth_k
     v: torch.Tensor  # fp8 [B, Hkv, D_pad, Nk_pad] or fp16 [B, Hkv, Nk_pad, D_pad]
-    v_scale: torch.Tensor | None  # fp32 [B, Hkv, Nk_pad // block_k]: FP8 V's scale per key block (fp8 only)
-    v_inv_scale: torch.Tensor | None  # its inverse, as the quantization used it
+    v_scale: torch.Tensor | None  # fp32 [B, Hkv, D_pad] (fp8 only)
     v_mean: torch.Tensor | None  # fp32 [B, Hkv, D_pad] when smooth_v
 
 
-SAMPLE_ROWS = 128  # sampled keys per program of the partial sums
+STATS_BLOCK = 128
 
 
-def sample_means(k, v, d_pad, k_mean: bool, v_mean: bool, key_bias=None):
-    """K's and V's smoothing means [B*H, d_pad] fp32 (or None) over the sampled keys (spec.SAMPLE_TOKENS) of
-    k, v [B, H, N, D]; over the keys a key-padding bias [B, N] keeps, when given. Padding channels get 0.
-    Two launches (partial sums, then their sum in a fixed order): deterministic, with many programs in flight."""
+def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
+    """Channel statistics of k and v [B, H, N, D] in one pass over them plus a small finishing launch:
+    (k_mean, v_mean, v_scale, v_inv_scale), each [B*H, d_pad] fp32 or None (the FP8 scale of V, with V's
+    mean taken out when v_sum); over the keys a key-padding bias [B, N] keeps, when given."""
     B, H, N, D = k.shape
-    if not (k_mean or v_mean):
-        return None, None
-    n_sample = min(N, SAMPLE_TOKENS)
-    parts = triton.cdiv(n_sample, SAMPLE_ROWS)
-    f32 = lambda *shape: torch.empty(*shape, dtype=torch.float32, device=k.device)
-    ksum, vsum = (f32(B * H, parts, d_pad) if flag else None for flag in (k_mean, v_mean))
-    count = f32(B * H, parts)
-    pick = lambda t: t if t is not None else count
-    _sample_sums_kernel[(parts, B * H)](
-        k, v, pick(key_bias), pick(ksum), pick(vsum), count, *k.stride(), *v.stride(), H, N, D, n_sample,
-        HEAD_DIM=d_pad, ROWS=SAMPLE_ROWS, K_MEAN=k_mean, V_MEAN=v_mean, KEY_MASK=key_bias is not None,
-        num_warps=QUANT_WARPS["means"], enable_fp_fusion=True,
+    if not (k_sum or v_sum or v_range):
+        return None, None, None, None
+    nb = triton.cdiv(N, STATS_BLOCK)
+    new = lambda flag: torch.empty(B * H, nb, d_pad, dtype=torch.float32, device=k.device) if flag else None
+    ksum, vsum, vmin, vmax = new(k_sum), new(v_sum), new(v_range), new(v_range)
+    dummy = next(t for t in (ksum, vsum, vmin) if t is not None)
+    _kv_stats_kernel[(nb, B * H)](
+        k, v, key_bias if key_bias is not None else dummy,
+        *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
+        *k.stride(), *v.stride(), H, N, D, nb,
+        BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
+        KEY_MASK=key_bias is not None, num_warps=QUANT_WARPS["stats"], enable_fp_fusion=True,
     )
-    km, vm = (f32(B * H, d_pad) if flag else None for flag in (k_mean, v_mean))
-    _sample_means_kernel[(B * H,)](
-        pick(ksum), pick(vsum), count, pick(km), pick(vm), parts, HEAD_DIM=d_pad,
-        PARTS=triton.next_power_of_2(parts), K_MEAN=k_mean, V_MEAN=v_mean, num_warps=4, enable_fp_fusion=True,
+    out = lambda flag: torch.empty(B * H, d_pad, dtype=torch.float32, device=k.device) if flag else None
+    k_mean, v_mean, v_scale, v_inv_scale = out(k_sum), out(v_sum), out(v_range), out(v_range)
+    channels = min(32, d_pad)
+    _kv_stats_finish_kernel[(B * H, d_pad // channels)](
+        *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
+        key_bias if key_bias is not None else dummy,
+        *(t if t is not None else dummy for t in (k_mean, v_mean, v_scale, v_inv_scale)),
+        H, N, D, nb, HEAD_DIM=d_pad, CHANNELS=channels, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
+        KEY_MASK=key_bias is not None, ROWS=64, COUNT_BLOCK=1024, num_warps=4, enable_fp_fusion=True,
     )
-    return km, vm
+    return k_mean, v_mean, v_scale, v_inv_scale
 
 
-# Warps per CTA of the quantization launches (bench/profile_quant.py --warps measures alternatives).
-QUANT_WARPS = {"means": 4, "q": 4, "kv": 4}
+# Warps per CTA of the three quantization launches (bench/profile_quant.py --warps measures alternatives).
+QUANT_WARPS = {"stats": 2, "q": 4, "kv": 4}  # stats: 2 warps 10-30 us faster than 4 (H200)
 
 
 def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int,
@@ -267,9 +301,9 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     quantize_q: False leaves Q to the attention kernel (`gluon_attn` quantizes it per CTA): q8 and q_scale
     are None.
 
-    Launches: Q (one read; skipped with quantize_q=False), the smoothing means (a read of at most
-    spec.SAMPLE_TOKENS keys of K and V), and K with V (one read of each), writing int8 Q and K and fp8
-    (transposed, a power-of-two scale per key block) or fp16 V.
+    Launches: Q (one read; skipped with quantize_q=False), K/V channel statistics (one read of K and V, plus a
+    small finishing launch), and K with V (one more read of each), writing int8 Q and K and fp8 (transposed)
+    or fp16 V.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -289,11 +323,9 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         )
 
     fp8 = config.pv_precision == "fp8"
-    k_mean, v_mean = sample_means(k, v, d_pad, config.smooth_k, config.smooth_v, key_bias)
-    v_scale = v_inv = None
+    k_mean, v_mean, v_scale, v_inv_scale = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
     if fp8:
         vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=dev)
-        v_scale, v_inv = (torch.empty(B, Hkv, nk_pad // block_k, dtype=torch.float32, device=dev) for _ in "si")
     else:
         vq = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.float16, device=dev)
     k8 = torch.empty(B, Hkv, nk_pad, d_pad, dtype=torch.int8, device=dev)
@@ -301,14 +333,14 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     dummy = k_scale
     _quant_kv_kernel[(nk_pad // block_k, B * Hkv)](
         k, v, key_bias if key_bias is not None else dummy,
-        *(t if t is not None else dummy for t in (k_mean, v_mean)), k8, k_scale, vq,
-        *(t if t is not None else dummy for t in (v_scale, v_inv)), *k.stride(), *v.stride(), Hkv, Nk, D,
-        nk_pad, BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
-        V_AMAX_MAX=FP8_MAX * V_SCALE_MAX,
+        *(t if t is not None else dummy for t in (k_mean, v_mean, v_inv_scale)), k8, k_scale, vq,
+        *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
+        BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
         K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
         KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8, num_warps=QUANT_WARPS["kv"],
         enable_fp_fusion=True,
     )
     shape = (B, Hkv, d_pad)
     return QuantizedQKV(q8, q_scale, q_bm, k8, k_scale, k_mean.view(shape) if k_mean is not None else None,
-                        vq, v_scale, v_inv, v_mean.view(shape) if v_mean is not None else None)
+                        vq, v_scale.view(shape) if v_scale is not None else None,
+                        v_mean.view(shape) if v_mean is not None else None)
