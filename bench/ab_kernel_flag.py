@@ -67,7 +67,7 @@ def main():
         rows.append(row)
         print(" ".join(f"{k_}={v_:.0f}" if isinstance(v_, float) else f"{k_}={v_}" for k_, v_ in row.items()),
               flush=True)
-        del q, k, v
+        q = k = v = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.date.today().isoformat(), "flag": args.flag, "A": args.a, "B": args.b}

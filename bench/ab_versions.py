@@ -94,7 +94,7 @@ def main():
         rows.append(row)
         print(" ".join(f"{k_}={v_:.0f}" if isinstance(v_, float) else f"{k_}={v_}" for k_, v_ in row.items()),
               flush=True)
-        del q, k, v
+        q = k = v = None  # free the inputs before the next shape
         torch.cuda.empty_cache()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "date": datetime.date.today().isoformat(), "A": "sagegen_base (--base)", "B": "this checkout"}
