@@ -2,11 +2,13 @@
 `triton_quant.quantize` at one shape (default B=4, H=32, N=8192, D=128, bf16).
 
     python bench/profile_quant.py [--shape 4 32 8192 128] [--permute]
+    python bench/profile_quant.py --variant "{'STATS_ROWS': 16}" --variant "{'QUANT_WARPS': {'stats': 4, 'q': 4, 'kv': 4}}"
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 
@@ -25,11 +27,20 @@ def main():
     ap.add_argument("--smooth-v", action="store_true")
     ap.add_argument("--warps", nargs=3, type=int, metavar=("STATS", "Q", "KV"), action="append",
                     help="warps per CTA of the three launches (repeatable: one profile each)")
+    ap.add_argument("--variant", action="append",
+                    help="a dict of triton_quant module settings, e.g. \"{'STATS_ROWS': 16}\" (repeatable: one "
+                         "profile each, every one from the defaults)")
     args = ap.parse_args()
+    defaults = {name: getattr(triton_quant, name) for name in ("QUANT_WARPS", "STATS_ROWS")}
     for warps in args.warps or [None]:
         if warps:
-            triton_quant.QUANT_WARPS.update(zip(("stats", "q", "kv"), warps))
+            triton_quant.QUANT_WARPS = dict(zip(("stats", "q", "kv"), warps))
             print(f"warps stats/q/kv = {warps}")
+        profile_once(args)
+    for variant in args.variant or []:
+        for name, value in {**defaults, **ast.literal_eval(variant)}.items():
+            setattr(triton_quant, name, value)
+        print(f"variant {variant}")
         profile_once(args)
 
 

@@ -46,11 +46,13 @@ class SageConfig:
             of the smoothed K (smoothing makes K's rows similar, so this is nearly as accurate as per-token).
             ``"per_token"`` gives each key its own scale at one extra multiply per score.
         smooth_k: subtract K's per-channel mean over tokens before quantizing (default True). Softmax is
-            invariant to it; the log-sum-exp gets the exact correction added back.
+            invariant to it; the log-sum-exp gets the exact correction added back. The mean is taken over
+            at most 1,024 evenly spaced keys (``spec.SAMPLE_TOKENS``): any vector near the mean smooths as
+            well, and the pass saves a whole read of K.
         smooth_q: subtract the per-block mean of Q before quantizing and add the exact correction
             ``mean(Q_block) · Kᵀ`` back to the scores (default False: costs an extra GEMV per block).
-        smooth_v: subtract V's per-channel mean before the FP8 cast and add it back to the output
-            (default False here; the diffusion patcher turns it on). Cuts the error when V carries a bias.
+        smooth_v: subtract V's per-channel mean (sampled like K's) before the FP8 cast and add it back to
+            the output (default False here; the diffusion patcher turns it on). Cuts the error when V carries a bias.
         pv_precision: ``"fp8"`` (default; e4m3 P and V, needs sm89+) or ``"fp16"`` (P·V in fp16 with an fp32
             accumulator, for Ampere).
         pv_accum: ``"fp32"`` (default): two-level accumulation, each block's P·V starts from zero and is

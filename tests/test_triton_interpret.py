@@ -135,31 +135,41 @@ def test_padded_keys_do_not_touch_the_statistics(seed, backend):
     assert rel_l1(junk, ref) < 0.05
 
 
-@pytest.mark.parametrize("n,masked", [(1, False), (2100, True), (8300, False)])
+@pytest.mark.parametrize("n,masked", [(1, False), (700, True), (2100, True), (8300, False)])
 def test_quantization_statistics_match_torch(seed, n, masked):
-    """Channel means of K and V and V's FP8 scale (the statistics launch and its finishing launch) against
-    torch: a head dim that pads (48 -> 64), more partials than one finishing chunk (8300 keys: 65), a
-    key-padding mask with a different number of live keys per batch item and garbage in the padding."""
+    """Smoothing means of K and V over the sampled keys and V's FP8 scale over every key (the statistics
+    launch and its finishing launch) against torch: a head dim that pads (48 -> 64), fewer keys than the
+    sample (all of them used), more V partials than one finishing chunk (8300 keys: 65), a key-padding mask
+    with a different number of live keys per batch item and garbage in the padding, and an outlier of V on a
+    key outside the sample (the scale must cover it; the means must not see it)."""
+    from sagegen.kernels.reference import sample_index
     from sagegen.kernels.triton_quant import _kv_stats
 
     k, v = (torch.randn(2, 3, n, 48, device=DEVICE) + 2.0 for _ in range(2))
+    idx = sample_index(n, DEVICE)
     bias = None
     live = torch.ones(2, n, dtype=torch.bool, device=DEVICE)
     if masked:
-        live[0, 1500:], live[1, 7:] = False, False
+        live[0, n * 2 // 3:], live[1, 7:] = False, False
         k[~live[:, None, :, None].expand_as(k)] = 1e4
         v[~live[:, None, :, None].expand_as(v)] = -1e4
         bias = torch.zeros(2, n, device=DEVICE).masked_fill(~live, float("-inf"))
+    unsampled = [j for j in range(min(n, 7)) if j not in set(idx.tolist())]  # keys 0-6 are live everywhere
+    if unsampled:
+        k[:, :, unsampled[0], 5] = 1e3
+        v[:, :, unsampled[0], 5] = 1e3
     k_mean, v_mean, v_scale, v_inv = _kv_stats(k, v, 64, True, True, True, bias)
     w = live[:, None, :, None].float()
-    count = w.sum(dim=2).clamp(min=1)
-    want_k = ((k * w).sum(dim=2) / count).reshape(6, 48)
-    want_v = ((v * w).sum(dim=2) / count).reshape(6, 48)
+    count = w[:, :, idx].sum(dim=2).clamp(min=1)
+    want_k = ((k * w)[:, :, idx].sum(dim=2) / count).reshape(6, 48)
+    want_v = ((v * w)[:, :, idx].sum(dim=2) / count).reshape(6, 48)
     vs = (v - want_v.reshape(2, 3, 1, 48)).masked_fill(w == 0, 0.0)
     want_scale = vs.abs().amax(dim=2).reshape(6, 48).clamp(min=1e-8) / 448.0
     assert torch.allclose(k_mean[:, :48], want_k, rtol=1e-5, atol=1e-5)
     assert torch.allclose(v_mean[:, :48], want_v, rtol=1e-5, atol=1e-5)
     assert torch.allclose(v_scale[:, :48], want_scale, rtol=1e-5)
+    if unsampled:
+        assert (v_scale[:, 5] > 2.0).all() and (k_mean[:, 5].abs() < 10).all()
     assert torch.equal(v_scale[:, 48:], torch.ones(6, 16, device=DEVICE))  # padding channels: scale 1
     assert torch.allclose(v_inv * v_scale, torch.ones_like(v_scale), rtol=1e-6)
 

@@ -15,7 +15,8 @@ import math
 import torch
 
 from ..config import SageConfig
-from .spec import EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, device_capability
+from .spec import (EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, SAMPLE_TOKENS, MaskSpec,
+                   device_capability)
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
 
@@ -75,11 +76,23 @@ def _live_keys(mask: MaskSpec, n_k: int) -> torch.Tensor | None:
     return (mask.tensor > -math.inf).float()[:, None, :, None]
 
 
-def _masked_mean(x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
-    """Mean over tokens (dim 2) of x [B, H, N, D], over live keys only when a key-padding mask is given."""
+def sample_index(n: int, device=None) -> torch.Tensor:
+    """The keys the smoothing means are taken over (spec.SAMPLE_TOKENS): (t * n) // SAMPLE_TOKENS, or all."""
+    if n <= SAMPLE_TOKENS:
+        return torch.arange(n, device=device)
+    return torch.arange(SAMPLE_TOKENS, device=device) * n // SAMPLE_TOKENS
+
+
+def _sampled_mean(x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
+    """Smoothing mean [B, H, 1, D] of x [B, H, N, D] over the sampled tokens (live keys only under a
+    key-padding mask; 0 when none of them is live). Divides correctly rounded, as the kernel's div_rn."""
+    idx = sample_index(x.shape[2], x.device)
+    xs = x[:, :, idx]
     if live is None:
-        return x.mean(dim=2, keepdim=True)
-    return (x * live).sum(dim=2, keepdim=True) / live.sum(dim=2, keepdim=True).clamp(min=1.0)
+        count = torch.full_like(xs[:, :, :1], float(len(idx)))
+        return xs.sum(dim=2, keepdim=True) / count
+    ls = live[:, :, idx]
+    return (xs * ls).sum(dim=2, keepdim=True) / ls.sum(dim=2, keepdim=True).clamp(min=1.0)
 
 
 def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -136,7 +149,7 @@ def sage_attention(
     # Keys masked out by a key-padding mask take no part in the statistics (means, scales): padding can
     # hold anything, and it must not cost the real keys precision.
     live = _live_keys(mask, Nk)
-    k_mean = _masked_mean(kf, live) if config.smooth_k else None
+    k_mean = _sampled_mean(kf, live) if config.smooth_k else None
     ks = kf - k_mean if config.smooth_k else kf
     if live is not None:
         ks = ks * live
@@ -146,7 +159,7 @@ def sage_attention(
     q8, q_scale = quantize_int8(qs, block_q, config.q_granularity == "per_token")
     k8, k_scale = quantize_int8(ks, block_k, config.k_granularity == "per_token")
 
-    v_mean = _masked_mean(vf, live) if config.smooth_v else None
+    v_mean = _sampled_mean(vf, live) if config.smooth_v else None
     vs = vf - v_mean if config.smooth_v else vf
     if live is not None:
         vs = vs * live

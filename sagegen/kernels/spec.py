@@ -20,6 +20,12 @@ LOG2_FP8_MAX = math.log2(FP8_MAX)
 # P is quantized relative to its own key block's row max (the block's largest value lands exactly on 448),
 # as long as that max is within REF_WINDOW (log2 units) of the running max; acc and l follow that reference.
 REF_WINDOW = 8.0
+# Smoothing means (K's, and V's with smooth_v) are taken over at most SAMPLE_TOKENS keys, evenly spaced:
+# key (t * N) // SAMPLE_TOKENS for t < SAMPLE_TOKENS (every key when N <= SAMPLE_TOKENS), live keys only
+# under a key-padding mask. Subtracting any per-channel vector is exact (softmax ignores a per-row constant;
+# V's is added back), so the vector only has to be near the mean; sampling spares the quantization pass a
+# whole read of K. V's FP8 scale still covers every key.
+SAMPLE_TOKENS = 1024
 
 # Pick tiles, launch settings and kernel variants as on another GPU generation, e.g. "8.9" (Ada) or "8.0"
 # (Ampere), while the code still runs on this card: how the variants are tested on a Hopper GPU. Triton keeps

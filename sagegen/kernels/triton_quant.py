@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..config import SageConfig
-from .spec import EPS, FP8_MAX, INT8_MAX
+from .spec import EPS, FP8_MAX, INT8_MAX, SAMPLE_TOKENS
 
 # Kernels may only read module globals that are constexpr.
 _EPS = tl.constexpr(EPS)
@@ -47,8 +47,10 @@ def interpreting() -> bool:
 
 
 @triton.jit
-def _load_tile(X, b, h, offs_n, offs_d, stride_xb, stride_xh, stride_xn, stride_xd, N, D):
-    valid = (offs_n < N)[:, None] & (offs_d < D)[None, :]
+def _load_tile(X, b, h, offs_n, offs_d, stride_xb, stride_xh, stride_xn, stride_xd, N, D, PAD_D: tl.constexpr):
+    # the head-dim bound only when the head dim is padded: a runtime bound along the contiguous dimension
+    # splits the 16-byte loads into 2-byte ones (Triton 3.6 and 3.9 alike)
+    valid = (offs_n < N)[:, None] & ((offs_d < D) | (not PAD_D))[None, :]
     # int64 base: tensors past 2^31 elements must not wrap (the per-row terms stay within one batch item)
     ptrs = (X + b.to(tl.int64) * stride_xb + h.to(tl.int64) * stride_xh + offs_n[:, None] * stride_xn
             + offs_d[None, :] * stride_xd)
@@ -76,6 +78,7 @@ def _quant_q_kernel(
     stride_xb, stride_xh, stride_xn, stride_xd,
     H, N, D, N_PAD,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_MEAN: tl.constexpr, PER_TOKEN: tl.constexpr,
+    PAD_D: tl.constexpr,
 ):
     """Q -> int8 [B*H, N_PAD, HEAD_DIM] with per-row scales; with BLOCK_MEAN, smooth by the tile's mean."""
     pid_n = tl.program_id(0)
@@ -83,7 +86,7 @@ def _quant_q_kernel(
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
     x, valid = _load_tile(X, pid_bh // H, pid_bh % H, offs_n, offs_d, stride_xb, stride_xh, stride_xn,
-                          stride_xd, N, D)
+                          stride_xd, N, D, PAD_D)
     if BLOCK_MEAN:
         count = tl.minimum(N - pid_n * BLOCK, BLOCK).to(tl.float32)
         mu_blk = tl.sum(x, axis=0) / count
@@ -106,84 +109,105 @@ def _live_keys(KeyBias, b, offs_n, N, KEY_MASK: tl.constexpr):
 
 @triton.jit
 def _kv_stats_kernel(
-    K, V, KeyBias, KSum, VSum, VMin, VMax,
+    K, V, KeyBias, KSum, VSum, Count, VMin, VMax,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
-    H, N, D, N_BLOCKS,
-    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
-    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr,
+    H, N, D, N_BLOCKS, N_SAMPLE, N_PARTS,
+    BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, K_MEAN: tl.constexpr,
+    V_MEAN: tl.constexpr, V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr, PAD_D: tl.constexpr,
 ):
-    """Per-tile partial statistics over tokens: K's and V's channel sums, V's channel min and max
-    (keys masked out by a key-padding mask excluded)."""
+    """Partial statistics, BLOCK keys per program, read ROWS at a time (few registers, many programs):
+    - V_RANGE: V's channel min and max over key tile pid_n (every key: the FP8 scale must cover them all);
+    - K_MEAN / V_MEAN, programs pid_n < N_PARTS: K's and V's channel sums over BLOCK of the sampled keys
+      (t * N) // N_SAMPLE (spec.SAMPLE_TOKENS), and how many were summed.
+    Keys a key-padding mask drops are left out of both."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, HEAD_DIM)
-    out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
-    live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)
-    if K_SUM:
-        k, _ = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
-        tl.store(KSum + out, tl.sum(tl.where(live[:, None], k, 0.0), axis=0))
-    if V_SUM or V_RANGE:
-        v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
-        valid = valid & live[:, None]
-        v = tl.where(valid, v, 0.0)
-        if V_SUM:
-            tl.store(VSum + out, tl.sum(v, axis=0))
-        if V_RANGE:
-            tl.store(VMin + out, tl.min(tl.where(valid, v, float("inf")), axis=0))
-            tl.store(VMax + out, tl.max(tl.where(valid, v, float("-inf")), axis=0))
+    # elementwise running min / max / sums over the row chunks, reduced across rows once at the end
+    if V_RANGE:
+        v_min = tl.full([ROWS, HEAD_DIM], float("inf"), dtype=tl.float32)
+        v_max = tl.full([ROWS, HEAD_DIM], float("-inf"), dtype=tl.float32)
+        for r in range(0, BLOCK, ROWS):
+            offs_n = pid_n * BLOCK + r + tl.arange(0, ROWS)
+            v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D, PAD_D)
+            valid = valid & _live_keys(KeyBias, b, offs_n, N, KEY_MASK)[:, None]
+            v_min = tl.minimum(v_min, tl.where(valid, v, float("inf")))
+            v_max = tl.maximum(v_max, tl.where(valid, v, float("-inf")))
+        out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
+        tl.store(VMin + out, tl.min(v_min, axis=0))
+        tl.store(VMax + out, tl.max(v_max, axis=0))
+    if K_MEAN or V_MEAN:
+        if pid_n < N_PARTS:
+            k_sum = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+            v_sum = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
+            count = tl.zeros([ROWS], dtype=tl.float32)
+            for r in range(0, BLOCK, ROWS):
+                t = pid_n * BLOCK + r + tl.arange(0, ROWS)
+                idx = ((t.to(tl.int64) * N) // N_SAMPLE).to(tl.int32)  # >= N (so not loaded) past the sample
+                use = (t < N_SAMPLE) & _live_keys(KeyBias, b, idx, N, KEY_MASK)
+                count += use.to(tl.float32)
+                if K_MEAN:
+                    k, _ = _load_tile(K, b, h, idx, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D, PAD_D)
+                    k_sum += tl.where(use[:, None], k, 0.0)
+                if V_MEAN:
+                    v, _ = _load_tile(V, b, h, idx, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D, PAD_D)
+                    v_sum += tl.where(use[:, None], v, 0.0)
+            part = pid_bh * N_PARTS + pid_n
+            if K_MEAN:
+                tl.store(KSum + part * HEAD_DIM + offs_d, tl.sum(k_sum, axis=0))
+            if V_MEAN:
+                tl.store(VSum + part * HEAD_DIM + offs_d, tl.sum(v_sum, axis=0))
+            tl.store(Count + part, tl.sum(count, axis=0))
 
 
 @triton.jit
 def _kv_stats_finish_kernel(
-    KSum, VSum, VMin, VMax, KeyBias, KMean, VMean, VScale, VInvScale,
-    H, N, D, N_BLOCKS,
-    HEAD_DIM: tl.constexpr, CHANNELS: tl.constexpr, K_SUM: tl.constexpr, V_SUM: tl.constexpr,
-    V_RANGE: tl.constexpr, KEY_MASK: tl.constexpr, ROWS: tl.constexpr, COUNT_BLOCK: tl.constexpr,
+    KSum, VSum, Count, VMin, VMax, KMean, VMean, VScale, VInvScale,
+    D, N_BLOCKS, N_PARTS,
+    HEAD_DIM: tl.constexpr, CHANNELS: tl.constexpr, K_MEAN: tl.constexpr, V_MEAN: tl.constexpr,
+    V_RANGE: tl.constexpr, ROWS: tl.constexpr,
 ):
-    """One (batch, head) and CHANNELS channels per program: the per-tile partials of `_kv_stats_kernel` ->
-    K's and V's channel means and V's FP8 scale and its inverse (one launch instead of a dozen small torch
-    ops, which weigh on the quantization pass at short sequences). Padding channels get scale 1."""
+    """One (batch, head) and CHANNELS channels per program: the partials of `_kv_stats_kernel`, added in a
+    fixed order (deterministic) -> K's and V's smoothing means and V's FP8 scale and its inverse (one launch
+    instead of a dozen small torch ops, which weigh on the pass at short sequences). Padding channels get
+    scale 1."""
     pid = tl.program_id(0)
     offs_d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
-    if KEY_MASK:  # live keys of this batch item
-        live = tl.zeros([COUNT_BLOCK], dtype=tl.int32)
-        for start in range(0, N, COUNT_BLOCK):
-            offs = start + tl.arange(0, COUNT_BLOCK)
-            bias = tl.load(KeyBias + (pid // H) * N + offs, mask=offs < N, other=float("-inf"))
-            live += (bias > float("-inf")).to(tl.int32)
-        count = tl.maximum(tl.sum(live, axis=0), 1).to(tl.float32)
-    else:
-        count = tl.full([], N, tl.int32).to(tl.float32)
-    k_sum = tl.zeros([CHANNELS], dtype=tl.float32)
-    v_sum = tl.zeros([CHANNELS], dtype=tl.float32)
-    v_min = tl.full([CHANNELS], float("inf"), dtype=tl.float32)
-    v_max = tl.full([CHANNELS], float("-inf"), dtype=tl.float32)
-    for start in range(0, N_BLOCKS, ROWS):
-        rows = start + tl.arange(0, ROWS)
-        offs = (pid * N_BLOCKS + rows)[:, None] * HEAD_DIM + offs_d[None, :]
-        ok = (rows < N_BLOCKS)[:, None]
-        if K_SUM:
-            k_sum += tl.sum(tl.load(KSum + offs, mask=ok, other=0.0), axis=0)
-        if V_SUM:
-            v_sum += tl.sum(tl.load(VSum + offs, mask=ok, other=0.0), axis=0)
-        if V_RANGE:
+    out = pid * HEAD_DIM + offs_d
+    v_mean = tl.zeros([CHANNELS], dtype=tl.float32)
+    if K_MEAN or V_MEAN:
+        k_sum = tl.zeros([CHANNELS], dtype=tl.float32)
+        v_sum = tl.zeros([CHANNELS], dtype=tl.float32)
+        count = tl.zeros([ROWS], dtype=tl.float32)
+        for start in range(0, N_PARTS, ROWS):
+            rows = start + tl.arange(0, ROWS)
+            ok = rows < N_PARTS
+            offs = (pid * N_PARTS + rows)[:, None] * HEAD_DIM + offs_d[None, :]
+            count += tl.load(Count + pid * N_PARTS + rows, mask=ok, other=0.0)
+            if K_MEAN:
+                k_sum += tl.sum(tl.load(KSum + offs, mask=ok[:, None], other=0.0), axis=0)
+            if V_MEAN:
+                v_sum += tl.sum(tl.load(VSum + offs, mask=ok[:, None], other=0.0), axis=0)
+        n = tl.maximum(tl.sum(count, axis=0), 1.0) + tl.zeros([CHANNELS], dtype=tl.float32)
+        v_mean = tl.math.div_rn(v_sum, n)
+        if K_MEAN:
+            tl.store(KMean + out, tl.math.div_rn(k_sum, n))
+        if V_MEAN:
+            tl.store(VMean + out, v_mean)
+    if V_RANGE:
+        v_min = tl.full([CHANNELS], float("inf"), dtype=tl.float32)
+        v_max = tl.full([CHANNELS], float("-inf"), dtype=tl.float32)
+        for start in range(0, N_BLOCKS, ROWS):
+            rows = start + tl.arange(0, ROWS)
+            offs = (pid * N_BLOCKS + rows)[:, None] * HEAD_DIM + offs_d[None, :]
+            ok = (rows < N_BLOCKS)[:, None]
             v_min = tl.minimum(v_min, tl.min(tl.load(VMin + offs, mask=ok, other=float("inf")), axis=0))
             v_max = tl.maximum(v_max, tl.max(tl.load(VMax + offs, mask=ok, other=float("-inf")), axis=0))
-    out = pid * HEAD_DIM + offs_d
-    v_mean = tl.math.div_rn(v_sum, count)
-    if K_SUM:
-        tl.store(KMean + out, tl.math.div_rn(k_sum, count))
-    if V_SUM:
-        tl.store(VMean + out, v_mean)
-    if V_RANGE:
-        if V_SUM:
-            amax = tl.maximum(v_max - v_mean, v_mean - v_min)
-        else:
-            amax = tl.maximum(v_max, -v_min)
+        # max |v - mean| from the range: fl(v - mean) is monotone in v, so this is exact
+        amax = tl.maximum(v_max - v_mean, v_mean - v_min)
         amax = tl.where(offs_d < D, tl.maximum(amax, _EPS), _FP8_MAX)
         tl.store(VScale + out, tl.math.div_rn(amax, _FP8_MAX))
         tl.store(VInvScale + out, tl.math.div_rn(_FP8_MAX + tl.zeros_like(amax), amax))
@@ -197,7 +221,7 @@ def _quant_kv_kernel(
     H, N, D, N_PAD,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
     K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr,
-    PERMUTE_KEYS: tl.constexpr,
+    PERMUTE_KEYS: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
     scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile. PERMUTE_KEYS stores the FP8 V's keys in
@@ -213,7 +237,7 @@ def _quant_kv_kernel(
     head = pid_bh.to(tl.int64) * N_PAD * HEAD_DIM  # int64: the 8-bit buffers may pass 2^31 elements
 
     live = _live_keys(KeyBias, b, offs_n, N, KEY_MASK)[:, None]  # masked keys quantize as zeros
-    k, valid = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D)
+    k, valid = _load_tile(K, b, h, offs_n, offs_d, stride_kb, stride_kh, stride_kn, stride_kd, N, D, PAD_D)
     if SMOOTH_K:
         k = k - tl.load(KMean + stats)[None, :]
     k = tl.where(valid & live, k, 0.0)
@@ -221,7 +245,7 @@ def _quant_kv_kernel(
     tl.store(K8 + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], k8)
     tl.store(KScale + pid_bh * N_PAD + offs_n, k_scale)
 
-    v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D)
+    v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D, PAD_D)
     if SMOOTH_V:
         v = v - tl.load(VMean + stats)[None, :]
     v = tl.where(valid & live, v, 0.0)
@@ -252,42 +276,47 @@ class QuantizedQKV:
     v_mean: torch.Tensor | None  # fp32 [B, Hkv, D_pad] when smooth_v
 
 
-STATS_BLOCK = 128
+STATS_BLOCK = 128  # keys per program of the statistics launch (and sampled keys per partial sum)
+STATS_ROWS = 32  # rows it reads at a time
 
 
-def _kv_stats(k, v, d_pad, k_sum, v_sum, v_range, key_bias=None):
-    """Channel statistics of k and v [B, H, N, D] in one pass over them plus a small finishing launch:
-    (k_mean, v_mean, v_scale, v_inv_scale), each [B*H, d_pad] fp32 or None (the FP8 scale of V, with V's
-    mean taken out when v_sum); over the keys a key-padding bias [B, N] keeps, when given."""
+def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
+    """Channel statistics of k and v [B, H, N, D]: (k_mean, v_mean, v_scale, v_inv_scale), each [B*H, d_pad]
+    fp32 or None. The smoothing means are over the sampled keys (spec.SAMPLE_TOKENS); V's FP8 scale (with
+    V's mean taken out when v_mean) covers every key, so only V is read in full. Over the keys a key-padding
+    bias [B, N] keeps, when given. Two launches: partials, then a small finishing one."""
     B, H, N, D = k.shape
-    if not (k_sum or v_sum or v_range):
+    if not (k_mean or v_mean or v_range):
         return None, None, None, None
     nb = triton.cdiv(N, STATS_BLOCK)
-    new = lambda flag: torch.empty(B * H, nb, d_pad, dtype=torch.float32, device=k.device) if flag else None
-    ksum, vsum, vmin, vmax = new(k_sum), new(v_sum), new(v_range), new(v_range)
-    dummy = next(t for t in (ksum, vsum, vmin) if t is not None)
-    _kv_stats_kernel[(nb, B * H)](
-        k, v, key_bias if key_bias is not None else dummy,
-        *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
-        *k.stride(), *v.stride(), H, N, D, nb,
-        BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
-        KEY_MASK=key_bias is not None, num_warps=QUANT_WARPS["stats"], enable_fp_fusion=True,
+    n_sample = min(N, SAMPLE_TOKENS)
+    parts = triton.cdiv(n_sample, STATS_BLOCK)
+    f32 = lambda flag, *shape: torch.empty(*shape, dtype=torch.float32, device=k.device) if flag else None
+    ksum, vsum = f32(k_mean, B * H, parts, d_pad), f32(v_mean, B * H, parts, d_pad)
+    count = torch.empty(B * H, parts, dtype=torch.float32, device=k.device)
+    vmin, vmax = f32(v_range, B * H, nb, d_pad), f32(v_range, B * H, nb, d_pad)
+    pick = lambda t: t if t is not None else count
+    grid = (max(nb if v_range else 0, parts if (k_mean or v_mean) else 0), B * H)
+    _kv_stats_kernel[grid](
+        k, v, pick(key_bias), pick(ksum), pick(vsum), count, pick(vmin), pick(vmax),
+        *k.stride(), *v.stride(), H, N, D, nb, n_sample, parts,
+        BLOCK=STATS_BLOCK, HEAD_DIM=d_pad, ROWS=STATS_ROWS, K_MEAN=k_mean, V_MEAN=v_mean, V_RANGE=v_range,
+        KEY_MASK=key_bias is not None, PAD_D=D != d_pad, num_warps=QUANT_WARPS["stats"], enable_fp_fusion=True,
     )
-    out = lambda flag: torch.empty(B * H, d_pad, dtype=torch.float32, device=k.device) if flag else None
-    k_mean, v_mean, v_scale, v_inv_scale = out(k_sum), out(v_sum), out(v_range), out(v_range)
+    km, vm = f32(k_mean, B * H, d_pad), f32(v_mean, B * H, d_pad)
+    v_scale, v_inv_scale = f32(v_range, B * H, d_pad), f32(v_range, B * H, d_pad)
     channels = min(32, d_pad)
     _kv_stats_finish_kernel[(B * H, d_pad // channels)](
-        *(t if t is not None else dummy for t in (ksum, vsum, vmin, vmax)),
-        key_bias if key_bias is not None else dummy,
-        *(t if t is not None else dummy for t in (k_mean, v_mean, v_scale, v_inv_scale)),
-        H, N, D, nb, HEAD_DIM=d_pad, CHANNELS=channels, K_SUM=k_sum, V_SUM=v_sum, V_RANGE=v_range,
-        KEY_MASK=key_bias is not None, ROWS=64, COUNT_BLOCK=1024, num_warps=4, enable_fp_fusion=True,
+        pick(ksum), pick(vsum), count, pick(vmin), pick(vmax), pick(km), pick(vm), pick(v_scale),
+        pick(v_inv_scale), D, nb, parts, HEAD_DIM=d_pad, CHANNELS=channels, K_MEAN=k_mean, V_MEAN=v_mean,
+        V_RANGE=v_range, ROWS=64, num_warps=4, enable_fp_fusion=True,
     )
-    return k_mean, v_mean, v_scale, v_inv_scale
+    return km, vm, v_scale, v_inv_scale
 
 
 # Warps per CTA of the three quantization launches (bench/profile_quant.py --warps measures alternatives).
-QUANT_WARPS = {"stats": 2, "q": 4, "kv": 4}  # stats: 2 warps 10-30 us faster than 4 (H200)
+# H200, hd128 8k: statistics 111 us with 2 warps, 167 with 4, 188 with 8; K/V 249 us with 4 warps, 329 with 8.
+QUANT_WARPS = {"stats": 2, "q": 4, "kv": 4}
 
 
 def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int,
@@ -301,9 +330,9 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     quantize_q: False leaves Q to the attention kernel (`gluon_attn` quantizes it per CTA): q8 and q_scale
     are None.
 
-    Launches: Q (one read; skipped with quantize_q=False), K/V channel statistics (one read of K and V, plus a
-    small finishing launch), and K with V (one more read of each), writing int8 Q and K and fp8 (transposed)
-    or fp16 V.
+    Launches: Q (one read; skipped with quantize_q=False), K/V channel statistics (one read of V for its FP8
+    range and of the sampled keys for the smoothing means, plus a small finishing launch), and K with V (one
+    read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -319,7 +348,8 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         _quant_q_kernel[(nq_pad // block_q, B * Hq)](
             q, q8, q_scale, q_bm if q_bm is not None else q_scale, *q.stride(), Hq, Nq, D, nq_pad,
             BLOCK=block_q, HEAD_DIM=d_pad, BLOCK_MEAN=config.smooth_q,
-            PER_TOKEN=config.q_granularity == "per_token", num_warps=QUANT_WARPS["q"], enable_fp_fusion=True,
+            PER_TOKEN=config.q_granularity == "per_token", PAD_D=D != d_pad, num_warps=QUANT_WARPS["q"],
+            enable_fp_fusion=True,
         )
 
     fp8 = config.pv_precision == "fp8"
@@ -337,7 +367,8 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
         BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
         K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
-        KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8, num_warps=QUANT_WARPS["kv"],
+        KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8, PAD_D=D != d_pad,
+        num_warps=QUANT_WARPS["kv"],
         enable_fp_fusion=True,
     )
     shape = (B, Hkv, d_pad)
