@@ -2,7 +2,8 @@
 `triton_quant.quantize` at one shape (default B=4, H=32, N=8192, D=128, bf16).
 
     python bench/profile_quant.py [--shape 4 32 8192 128] [--permute]
-    python bench/profile_quant.py --variant "{'STATS_ROWS': 16}" --variant "{'QUANT_WARPS': {'stats': 4, 'q': 4, 'kv': 4}}"
+    python bench/profile_quant.py --variant "{'STATS_ROWS': 16}" \
+        --variant "{'QUANT_WARPS': {'stats': 4, 'q': 4, 'kv': 4}}"
 """
 
 from __future__ import annotations
