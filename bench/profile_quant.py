@@ -32,7 +32,7 @@ def main():
                     help="a dict of triton_quant module settings, e.g. \"{'STATS_ROWS': 16}\" (repeatable: one "
                          "profile each, every one from the defaults)")
     args = ap.parse_args()
-    defaults = {name: getattr(triton_quant, name) for name in ("QUANT_WARPS", "STATS_ROWS", "STATS_LOOP")}
+    defaults = {name: getattr(triton_quant, name) for name in ("QUANT_WARPS", "STATS_ROWS", "STATS_STAGES")}
     for warps in args.warps or [None]:
         if warps:
             triton_quant.QUANT_WARPS = dict(zip(("stats", "q", "kv"), warps))
