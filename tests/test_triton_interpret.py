@@ -339,7 +339,14 @@ def test_rms_norm_rounded_matches_diffusers_rmsnorm(seed, d, weight):
     out = joint[:, T:].transpose(1, 2)
     assert (joint[:, :T] == 0).all()
     diff = (out.float() - ref.float()).abs()
-    assert (diff <= ref.float().abs() * 2.0**-7 + 1e-6).all(), float(diff.max())  # one bf16 step at most
+    # one bf16 step of the result, and with a weight one step of the normalized value before it: an fp32
+    # normalization an ulp apart can round that value the other way at a tie, and the weight scales the step
+    bound = ref.float().abs() * 2.0**-7 + 1e-6
+    if weight:
+        xf = x.float().transpose(1, 2)
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + rms.eps)
+        bound = bound + normed.abs() * rms.weight.float().abs() * 2.0**-7
+    assert (diff <= bound).all(), float((diff / bound).max())
     assert (diff > 0).float().mean() < 0.02
     if weight:  # the double rounding is what it reproduces: the single-rounding form differs somewhere
         once = rms_norm_rope(x.transpose(1, 2), (rms.weight, rms.eps), None)
