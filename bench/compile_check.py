@@ -61,11 +61,15 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
 
 
 def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: int | None = None,
-                  maxnreg: int | None = None, quant_q: bool | None = None):
-    """The Hopper Gluon kernel (`gluon_attn`) at its launch settings, compiled for `arch` without a GPU."""
+                  maxnreg: int | None = None, quant_q: bool | None = None, module=None, extra_const=None,
+                  extra_ptr=None):
+    """The Hopper Gluon kernel (`gluon_attn`, or a probe copy given as `module` with its added constexprs and
+    pointer types) at its launch settings, compiled for `arch` without a GPU."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from sagegen.kernels import gluon_attn
+    from sagegen.kernels import gluon_attn as default_module
+
+    gluon_attn = module or default_module
 
     bq, bk = SageConfig().blocks(head_dim)
     default_stages, default_reg = gluon_attn.launch_settings(head_dim)
@@ -75,11 +79,11 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
     quant_q = gluon_attn.QUANT_Q_IN_KERNEL if quant_q is None else quant_q
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
                  SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, PAD_D=False, q_layout=q_l,
-                 stride_qd=1, stride_od=1)  # unit strides, as the JIT specializes them for contiguous tensors
+                 stride_qd=1, stride_od=1, **(extra_const or {}))  # unit strides: the JIT's for contiguous tensors
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}
-    ptr = {**PTR, "KV_LEN": "*i32", "Q": "*bf16" if quant_q else "*i8"}
+    ptr = {**PTR, "KV_LEN": "*i32", "Q": "*bf16" if quant_q else "*i8", **(extra_ptr or {})}
     sig = {n: "constexpr" if n in const else desc.get(n) or ptr.get(n) or ("fp32" if n == "sm_scale_log2" else "i32")
            for n in names}
     # pointers and row strides divisible by 16, as the JIT finds them for real tensors: vectorized accesses
