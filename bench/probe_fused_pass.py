@@ -16,17 +16,16 @@ pay; otherwise it cannot.
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402,F401
+from probe_util import environment, kernel_source, module_from_source, write_json  # noqa: E402
 from sagegen.kernels import gluon_attn, triton_quant  # noqa: E402
 
 SHAPES = [(4, 32, 8192, 128), (4, 32, 16384, 128), (2, 48, 17776, 64), (1, 24, 4608, 128)]
@@ -98,22 +97,16 @@ CALL = ("    if PRODUCE:\n"
 
 
 def probe_module():
-    src = open(gluon_attn.__file__).read().replace("from .spec import", "from sagegen.kernels.spec import")
+    src = kernel_source(gluon_attn)
     assert SIG_OLD in src and src.count(EPI_END) == 1, "gluon_attn changed: update the probe"
     src = src.replace(SIG_OLD, SIG_NEW).replace(EPI_END, EPI_END + CALL) + ITEM_SRC
-    path = os.path.join(tempfile.mkdtemp(), "gluon_attn_fused_probe.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("gluon_attn_fused_probe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_from_source(src, "gluon_attn_fused_probe")
 
 
 def launch(mod, qq, q, k, v, out, items, produce: bool):
     """gluon_attn.launch for the unmasked, no-LSE, no-V-smoothing call, with the item buffers."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     import triton
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     b_, h, n, d = q.shape
     d_pad, nk_pad = qq.k8.shape[-1], qq.k8.shape[2]
@@ -181,16 +174,10 @@ def main():
                "kernel_tflops": tf(t_plain), "full_call_tflops_now": tf(t_plain + t_quant)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del q, k, v, qq, items, out, ref
+        q = k = v = qq = items = out = ref = None  # free before the next shape
         torch.cuda.empty_cache()
-    if args.out:
-        env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": datetime.date.today().isoformat()}
-        with open(args.out, "w") as f:
-            json.dump({"environment": env, "rows": rows}, f, indent=1)
+    write_json(args.out, environment=environment(), rows=rows)
 
 
 if __name__ == "__main__":
-    import triton
-
     main()

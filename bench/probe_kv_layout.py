@@ -9,7 +9,6 @@ transpose needs no shared memory and the stores are 8 bytes; K with 16-byte load
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -21,6 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 from sagegen.kernels import triton_quant  # noqa: E402
 import probe_fused_pass  # noqa: E402
+from probe_util import environment, write_json  # noqa: E402
 
 SHAPES = [(4, 32, 8192, 128), (4, 32, 16384, 128), (2, 48, 17776, 64), (1, 24, 4608, 128), (2, 38, 4429, 64)]
 
@@ -81,13 +81,9 @@ def main():
             row[name] = bench(fn)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del q, k, v, qq, k8, ks, vq
+        q = k = v = qq = k8 = ks = vq = None  # free before the next shape
         torch.cuda.empty_cache()
-    if args.out:
-        env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": datetime.date.today().isoformat()}
-        with open(args.out, "w") as f:
-            json.dump({"environment": env, "rows": rows}, f, indent=1)
+    write_json(args.out, environment=environment(), rows=rows)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,16 @@ output is meaningless.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402,F401
+from probe_util import kernel_source, module_from_source  # noqa: E402
 from sagegen.kernels import gluon_attn, triton_quant  # noqa: E402
 
 SHAPES = [(4, 32, 8192, 128), (4, 32, 16384, 128), (2, 48, 17776, 64)]
@@ -26,20 +26,13 @@ SHAPES = [(4, 32, 8192, 128), (4, 32, 16384, 128), (2, 48, 17776, 64)]
 
 def stale_tiles_module():
     """gluon_attn with the loop's ring refills removed and every ring wait made to pass at once."""
-    src = open(gluon_attn.__file__).read()
-    src = src.replace("from .spec import", "from sagegen.kernels.spec import")
+    src = kernel_source(gluon_attn)
     loop_wait = "        mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)\n"
     refill = ("        if j + STAGES < n_blocks:\n"
               "            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, STAGES, BLOCK_N)\n")
     assert loop_wait in src and refill in src, "gluon_attn changed: update the probe"
     src = src.replace(loop_wait, "        mbarrier.wait(bars.index(nxt % STAGES), 0)\n").replace(refill, "")
-    path = os.path.join(tempfile.mkdtemp(), "gluon_attn_stale.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("gluon_attn_stale", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_from_source(src, "gluon_attn_stale")
 
 
 def main():

@@ -17,20 +17,18 @@ and a warpgroup's wgmma has finished reading shared memory once any of its warps
 from __future__ import annotations
 
 import argparse
-import datetime
-import importlib.util
 import json
 import os
 import re
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-import sagegen  # noqa: E402
-from sagegen.kernels import gluon_attn, triton_quant  # noqa: E402
+sys.path.insert(0, os.path.dirname(__file__))
+from probe_util import bench_ms, environment, hopper_call, kernel_source, module_from_source, write_json  # noqa: E402
+from sagegen.kernels import gluon_attn  # noqa: E402
 
 SHAPES = [(4, 32, 4096, 128), (4, 32, 8192, 128), (4, 32, 16384, 128), (1, 24, 32768, 128), (1, 24, 4608, 128),
           (4, 32, 16384, 64), (2, 48, 17776, 64), (2, 38, 4429, 64)]
@@ -62,18 +60,12 @@ def strip_loop_barriers(ptx: str, sync_ops=VARIANTS["all"]) -> str:
 
 
 def probe_module(variant: str):
-    src = open(gluon_attn.__file__).read().replace("from .spec import", "from sagegen.kernels.spec import")
+    src = kernel_source(gluon_attn)
     anchor = '    gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")\n'
     assert anchor in src, "gluon_attn changed: update the probe"
     # a comment inside the kernel's source: its own cache key, so it is compiled (through the hook), not reused
     src = src.replace(anchor, anchor + f"    # probe copy: loop barriers stripped from the PTX ({variant})\n")
-    path = os.path.join(tempfile.mkdtemp(), f"gluon_attn_nobar_{variant}.py")
-    with open(path, "w") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("gluon_attn_nobar", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return module_from_source(src, f"gluon_attn_nobar_{variant}")
 
 
 def install_hook(variant: str):
@@ -99,19 +91,14 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     mods = {name: probe_module(name) for name in VARIANTS}
-    bench = lambda f: triton.testing.do_bench(f, warmup=50, rep=300, return_mode="median")
-    cfg = sagegen.SageConfig()
     rows = []
     for b, h, n, d in SHAPES:
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        qq = triton_quant.quantize(q, k, v, cfg, 64, 128, d, permute_v_keys=True, quantize_q=False)
-        kw = dict(H=h, group=1, n_q=n, n_k=n, d=d, block_m=64, block_n=128, smooth_v=False,
-                  sm_scale_log2=d**-0.5 * 1.4426950408889634, q=q)
+        q, k, v, qq, kw = hopper_call(b, h, n, d)
         ref, out = torch.empty_like(q), torch.empty_like(q)
         gluon_attn.launch(qq, ref, None, None, **kw)  # compiled without the hook
         torch.cuda.synchronize()
         tf = lambda ms: 4 * b * h * n * n * d / ms / 1e9
-        row = {"shape": [b, h, n, d], "sdpa_default": tf(bench(lambda: F.scaled_dot_product_attention(q, k, v)))}
+        row = {"shape": [b, h, n, d], "sdpa_default": tf(bench_ms(lambda: F.scaled_dot_product_attention(q, k, v)))}
         for name, mod in mods.items():
             install_hook(name)
             triton.knobs.compilation.always_compile = True
@@ -126,16 +113,12 @@ def main():
             row[f"{name}_equal"] = bool(torch.equal(out, ref))
         for rep in (1, 2):
             for name, m in (("kernel", gluon_attn), *mods.items()):
-                row[f"{name}#{rep}"] = tf(bench(lambda: m.launch(qq, out, None, None, **kw)))
+                row[f"{name}#{rep}"] = tf(bench_ms(lambda: m.launch(qq, out, None, None, **kw)))
         rows.append(row)
         print(json.dumps({k_: round(v_, 1) if isinstance(v_, float) else v_ for k_, v_ in row.items()}), flush=True)
         q = k = v = qq = ref = out = None  # free before the next shape
         torch.cuda.empty_cache()
-    if args.out:
-        env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": datetime.date.today().isoformat()}
-        with open(args.out, "w") as f:
-            json.dump({"environment": env, "unit": "TFLOP/s, kernel alone", "rows": rows}, f, indent=1)
+    write_json(args.out, environment=environment(), unit="TFLOP/s, kernel alone", rows=rows)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import glob
 import json
 import os
@@ -19,7 +18,9 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
+from probe_util import environment, write_json  # noqa: E402
 from sagegen.kernels import gluon_attn, triton_quant  # noqa: E402
 
 
@@ -50,7 +51,6 @@ def summarize(tree) -> dict:
 
 
 def main():
-    import triton
     import triton.profiler as proton
 
     ap = argparse.ArgumentParser()
@@ -89,11 +89,8 @@ def main():
         for r in s["top_lines"][:12]:
             top = sorted(((k_, v) for k_, v in r.items() if k_.startswith("stalled_") and v), key=lambda kv: -kv[1])[:3]
             print(f"   {r['line'][-90:]:90s} {top}")
+    write_json(args.out, environment=environment(shape=args.shape, interval=args.interval), kernels=summary)
     if args.out:
-        env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "date": datetime.date.today().isoformat(), "shape": args.shape, "interval": args.interval}
-        with open(args.out, "w") as f:
-            json.dump({"environment": env, "kernels": summary}, f, indent=1)
         with open(os.path.splitext(args.out)[0] + "-raw.json", "w") as f:
             json.dump(data, f)
 

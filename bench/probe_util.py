@@ -1,0 +1,62 @@
+"""Shared by the bench probes: loading a patched copy of a kernel module, and the results file's environment."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import os
+import tempfile
+
+import torch
+
+
+def kernel_source(module) -> str:
+    """A sagegen kernel module's source, importable from outside the package."""
+    return open(module.__file__).read().replace("from .spec import", "from sagegen.kernels.spec import")
+
+
+def module_from_source(src: str, name: str):
+    """Import `src` as a fresh module called `name` (from a temporary file, so Triton can read its source)."""
+    path = os.path.join(tempfile.mkdtemp(), f"{name}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def environment(**extra) -> dict:
+    import triton
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.date.today().isoformat(), **extra}
+
+
+def write_json(path: str | None, **payload) -> None:
+    """The probe's results (with `environment=...` among them) to `path`, when one was given."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(payload, f, indent=1)
+
+
+def bench_ms(fn) -> float:
+    """Median time of fn() in ms (`triton.testing.do_bench`, the benchmark's settings)."""
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def hopper_call(b: int, h: int, n: int, d: int, config=None):
+    """Random bf16 q, k, v [b, h, n, d], their quantization as the Hopper kernel takes it (Q left to the
+    kernel, V's keys permuted) and the keyword arguments of `gluon_attn.launch` for them (no mask, no LSE)."""
+    import sagegen
+    from sagegen.kernels import triton_quant
+
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qq = triton_quant.quantize(q, k, v, config or sagegen.SageConfig(), 64, 128, d, permute_v_keys=True,
+                               quantize_q=False)
+    kw = dict(H=h, group=1, n_q=n, n_k=n, d=d, block_m=64, block_n=128, smooth_v=False,
+              sm_scale_log2=d**-0.5 * 1.4426950408889634, q=q)
+    return q, k, v, qq, kw
