@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402,F401
-from probe_util import environment, kernel_source, module_from_source, write_json  # noqa: E402
+from probe_util import bench_ms, environment, kernel_source, module_from_source, write_json  # noqa: E402
 from sagegen.kernels import gluon_attn, triton_quant  # noqa: E402
 
 SHAPES = [(4, 32, 8192, 128), (4, 32, 16384, 128), (2, 48, 17776, 64), (1, 24, 4608, 128)]
@@ -127,14 +127,11 @@ def launch(mod, qq, q, k, v, out, items, produce: bool):
 
 
 def main():
-    import triton.testing
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
     mod = probe_module()
     cfg = sagegen.SageConfig()
-    bench = lambda f: triton.testing.do_bench(f, warmup=50, rep=300, return_mode="median")
     rows = []
     for b, h, n, d in SHAPES:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -164,10 +161,10 @@ def main():
             "vminmax_equal": bool(torch.equal(items["vmin"], vmin_ref) and torch.equal(items["vmax"], vmax_ref)),
         }
         tf = lambda ms: 4 * b * h * n * n * d / ms / 1e9
-        t_quant = bench(quant)
-        t_plain = bench(lambda: launch(mod, qq, q, k, v, out, items, False))
-        t_items = bench(lambda: launch(mod, qq, q, k, v, out, items, True))
-        t_plain2 = bench(lambda: launch(mod, qq, q, k, v, out, items, False))
+        t_quant = bench_ms(quant)
+        t_plain = bench_ms(lambda: launch(mod, qq, q, k, v, out, items, False))
+        t_items = bench_ms(lambda: launch(mod, qq, q, k, v, out, items, True))
+        t_plain2 = bench_ms(lambda: launch(mod, qq, q, k, v, out, items, False))
         row = {"shape": [b, h, n, d], **check, "pass_us": 1000 * t_quant, "kernel_us": [1000 * t_plain, 1000 * t_plain2],
                "kernel_with_items_us": 1000 * t_items,
                "items_cost_us": 1000 * (t_items - (t_plain + t_plain2) / 2),

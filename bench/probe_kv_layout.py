@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 from sagegen.kernels import triton_quant  # noqa: E402
 import probe_fused_pass  # noqa: E402
-from probe_util import environment, write_json  # noqa: E402
+from probe_util import bench_ms, environment, write_json  # noqa: E402
 
 SHAPES = [(4, 32, 8192, 128), (4, 32, 16384, 128), (2, 48, 17776, 64), (1, 24, 4608, 128), (2, 38, 4429, 64)]
 
@@ -39,8 +39,6 @@ def _kv_item_kernel(K, V, KMean, VInv, K8, KSc, VQ, H, N, NK_PAD,
 
 
 def main():
-    import triton
-    import triton.testing
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -48,7 +46,6 @@ def main():
     probe_fused_pass.ITEM_SRC += KERNEL_SRC
     mod = probe_fused_pass.probe_module()
     cfg = sagegen.SageConfig()
-    bench = lambda f: 1000 * triton.testing.do_bench(f, warmup=50, rep=300, return_mode="median")
     rows = []
     for b, h, n, d in SHAPES:
         q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -78,7 +75,7 @@ def main():
             torch.cuda.synchronize()
             row[name.replace("_us", "_equal")] = bool(torch.equal(k8, qq.k8) and torch.equal(ks, qq.k_scale)
                                                      and torch.equal(vq.view(torch.uint8), qq.v.view(torch.uint8)))
-            row[name] = bench(fn)
+            row[name] = 1000 * bench_ms(fn)
         rows.append(row)
         print(json.dumps(row), flush=True)
         q = k = v = qq = k8 = ks = vq = None  # free before the next shape
