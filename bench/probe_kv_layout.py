@@ -39,7 +39,6 @@ def _kv_item_kernel(K, V, KMean, VInv, K8, KSc, VQ, H, N, NK_PAD,
 
 
 def main():
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     args = ap.parse_args()
