@@ -9,10 +9,12 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 venv: $(STAMP)
 
+# --no-cache-dir: the CUDA build of torch that torchvision needs is ~5.6 GB; a second copy in pip's cache has
+# filled CI's disk before.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[eval,test]'
+	$(PY) -m pip install -q --no-cache-dir -e '.[eval,test]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
