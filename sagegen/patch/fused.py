@@ -32,6 +32,7 @@ import inspect
 import torch
 
 from ..api import triton_interpret
+from .rebind import native_active
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -55,10 +56,8 @@ def _arguments(original, cls_path: str, attn, args, kwargs):
 def _native_dispatch(original) -> bool:
     """Whether a processor that calls diffusers' ``dispatch_attention_fn`` would run the native (SDPA) backend,
     the only one the patch routes: with another backend chosen, the fused call steps aside too."""
-    from .processors import _native_active  # (processors imports this module)
-
     return (getattr(original, "_attention_backend", None) is None
-            and getattr(original, "_parallel_config", None) is None and _native_active())
+            and getattr(original, "_parallel_config", None) is None and native_active())
 
 
 def _kernel_can_run(weight, hidden_states) -> bool:
