@@ -29,8 +29,15 @@ test-fast: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m sagegen.demo
 
+# The kernel benchmark (needs a CUDA GPU): JSON and plot under bench/results/, named by date.
 bench: $(STAMP)
-	$(PY) bench/bench_attention.py
+	$(PY) bench/bench_attention.py --out bench/results/attention-local-$$(date +%F).json \
+		--plot bench/results/attention-local-$$(date +%F).png
+
+# pyflakes' checks (unused imports, undefined names) through ruff, which honours `# noqa` re-exports.
+lint: $(STAMP)
+	$(PY) -m pip install -q --no-cache-dir 'ruff>=0.6'
+	$(VENV)/bin/ruff check --no-cache --select F sagegen tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -117,7 +117,7 @@ def speed(shapes, impls):
         row["speedup_vs_sdpa_default"] = {k_: (t / base if t and base else None) for k_, t in row["tflops"].items()}
         rows.append(row)
         print(_fmt_row(row), flush=True)
-        del q, k, v
+        q = k = v = None  # free the inputs (not `del`: the lambdas above name them)
         torch.cuda.empty_cache()
     return rows
 
@@ -221,7 +221,7 @@ def masked(impls):
         rows.append(row)
         print(f"masked {b},{h},{n},{d} pad={pad}: " + " ".join(f"{k_}={t:.0f}" for k_, t in row["tflops"].items())
               + f" | sagegen/sdpa(masked)={row['speedup_vs_sdpa_default_masked']['sagegen']:.2f}x", flush=True)
-        del q, k, v
+        q = k = v = None  # free the inputs (not `del`: the lambdas above name them)
         torch.cuda.empty_cache()
     return rows
 
@@ -237,6 +237,9 @@ def main():
     ap.add_argument("--shape", type=int, nargs=4, action="append", metavar=("B", "H", "N", "D"),
                     help="measure these shapes instead (repeatable)")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_attention.py times the kernels on a CUDA GPU and none is visible here "
+                 "(`make demo` prints the kernel's accuracy on the CPU)")
     impls, why = implementations()
     result = {"environment": environment(), "method": __doc__.strip().splitlines()[2]}
     if why:

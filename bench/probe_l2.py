@@ -67,6 +67,4 @@ def main():
 
 
 if __name__ == "__main__":
-    import triton
-
     main()

@@ -3,7 +3,7 @@ B=1, H=24: is 75.6k slower than masked HunyuanVideo-length calls? Prints TFLOP/s
 
     python bench/probe_long.py
 """
-import os, sys, torch, triton.testing, torch.nn.functional as F
+import os, sys, torch, triton.testing
 sys.path.insert(0, ".")
 import sagegen
 os.environ["SAGEGEN_KERNEL"] = "gluon"
@@ -16,4 +16,4 @@ for n in (32768, 75600, 75648, 75520, 49152):
     b = tf(bench(lambda: sagegen.sageattn(q, k, v, backend="triton", attn_mask=m)))
     c = tf(bench(lambda: sagegen.sageattn(q, k, v, backend="triton")))
     print(n, f"unmasked {a:.0f}  last-key-masked {b:.0f}  unmasked {c:.0f}", flush=True)
-    del q, k, v
+    q = k = v = None  # free the inputs (not `del`: the lambdas above name them)

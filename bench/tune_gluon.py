@@ -58,7 +58,7 @@ def main():
         print(f"{b},{h},{n},{d}: sdpa={row['sdpa_default']:.0f} triton={row['triton_kernel']:.0f} "
               f"quant={row['quant_ms']:.3f}ms | {cells}",
               flush=True)
-        del q, k, v
+        q = k = v = None  # free the inputs (not `del`: the lambdas above name them)
         torch.cuda.empty_cache()
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton_version(),
            "date": datetime.date.today().isoformat()}
