@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import os
 import warnings
 
@@ -134,10 +135,12 @@ def _validate(q, k, v, layout, is_causal, sm_scale, attn_mask, return_lse, backe
         raise TypeError(f"is_causal must be a bool, got {is_causal!r}")
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
-    if sm_scale is not None and not (isinstance(sm_scale, (int, float)) and math.isfinite(sm_scale)
-                                     and sm_scale > 0):
+    # numbers.Real admits numpy scalars; bool is an int to Python but never meant as a scale
+    if sm_scale is not None and (isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real)
+                                 or not math.isfinite(sm_scale) or not sm_scale > 0):
         raise ValueError(f"sm_scale must be a positive finite number or None, got {sm_scale!r}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    grads = [t for t in (q, k, v, attn_mask) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if torch.is_grad_enabled() and grads:
         raise RuntimeError("sageattn is inference-only (no backward); call it under torch.no_grad() or "
                            "torch.inference_mode()")
     if attn_mask is not None:
@@ -159,19 +162,23 @@ def _validate_mask(mask, q, k, h_dim, n_dim) -> None:
                          f"{list(target)}")
 
 
-def normalize_mask(mask: torch.Tensor | None, batch: int) -> MaskSpec:
-    """Turn a user mask (validated) into the kernels' `MaskSpec`."""
+def normalize_mask(mask: torch.Tensor | None, batch: int, n_kv: int) -> MaskSpec:
+    """Turn a user mask (validated, broadcastable to [batch, H, Nq, n_kv]) into the kernels' `MaskSpec`.
+
+    A mask that is the same for every head and query row (size 1 or an expanded, stride-0 view along both)
+    is a key-padding mask: one bias per key, broadcast along the keys too when its key dim is 1."""
     if mask is None:
         return MaskSpec()
     while mask.dim() < 4:
         mask = mask.unsqueeze(0)
-    if mask.shape[1] == 1 and mask.shape[2] == 1:  # key padding: one bias per key
+    constant = lambda dim: mask.shape[dim] == 1 or mask.stride(dim) == 0
+    if constant(1) and constant(2):
         row = mask[:, 0, 0, :]
         if mask.dtype == torch.bool:
             bias = torch.zeros(row.shape, dtype=torch.float32, device=row.device).masked_fill(~row, -math.inf)
         else:
             bias = row.float()
-        return MaskSpec("key", bias.expand(batch, -1).contiguous())
+        return MaskSpec("key", bias.expand(batch, n_kv).contiguous())
     return MaskSpec("bool" if mask.dtype == torch.bool else "additive", mask)
 
 
@@ -199,7 +206,7 @@ def _sageattn_op(
                                pv_accum, fallback, block_q, block_k)
     hnd = (lambda t: t) if tensor_layout == "HND" else (lambda t: t.transpose(1, 2))
     qh, kh, vh = hnd(q), hnd(k), hnd(v)
-    mask = normalize_mask(attn_mask, qh.shape[0])
+    mask = normalize_mask(attn_mask, qh.shape[0], kh.shape[2])
     choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once,
                                      n_kv=kh.shape[2])
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

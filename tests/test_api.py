@@ -46,12 +46,21 @@ def test_bad_tensors(change, exc, words):
     (dict(attn_mask=torch.ones(3, 16, 16, dtype=torch.bool)), ValueError, ["attn_mask of shape (3, 16, 16)"]),
     (dict(attn_mask=torch.ones(16, 16, dtype=torch.int32)), TypeError, ["attn_mask.dtype"]),
     (dict(attn_mask=[[True]]), TypeError, ["attn_mask must be a torch.Tensor"]),
+    (dict(sm_scale=True), ValueError, ["sm_scale must be a positive finite number"]),
+    (dict(sm_scale=float("nan")), ValueError, ["sm_scale must be a positive finite number"]),
 ])
 def test_bad_arguments(kwargs, exc, words):
     with pytest.raises(exc) as err:
         sagegen.sageattn(*_qkv(), **kwargs)
     for w in words:
         assert w in str(err.value)
+
+
+def test_numpy_scalar_scale_is_a_number(seed):
+    import numpy as np
+
+    q, k, v = _qkv()
+    assert torch.equal(sagegen.sageattn(q, k, v, sm_scale=np.float32(0.125)), sagegen.sageattn(q, k, v, sm_scale=0.125))
 
 
 def test_layout_mismatch_is_explained():
@@ -78,6 +87,9 @@ def test_inference_only():
     q.requires_grad_(True)
     with pytest.raises(RuntimeError, match="inference-only"):
         sagegen.sageattn(q, k, v)
+    bias = torch.zeros(16, 16, requires_grad=True)  # a learnable bias would get no gradient either
+    with pytest.raises(RuntimeError, match="inference-only"):
+        sagegen.sageattn(q.detach(), k, v, attn_mask=bias)
     with torch.no_grad():
         assert sagegen.sageattn(q, k, v).shape == q.shape
 
@@ -122,7 +134,7 @@ def test_sdpa_fallback_matches_math(seed):
     from sagegen.kernels.reference import attention_fp64
     from sagegen.api import normalize_mask
 
-    ref, ref_lse = attention_fp64(q, k, v, sm_scale=0.125, is_causal=True, mask=normalize_mask(mask, 1))
+    ref, ref_lse = attention_fp64(q, k, v, sm_scale=0.125, is_causal=True, mask=normalize_mask(mask, 1, mask.shape[-1]))
     assert rel_l1(out, ref) < 2e-3
     fin = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), fin) and (lse[fin] - ref_lse[fin]).abs().max() < 1e-3
@@ -187,7 +199,7 @@ def test_sdpa_direct_matches_the_math_in_both_layouts(seed):
         assert out.shape == q.shape
         hnd = (lambda t: t) if layout == "HND" else (lambda t: t.transpose(1, 2))
         ref, _ = attention_fp64(hnd(q), hnd(k), hnd(v), sm_scale=0.125,
-                                mask=sagegen.api.normalize_mask(mask, 1))
+                                mask=sagegen.api.normalize_mask(mask, 1, mask.shape[-1]))
         assert rel_l1(hnd(out), ref) < 2e-3 and torch.all(hnd(out)[:, :, 4] == 0)
 
 

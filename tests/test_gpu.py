@@ -71,7 +71,7 @@ def test_hunyuan_like_key_padding_and_causal_cross(seed):
     keep[0, ..., -200:] = False
     t = sagegen.sageattn(q, k, v, attn_mask=keep, backend="triton")
     ref, _ = attention_fp64(q[:, :4], k[:, :4], v[:, :4], sm_scale=128**-0.5,
-                            mask=sagegen.api.normalize_mask(keep, 2))
+                            mask=sagegen.api.normalize_mask(keep, 2, keep.shape[-1]))
     assert rel_l1(t[:, :4], ref) < 0.04
     q2, k2, v2 = qkv(1, 8, 8, 3000, 5000, 64, dtype=torch.float16, device="cuda")
     t2 = sagegen.sageattn(q2, k2, v2, is_causal=True, backend="triton")
@@ -153,7 +153,7 @@ def test_hopper_kernels_key_padding_prefix(seed, monkeypatch, kernel):
     k[0, :, -333:] = 1e4  # padding holds garbage; it must not reach the scales or the output
     t, lt = sagegen.sageattn(q, k, v, attn_mask=mask, config=cfg, return_lse=True, backend="triton")
     r, lr = sagegen.sageattn(q, k, v, attn_mask=mask, config=cfg, return_lse=True, backend="reference")
-    ref, _ = attention_fp64(q, k, v, sm_scale=128**-0.5, mask=sagegen.api.normalize_mask(mask, 2))
+    ref, _ = attention_fp64(q, k, v, sm_scale=128**-0.5, mask=sagegen.api.normalize_mask(mask, 2, mask.shape[-1]))
     print(f"{kernel} key prefix: vs emu {rel_l1(t, r):.2e}, vs fp64 {rel_l1(t, ref):.4f} "
           f"(emulation vs fp64 {rel_l1(r, ref):.4f})")
     # The fast path folds the score's scale and shift into one FMA (its constant rounds to ~6e-5 in log2

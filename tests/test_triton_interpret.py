@@ -131,8 +131,43 @@ def test_padded_keys_do_not_touch_the_statistics(seed, backend):
     assert torch.equal(clean, junk)
     from sagegen.kernels.reference import attention_fp64
 
-    ref, _ = attention_fp64(q, k, v, sm_scale=0.125, mask=sagegen.api.normalize_mask(keep, 2))
+    ref, _ = attention_fp64(q, k, v, sm_scale=0.125, mask=sagegen.api.normalize_mask(keep, 2, keep.shape[-1]))
     assert rel_l1(junk, ref) < 0.05
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1, 1, 1), (2, 1, 1, 1)])
+def test_masks_broadcast_along_the_keys(seed, backend, shape):
+    """A mask whose key dim is 1 broadcasts over every key (SDPA's rule): a constant bias changes nothing, an
+    all-False row gives zeros. It once took the key-padding path with one bias for the first key only: an
+    IndexError in the emulation, and reads past the bias in the Triton kernels."""
+    q, k, v = qkv(2, 2, 2, 40, 70, 64, device=DEVICE)
+    plain = sagegen.sageattn(q, k, v, backend=backend)
+    shifted = sagegen.sageattn(q, k, v, attn_mask=torch.full(shape, -5.0, device=DEVICE), backend=backend)
+    assert rel_l1(shifted, plain) < 2e-3  # softmax-invariant up to the quantization's rounding
+    if len(shape) == 4 and shape[0] == 2:
+        keep = torch.tensor([True, False], device=DEVICE).view(shape)
+        out, lse = sagegen.sageattn(q, k, v, attn_mask=keep, backend=backend, return_lse=True)
+        assert rel_l1(out[0], plain[0]) < 2e-3 and not out[1].any() and torch.isinf(lse[1]).all()
+
+
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_expanded_key_padding_masks_are_key_masks(seed, backend):
+    """The same key-padding mask expanded over heads or query rows (stride-0 views, as `mask.expand(...)` gives)
+    is recognised as one: the padded keys stay out of the statistics and the output is bit-identical to the
+    [B, 1, 1, Nk] form's."""
+    q, k, v = qkv(2, 2, 2, 30, 90, 64, device=DEVICE)
+    keep = torch.ones(2, 1, 1, 90, dtype=torch.bool, device=DEVICE)
+    keep[1, ..., 50:] = False
+    k[1, :, 50:] += 40.0  # large padding values: they would dominate K's mean and V's scale if counted
+    v[1, :, 50:] -= 60.0
+    cfg = SageConfig(smooth_v=True)
+    want = sagegen.sageattn(q, k, v, attn_mask=keep, config=cfg, backend=backend)
+    for view in (keep.expand(2, 2, 1, 90), keep.expand(2, 1, 30, 90), keep.expand(2, 2, 30, 90)):
+        assert sagegen.api.normalize_mask(view, 2, 90).kind == "key"
+        assert torch.equal(sagegen.sageattn(q, k, v, attn_mask=view, config=cfg, backend=backend), want)
+    dense = keep.expand(2, 2, 30, 90).clone()  # materialised: a general mask, applied per score
+    assert sagegen.api.normalize_mask(dense, 2, 90).kind == "bool"
 
 
 @pytest.mark.parametrize("n,masked", [(1, False), (700, True), (2100, True), (8300, False)])
