@@ -121,6 +121,34 @@ def test_hopper_kernels_track_emulation(seed, monkeypatch, kernel, d, hkv, nq, n
     assert cosine(t, ref) > 0.999
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d,sigma", [(128, 1.0), (128, 8.0), (64, 30.0), (128, 30.0)])
+def test_large_scores_keep_the_emulations_accuracy_on_hardware(seed, monkeypatch, kernel, d, sigma):
+    """The fast path's per-row shift at growing score scales (spec.py), on every kernel."""
+    cfg = _use_kernel(monkeypatch, kernel, SageConfig())
+    q, k, v = qkv(2, 8, 8, 2048 + 37, 3000 + 5, d, dtype=torch.bfloat16, device="cuda")
+    q, k = q * sigma, k * sigma
+    ref, _ = attention_fp64(q, k, v, sm_scale=d**-0.5)
+    t, lt = sagegen.sageattn(q, k, v, config=cfg, return_lse=True, backend="triton")
+    e, le = sagegen.sageattn(q, k, v, config=cfg, return_lse=True, backend="reference")
+    print(f"{kernel} d={d} sigma={sigma}: kernel {rel_l1(t, ref):.4f}, emulation {rel_l1(e, ref):.4f}, "
+          f"lse {(lt - le).abs().max():.2e}")
+    assert rel_l1(t, ref) < 1.3 * rel_l1(e, ref) + 2e-3
+    assert ((lt - le).abs() <= 1e-5 * le.abs() + 1e-2).all()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_nan_inputs_reach_the_output_on_hardware(seed, monkeypatch, kernel, where):
+    cfg = _use_kernel(monkeypatch, kernel, SageConfig(smooth_v=True))
+    q, k, v = qkv(1, 4, 4, 1000, 1500, 128, dtype=torch.bfloat16, device="cuda")
+    tensors = dict(q=q, k=k, v=v)
+    tensors[where][0, 2, 333, 17] = float("nan")
+    t = sagegen.sageattn(**tensors, config=cfg, backend="triton")
+    r = sagegen.sageattn(**tensors, config=cfg, backend="reference")
+    assert torch.equal(t.isnan(), r.isnan()) and t.isnan().any()
+
+
 @pytest.mark.parametrize("d,layout", [(128, "HND"), (64, "NHD"), (96, "NHD")])
 def test_gluon_q_quantized_in_kernel_is_bit_identical(seed, monkeypatch, d, layout):
     """The Gluon kernel quantizes Q per CTA (gluon_attn.QUANT_Q_IN_KERNEL): the same output and LSE, bit for

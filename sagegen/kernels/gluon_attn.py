@@ -65,7 +65,8 @@ def _quantize_q_tile(Q, q_smem, b, h, row0, N_Q, D, stride_qb, stride_qh, stride
     ptrs = (Q + b.to(gl.int64) * stride_qb + h.to(gl.int64) * stride_qh + gl.expand_dims(offs_m, 1) * stride_qm
             + gl.expand_dims(offs_d, 0) * stride_qd)
     x = gl.load(ptrs, mask=valid, other=0.0).to(gl.float32)
-    amax = gl.maximum(gl.max(gl.abs(x), axis=1), _EPS)
+    # + sum(x * 0): exactly amax for finite rows, NaN for a row with NaN or inf (max() would drop a NaN)
+    amax = gl.maximum(gl.max(gl.abs(x), axis=1), _EPS) + gl.sum(x * 0.0, axis=1)
     y = x * gl.expand_dims(gl.div_rn(gl.full_like(amax, _INT8_MAX), amax), 1)
     y = gl.where(y >= 0, y + 0.5, y - 0.5)  # round half away from zero (the int8 cast truncates)
     y = gl.minimum(gl.maximum(y, -_INT8_MAX), _INT8_MAX)
@@ -89,7 +90,9 @@ def _softmax_block(s, q_scale, ks, m_i, r_i, l_i, start_n, N_K, TAIL: gl.constex
     m_new = gl.maximum(m_i, m_blk)
     r_new = gl.maximum(m_blk, m_new - _REF_WINDOW)
     shift = row_scale * _MAGIC_F + r_new - _LOG2_FP8_MAX
-    p = gl.exp2(x * gl.expand_dims(row_scale, 1) - gl.expand_dims(shift, 1))
+    # the reference the shift really subtracts, as triton_attn._exp2_shift (spec.py)
+    r_new = gl.fma(-row_scale, gl.full_like(row_scale, _MAGIC_F), shift) + _LOG2_FP8_MAX
+    p = gl.exp2(gl.fma(x, gl.expand_dims(row_scale, 1), -gl.expand_dims(shift, 1)))
     alpha = gl.exp2(r_i - r_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, r_new, l_i
@@ -224,12 +227,12 @@ def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     # acc and l both carry P's factor 448, which cancels here.
     l_o = gl.convert_layout(l_i, row_o)
-    inv_l = gl.where(l_o > 0, 1.0 / gl.where(l_o > 0, l_o, 1.0), 0.0)
+    inv_l = gl.where(l_o != 0, 1.0 / gl.where(l_o != 0, l_o, 1.0), 0.0)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
     o = acc * gl.expand_dims(inv_l, 1) * gl.expand_dims(gl.load(VS + v_row0 + offs_d), 0)
     if SMOOTH_V:
         v_mean = gl.expand_dims(gl.load(VM + v_row0 + offs_d), 0)
-        o = gl.where(gl.expand_dims(l_o > 0, 1), o + v_mean, 0.0)
+        o = gl.where(gl.expand_dims(l_o != 0, 1), o + v_mean, 0.0)
     offs_mo = row0 + gl.arange(0, BLOCK_M, layout=row_o)
     # int64 offsets: outputs past 2^31 elements (large batches of HunyuanVideo 720p) must not wrap
     o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + gl.expand_dims(offs_mo, 1) * stride_om

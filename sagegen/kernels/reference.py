@@ -203,12 +203,12 @@ def sage_attention(
             j = torch.arange(Nk, device=q.device)[None, :]
             s = s.masked_fill(j > i, -math.inf)
         o, m, l = _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, config.pv_accum, config.pv_precision == "fp8")
-        safe_l = torch.where(l > 0, l, torch.ones_like(l))
-        o = o * torch.where(l > 0, 1.0 / safe_l, torch.zeros_like(l))[..., None]
+        safe_l = torch.where(l != 0, l, torch.ones_like(l))
+        o = o * torch.where(l != 0, 1.0 / safe_l, torch.zeros_like(l))[..., None]
         if v_dequant is not None:
             o = o * v_dequant
         if v_mean is not None:
-            o = torch.where(l[..., None] > 0, o + v_mean, torch.zeros_like(o))
+            o = torch.where(l[..., None] != 0, o + v_mean, torch.zeros_like(o))
         out[:, :, rows] = o.to(q.dtype)
         if lse is not None:
             lse_rows = (m + torch.log2(l) - LOG2_FP8_MAX) * LN2

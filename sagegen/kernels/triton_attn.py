@@ -47,6 +47,15 @@ def _pv_update(acc, pq, v_desc, row0, start_n, d_off, alpha, PV_FP8: tl.constexp
 
 
 @triton.jit
+def _exp2_shift(row_scale, r):
+    """The fast path's shift for p = exp2(x * row_scale - shift), x = 12582912 + score, aiming a block's max
+    at 448 relative to reference r, and the reference it really subtracts: ~12582912 * row_scale, fp32 holds
+    r only to its ulp, so acc, l and the lse follow the reference actually used (spec.py)."""
+    shift = row_scale * 12582912.0 + r - _LOG2_FP8_MAX
+    return shift, tl.fma(-row_scale, 12582912.0, shift) + _LOG2_FP8_MAX
+
+
+@triton.jit
 def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
                PV_FP8: tl.constexpr, SMOOTH_V: tl.constexpr):
     o = acc * inv_l[:, None]
@@ -54,7 +63,7 @@ def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_o
         o = o * tl.load(VS + vs_off + offs_d)[None, :]
     if SMOOTH_V:
         v_mean = tl.load(VM + vs_off + offs_d)
-        o = tl.where((l_i > 0)[:, None], o + v_mean[None, :], 0.0)
+        o = tl.where((l_i != 0)[:, None], o + v_mean[None, :], 0.0)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(o_base.dtype.element_ty), mask=(offs_m < N_Q)[:, None] & (offs_d < D)[None, :])
 
@@ -81,7 +90,9 @@ def _attn_block(
         m_blk = (tl.max(x, axis=1) - 12582912.0) * row_scale
         m_new = tl.maximum(m_i, m_blk)
         r_new = tl.maximum(m_blk, m_new - _REF_WINDOW)
-        p = tl.math.exp2(x * row_scale[:, None] - (row_scale * 12582912.0 + r_new - _LOG2_FP8_MAX)[:, None])
+        shift, r_new = _exp2_shift(row_scale, r_new)
+        # an explicit FMA: the product is exact inside it (the GPU fuses this anyway; the interpreter would not)
+        p = tl.math.exp2(tl.fma(x, row_scale[:, None], -shift[:, None]))
         alpha = tl.math.exp2(r_i - r_new)
     else:
         if K_PER_TOKEN:
@@ -166,24 +177,24 @@ def _attn_fwd_kernel(
         for start_n in range(0, tl.minimum(N_K, (start_m + 1) * BLOCK_M), BLOCK_N):
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
                 q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0,
-                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
-                K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True,
+                CAUSAL, K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
     else:
         # Whole key blocks need no bounds check; the partial last block is peeled off.
         n_full = (N_K // BLOCK_N) * BLOCK_N
         for start_n in range(0, n_full, BLOCK_N):
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
                 q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0,
-                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, False, CAUSAL,
-                K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, False,
+                CAUSAL, K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
         if n_full < N_K:
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
                 q, q_scale, m_i, r_i, l_i, acc0, acc1, n_full, offs_m, k_desc, v_desc, kv_row0, v_row0,
-                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True, CAUSAL,
-                K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+                ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST, True,
+                CAUSAL, K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
 
     # acc and l both carry P's factor 448, which cancels here.
-    inv_l = tl.where(l_i > 0, 1.0 / tl.where(l_i > 0, l_i, 1.0), 0.0)
+    inv_l = tl.where(l_i != 0, 1.0 / tl.where(l_i != 0, l_i, 1.0), 0.0)
     vs_off = bh_kv * HEAD_DIM
     o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh  # no wrap past 2^31
     offs_d0 = tl.arange(0, CHUNK_D)

@@ -58,14 +58,27 @@ def _load_tile(X, b, h, offs_n, offs_d, stride_xb, stride_xh, stride_xn, stride_
 
 
 @triton.jit
+def _min_keep_nan(x, axis):
+    """tl.min that returns NaN where the reduced values hold one (tl.min skips NaNs)."""
+    return tl.where(tl.max((x != x).to(tl.int32), axis=axis) > 0, float("nan"), tl.min(x, axis=axis))
+
+
+@triton.jit
+def _max_keep_nan(x, axis):
+    return tl.where(tl.max((x != x).to(tl.int32), axis=axis) > 0, float("nan"), tl.max(x, axis=axis))
+
+
+@triton.jit
 def _int8_quantize(x, BLOCK: tl.constexpr, PER_TOKEN: tl.constexpr):
-    """Symmetric INT8 with one scale per row or per tile (x is zero outside the valid region)."""
+    """Symmetric INT8 with one scale per row or per tile (x is zero outside the valid region). A NaN or inf in
+    a row (tile) makes its scale NaN, so it propagates to the output (max() alone would drop a NaN): adding
+    sum(x * 0) leaves a finite amax exactly as it is."""
     if PER_TOKEN:
-        amax = tl.maximum(tl.max(tl.abs(x), axis=1), _EPS)
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), _EPS) + tl.sum(x * 0.0, axis=1)
         scale = tl.math.div_rn(amax, _INT8_MAX)
         y = x * tl.math.div_rn(_INT8_MAX, amax)[:, None]
     else:
-        amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), _EPS)
+        amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), _EPS) + tl.sum(tl.sum(x * 0.0, axis=1), axis=0)
         y = x * tl.math.div_rn(_INT8_MAX, amax)
         scale = tl.zeros([BLOCK], dtype=tl.float32) + tl.math.div_rn(amax, _INT8_MAX)
     y = tl.minimum(tl.maximum(_round_half_away(y), -_INT8_MAX), _INT8_MAX)
@@ -135,11 +148,12 @@ def _kv_stats_kernel(
             offs_n = pid_n * BLOCK + r + tl.arange(0, ROWS)
             v, valid = _load_tile(V, b, h, offs_n, offs_d, stride_vb, stride_vh, stride_vn, stride_vd, N, D, PAD_D)
             valid = valid & _live_keys(KeyBias, b, offs_n, N, KEY_MASK)[:, None]
-            v_min = tl.minimum(v_min, tl.where(valid, v, float("inf")))
-            v_max = tl.maximum(v_max, tl.where(valid, v, float("-inf")))
+            # a NaN in V makes its channel's range NaN (so its scale, so its output column, as the emulation)
+            v_min = tl.minimum(v_min, tl.where(valid, v, float("inf")), propagate_nan=tl.PropagateNan.ALL)
+            v_max = tl.maximum(v_max, tl.where(valid, v, float("-inf")), propagate_nan=tl.PropagateNan.ALL)
         out = (pid_bh * N_BLOCKS + pid_n) * HEAD_DIM + offs_d
-        tl.store(VMin + out, tl.min(v_min, axis=0))
-        tl.store(VMax + out, tl.max(v_max, axis=0))
+        tl.store(VMin + out, _min_keep_nan(v_min, 0))
+        tl.store(VMax + out, _max_keep_nan(v_max, 0))
     if K_MEAN or V_MEAN:
         if pid_n < N_PARTS:
             k_sum = tl.zeros([ROWS, HEAD_DIM], dtype=tl.float32)
@@ -205,11 +219,13 @@ def _kv_stats_finish_kernel(
             rows = start + tl.arange(0, ROWS)
             offs = (pid * N_BLOCKS + rows)[:, None] * HEAD_DIM + offs_d[None, :]
             ok = (rows < N_BLOCKS)[:, None]
-            v_min = tl.minimum(v_min, tl.min(tl.load(VMin + offs, mask=ok, other=float("inf")), axis=0))
-            v_max = tl.maximum(v_max, tl.max(tl.load(VMax + offs, mask=ok, other=float("-inf")), axis=0))
+            lo = _min_keep_nan(tl.load(VMin + offs, mask=ok, other=float("inf")), 0)
+            hi = _max_keep_nan(tl.load(VMax + offs, mask=ok, other=float("-inf")), 0)
+            v_min = tl.minimum(v_min, lo, propagate_nan=tl.PropagateNan.ALL)
+            v_max = tl.maximum(v_max, hi, propagate_nan=tl.PropagateNan.ALL)
         # max |v - mean| from the range: fl(v - mean) is monotone in v, so this is exact
-        amax = tl.maximum(v_max - v_mean, v_mean - v_min)
-        amax = tl.where(offs_d < D, tl.maximum(amax, _EPS), _FP8_MAX)
+        amax = tl.maximum(v_max - v_mean, v_mean - v_min, propagate_nan=tl.PropagateNan.ALL)
+        amax = tl.where(offs_d < D, tl.maximum(amax, _EPS, propagate_nan=tl.PropagateNan.ALL), _FP8_MAX)
         tl.store(VScale + out, tl.math.div_rn(amax, _FP8_MAX))
         tl.store(VInvScale + out, tl.math.div_rn(_FP8_MAX + tl.zeros_like(amax), amax))
 
@@ -252,7 +268,7 @@ def _quant_kv_kernel(
     v = tl.where(valid & live, v, 0.0)
     if FP8:
         y = v * tl.load(VInvScale + stats)[None, :]
-        y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)
+        y = tl.minimum(tl.maximum(y, -_FP8_MAX), _FP8_MAX)  # (a NaN in V made its channel's scale NaN)
         if EXACT_FP8_CAST:
             y = round_to_e4m3_grid(y)
         vt = tl.trans(y.to(tl.float8e4nv))
