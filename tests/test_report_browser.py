@@ -54,3 +54,21 @@ def test_checker_catches_a_broken_page(tmp_path):
     r = check_report(bad)
     assert any("boom" in p for p in r["problems"]) and any("undefinedFn" in p for p in r["problems"])
     assert r["screenshot"]["std"] < 5  # a blank page is detectably blank
+
+
+def test_subsampled_player_counts_and_points_at_real_frames(tmp_path):
+    from sagegen.report.browser import Browser
+    from sagegen.report.builder import ReportOptions
+
+    run = make_synthetic_run(tmp_path / "long", prompts=["p"], frames=12, height=32, width=32)
+    html = build_report(run, ReportOptions(max_frames=5, mp4=False, contact=False), log=lambda s: None)["html"]
+    with Browser() as b:
+        b.open(html.resolve().as_uri())
+        b.eval("Promise.all(window.sagegenPlayers.map(function(p){return p.ready;}))")
+        b.eval("window.sagegenPlayers[0].seek(2)")  # the 3rd frame shown, every 3rd frame: real frame 7
+        counter = b.eval("document.querySelector('.fc').textContent")
+        x, x0, dx = b.eval("""(function(){var c=document.querySelector('line.sg-cursor');
+            return [+c.getAttribute('x1'), +c.dataset.x0, +c.dataset.dx];})()""")
+        assert b.console_problems() == []
+    assert counter == "frame 7 / 12"
+    assert x == pytest.approx(x0 + 6 * dx)

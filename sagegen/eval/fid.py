@@ -9,11 +9,16 @@ The feature extractor is loaded from a local file (see :func:`sagegen.eval.weigh
   ``pt_inception-*.pth`` with 1008 classes): run as torchvision's ``Inception3`` on images scaled to [-1, 1],
   2048-d pool features. Numbers from these are *not* comparable to published FIDs, which use the TF weights.
 
-Images are resized to 299x299 with PIL's bicubic filter from the uint8 frames (clean-fid's "clean" resize).
+Images are resized to 299x299 like clean-fid's "clean" mode: each channel separately as a float image (PIL
+mode "F", bicubic), clipped to 0..255 and never rounded back to uint8 (rounding adds its own artefacts).
+
+Whether a TorchScript file really is the TF FID Inception cannot be told from its format: sagegen records its
+sha256 and says "unverified" instead of claiming the numbers are comparable to published FIDs.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -22,25 +27,34 @@ import numpy as np
 import torch
 
 INCEPTION_SIZE = 299
-FID_RELIABLE_N = 2048  # below the feature dimension the covariance estimate is rank-deficient
+INCEPTION_DIM = 2048  # pool features of the FID Inception
+FID_RELIABLE_N = 2048  # below this many images FID is biased upward and noisy, even in low dimensions
+
+
+def clean_resize(frame: np.ndarray, size: int = INCEPTION_SIZE) -> np.ndarray:
+    """HxWx3 uint8 -> size x size x 3 float32 in 0..255: bicubic per channel on floats, no quantisation."""
+    from PIL import Image
+
+    channels = []
+    for c in range(frame.shape[-1]):
+        im = Image.fromarray(frame[..., c].astype(np.float32), mode="F").resize((size, size), Image.BICUBIC)
+        channels.append(np.asarray(im, dtype=np.float32))
+    return np.clip(np.stack(channels, axis=-1), 0.0, 255.0)  # bicubic overshoots; clean-fid clips too
 
 
 @dataclass
 class FeatureExtractor:
     fn: Callable[[torch.Tensor], torch.Tensor]  # Nx3x299x299 float 0..255 -> NxD
     label: str
-    comparable: bool  # True for the TF FID weights (TorchScript)
+    comparable: bool | None  # True: known TF FID weights; False: certainly not; None: cannot tell
+    comparability: str = ""  # why, in one line, for metrics.json
+    sha256: str | None = None  # of the weights file, so a reader can check which file it was
 
     @torch.no_grad()
     def __call__(self, frames: np.ndarray, batch: int = 16) -> np.ndarray:
-        from PIL import Image
-
         out = []
         for i in range(0, frames.shape[0], batch):
-            chunk = [
-                np.asarray(Image.fromarray(f).resize((INCEPTION_SIZE, INCEPTION_SIZE), Image.BICUBIC))
-                for f in frames[i : i + batch]
-            ]
+            chunk = [clean_resize(f) for f in frames[i : i + batch]]
             x = torch.from_numpy(np.stack(chunk)).permute(0, 3, 1, 2).float()
             out.append(self.fn(x).reshape(x.shape[0], -1).double().numpy())
         return np.concatenate(out)
@@ -75,13 +89,16 @@ def load_inception(path: str | Path) -> FeatureExtractor:
         mod = None
     if mod is not None:
         probe = torch.zeros(1, 3, INCEPTION_SIZE, INCEPTION_SIZE)
-        try:
-            with torch.no_grad():
-                mod(probe, return_features=True)
-            fn = lambda x: mod(x, return_features=True)  # noqa: E731
-        except Exception:
-            fn = mod
-        return FeatureExtractor(fn=fn, label=f"TorchScript {path.name}", comparable=True)
+        with torch.no_grad():
+            try:
+                dim = mod(probe, return_features=True).reshape(1, -1).shape[1]
+                fn = lambda x: mod(x, return_features=True)  # noqa: E731
+            except Exception:
+                fn = mod
+                dim = mod(probe).reshape(1, -1).shape[1]
+        comparable, why = _torchscript_comparability(path, dim)
+        return FeatureExtractor(fn=fn, label=f"TorchScript {path.name}", comparable=comparable,
+                                comparability=why, sha256=_sha256(path))
     try:
         state = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:
@@ -91,8 +108,28 @@ def load_inception(path: str | Path) -> FeatureExtractor:
     if not isinstance(state, dict) or "Mixed_7c.branch_pool.conv.weight" not in state:
         raise ValueError(f"--inception-weights {path}: state dict is not torchvision Inception-v3")
     return FeatureExtractor(
-        fn=_torchvision_inception(state), label=f"torchvision Inception3 {path.name}", comparable=False
+        fn=_torchvision_inception(state), label=f"torchvision Inception3 {path.name}", comparable=False,
+        comparability="torchvision Inception-v3 weights, not the TF FID weights published FIDs use",
+        sha256=_sha256(path),
     )
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _torchscript_comparability(path: Path, dim: int) -> tuple[bool | None, str]:
+    """Any network can be saved as TorchScript, and sagegen has no checksum of the TF FID Inception to check
+    the file against: only a wrong feature size proves it is not the FID network."""
+    if dim != INCEPTION_DIM:
+        return False, f"{path.name} gives {dim}-d features, not the {INCEPTION_DIM}-d pool features of the FID Inception"
+    return None, (f"unverified: {path.name} gives {INCEPTION_DIM}-d features, but sagegen cannot check that it is the "
+                  "TF FID Inception (inception-2015-12-05.pt); the numbers are comparable to published FIDs only if "
+                  "it is (compare extractor_sha256 with your copy)")
 
 
 # ----------------------------------------------------------------------------------------------- metrics
@@ -117,23 +154,37 @@ def frechet_distance(mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.nd
     m = r1 @ s2 @ r1
     tr_root = float(np.sqrt(np.clip(np.linalg.eigvalsh((m + m.T) / 2), 0, None)).sum())
     d = mu1 - mu2
-    return float(max(0.0, d @ d + np.trace(s1) + np.trace(s2) - 2.0 * tr_root))
+    value = float(d @ d + np.trace(s1) + np.trace(s2) - 2.0 * tr_root)
+    # clamp only the rounding error of a true 0; max(0.0, nan) would turn NaN into a perfect score
+    return max(0.0, value) if np.isfinite(value) else value
+
+
+def _check_finite(feats: np.ndarray, what: str) -> None:
+    bad = int((~np.isfinite(feats)).any(axis=1).sum()) if feats.ndim == 2 else 0
+    if bad:
+        raise ValueError(f"{what}: {bad} of {feats.shape[0]} feature vectors hold NaN/inf values")
 
 
 def fid_from_features(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    _check_finite(a, "FID")
+    _check_finite(b, "FID")
     return frechet_distance(*_stats(a), *_stats(b))
 
 
 def kid_from_features(
     a: np.ndarray, b: np.ndarray, n_subsets: int = 100, subset_size: int = 1000, seed: int = 0
-) -> tuple[float, float]:
+) -> tuple[float, float | None]:
     """KID (Binkowski et al. 2018): unbiased MMD^2 with the kernel (x.y/d + 1)^3, averaged over random
-    subsets. Returns (mean, std over subsets)."""
+    subsets. Returns (mean, std over subsets); the std is None when there is only one subset (both sets
+    whole), since a spread over one value says nothing."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
+    _check_finite(a, "KID")
+    _check_finite(b, "KID")
     m = min(subset_size, a.shape[0], b.shape[0])
     if m < 2:
-        raise ValueError("KID needs at least 2 samples per set")
+        raise ValueError(f"KID needs at least 2 images per set, got {a.shape[0]} and {b.shape[0]}")
     d = a.shape[1]
     if m == a.shape[0] == b.shape[0]:
         n_subsets = 1  # every "subset" would be the whole of both sets
@@ -152,16 +203,30 @@ def kid_from_features(
         )
         vals.append(mmd)
     v = np.asarray(vals)
-    return float(v.mean()), float(v.std())
+    return float(v.mean()), (float(v.std()) if len(v) > 1 else None)
 
 
 def fid_warning(n: int, dim: int) -> str | None:
-    if n < max(FID_RELIABLE_N, dim):
+    if n < dim:
         return (
-            f"FID from {n} images (< {max(FID_RELIABLE_N, dim)}, the feature dimension): the covariance is "
-            "rank-deficient, so FID is biased upward and unreliable; compare with KID or use more samples"
+            f"FID from {n} images (< {dim}, the feature dimension): the covariance is rank-deficient, so FID is "
+            "biased upward and unreliable; compare with KID or use more samples"
+        )
+    if n < FID_RELIABLE_N:
+        return (
+            f"FID from {n} images (< {FID_RELIABLE_N}): FID is biased upward and noisy at this size, so it is "
+            "unreliable; compare with KID or use more samples"
         )
     return None
+
+
+def kid_warning(n: int, one_subset: bool) -> str | None:
+    if n >= 100:
+        return None
+    if one_subset:
+        return (f"KID from only {n} images per set, computed once on the whole sets (no subsets, so no std): "
+                "expect it to move a lot with other samples")
+    return f"KID from only {n} images per subset: noisy; see its std across subsets"
 
 
 def features_of(extract: FeatureExtractor, clips: Iterable[np.ndarray]) -> np.ndarray:

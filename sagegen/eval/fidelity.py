@@ -83,6 +83,7 @@ _LPIPS_SHIFT = (-0.030, -0.088, -0.188)
 _LPIPS_SCALE = (0.458, 0.448, 0.450)
 _ALEX_TAPS = (1, 4, 7, 9, 11)  # ReLU outputs of torchvision's alexnet.features
 _ALEX_CH = (64, 192, 384, 256, 256)
+LPIPS_MIN_SIDE = 31  # AlexNet's stride-4 conv and two max-pools leave no pixels for conv3..5 below this
 
 
 class LPIPS(torch.nn.Module):
@@ -144,6 +145,9 @@ def load_lpips(path: str | Path | dict) -> LPIPS:
 
 def lpips_frames(model: LPIPS, a: np.ndarray, b: np.ndarray, batch: int = 4) -> list[float]:
     a, b = _check_pair(a, b)
+    if min(a.shape[1:3]) < LPIPS_MIN_SIDE:
+        raise ValueError(f"frames of {a.shape[1]}x{a.shape[2]} are too small for LPIPS (AlexNet needs at least "
+                         f"{LPIPS_MIN_SIDE}px on each side)")
     out: list[float] = []
     for i in range(0, a.shape[0], batch):
         xa = torch.from_numpy(np.ascontiguousarray(a[i : i + batch])).permute(0, 3, 1, 2).float() / 127.5 - 1

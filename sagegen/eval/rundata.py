@@ -6,7 +6,6 @@ Layout: ``manifest.json``; ``samples/<variant>/<sample_id>/frames/00000.png ...`
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -3,9 +3,6 @@ any metrics already there)."""
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -14,12 +11,12 @@ import numpy as np
 
 from . import METRICS
 from . import stats
-from .rundata import Run, atomic_write_json, load_frames, load_run
+from .metricsfile import SCHEMA, now_iso, write_metrics  # noqa: F401 (SCHEMA re-exported)
+from .rundata import Run, load_frames, load_run
+from .setmetrics import SET_METRICS, set_metric
 from .weights import BadOption, WeightsMissing
 
-SCHEMA = 1
 CLIP_METRICS = ("clipsim", "clipt", "clipscore")
-SET_METRICS = ("fid", "kid")
 PAIRED_METRICS = ("psnr", "ssim", "lpips")
 VIDEO_ONLY = ("clipsim", "clipt")
 IMAGE_ONLY = ("clipscore",)
@@ -30,7 +27,8 @@ INFO = {  # higher_is_better, unit, description
     "fid": (False, "", "Fréchet Inception Distance of the candidate set to the baseline set (and reference)"),
     "kid": (False, "", "Kernel Inception Distance (unbiased MMD², cubic kernel)"),
     "psnr": (True, "dB", "PSNR vs the baseline frame (lossless PNGs), mean over frames"),
-    "ssim": (True, "", "SSIM vs the baseline frame (Gaussian 11x11, σ=1.5), mean over frames"),
+    "ssim": (True, "", "SSIM vs the baseline frame (Gaussian 11x11, σ=1.5; per RGB channel over the valid region, "
+                       "no downsampling), mean over frames"),
     "lpips": (False, "", "LPIPS (AlexNet, v0.1) vs the baseline frame, mean over frames"),
 }
 
@@ -75,10 +73,6 @@ class EvalOptions:
     loaders: dict[str, Callable[[], Any]] = field(default_factory=dict)  # tests inject stand-ins here
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
-
-
 def _even_subset(n: int, k: int | None) -> np.ndarray:
     if k is None or k >= n:
         return np.arange(n)
@@ -109,7 +103,6 @@ def _default_loaders(opts: EvalOptions) -> dict[str, Callable[[], Any]]:
 
 def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] = print) -> dict:
     from . import clip as clipmod
-    from . import fid as fidmod
     from . import fidelity
 
     if opts.clip_mode not in clipmod.MODES:
@@ -117,6 +110,7 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
     run = load_run(run_dir, log=log)
     loaders = {**_default_loaders(opts), **opts.loaders}
     results: dict[str, dict] = {}
+    weights_missing: set[str] = set()
     todo: list[str] = []
     for m in parse_metrics(opts.metrics, run.kind):
         why = _not_applicable(m, run.kind)
@@ -136,6 +130,7 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
         except WeightsMissing as e:
             for m in ms:
                 results[m] = {"status": "skipped", "reason": str(e)}
+            weights_missing.update(ms)
         except BadOption:
             raise
         except Exception as e:  # a broken weights file: the other metrics still run
@@ -145,16 +140,17 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
 
     reference = _load_reference(Path(opts.reference)) if opts.reference and set(todo) & set(SET_METRICS) else None
     per: dict[str, dict[str, dict[str, dict]]] = {m: {} for m in todo}  # metric -> variant -> sample -> entry
+    sample_errors: dict[str, dict[str, dict[str, str]]] = {m: {} for m in todo}  # metric -> variant -> sample
     feats: dict[str, list[np.ndarray]] = {v: [] for v in run.variants}
-    failed: dict[str, str] = {}
+    feat_samples: list[str] = []
+    failed: dict[str, str] = {}  # set metrics: one failing sample spoils the whole set
 
     def record(metric: str, variant: str, sid: str, fn: Callable[[], dict]) -> None:
-        if metric in failed:
-            return
+        # one bad sample (e.g. a pair with different frame counts) is that sample's error, not the metric's
         try:
             per[metric].setdefault(variant, {})[sid] = fn()
         except Exception as e:
-            failed[metric] = f"{type(e).__name__}: {e} (sample {sid}, variant {variant})"
+            sample_errors[metric].setdefault(variant, {})[sid] = f"{type(e).__name__}: {e}"
 
     for i, s in enumerate(run.samples):
         log(f"  [{i + 1}/{len(run.samples)}] {s.id}")
@@ -175,7 +171,7 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
                     feats[v].append(models["inception"](fr[_even_subset(len(fr), opts.fid_frames_per_sample)]))
                 except Exception as e:
                     for m in SET_METRICS:
-                        failed.setdefault(m, f"{type(e).__name__}: {e}")
+                        failed.setdefault(m, f"{type(e).__name__}: {e} (sample {s.id}, variant {v})")
             if v == run.baseline:
                 continue
             if "psnr" in todo:
@@ -184,16 +180,54 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
                 record("ssim", v, s.id, lambda: _series(fidelity.ssim_frames(fr, base)))
             if "lpips" in todo:
                 record("lpips", v, s.id, lambda: _series(fidelity.lpips_frames(models["lpips"], fr, base)))
+        feat_samples.append(s.id)
 
     for m in todo:
-        if m in failed:
-            results[m] = {"status": "error", "reason": failed[m]}
-        elif m in SET_METRICS:
-            results[m] = _set_metric(m, run, feats, reference, models.get("inception"), opts)
+        if m in SET_METRICS:
+            results[m] = _set_entry(m, run, feats, reference, models.get("inception"), failed, opts)
+            results[m].update({"samples": feat_samples, "n_samples": len(feat_samples),
+                               "frames_per_sample": opts.fid_frames_per_sample,
+                               "reference": str(opts.reference) if reference is not None else None})
         else:
-            results[m] = _aggregate(m, run, per[m], opts)
+            results[m] = _per_sample_entry(m, run, per[m], sample_errors[m], opts)
         results[m].update({k: v for k, v in _meta(m, opts, models).items() if k not in results[m]})
-    return _write(run, results, opts)
+    stamp = now_iso()
+    for entry in results.values():
+        entry["evaluated"] = stamp
+    return write_metrics(run, results, keep_if_ok=weights_missing, log=log)
+
+
+def _set_entry(metric: str, run: Run, feats: dict, reference, extractor, failed: dict, opts: EvalOptions) -> dict:
+    """FID/KID, or an error entry: a metric that cannot be computed must not stop the others being written."""
+    from . import fid as fidmod
+
+    if metric in failed:
+        return {"status": "error", "reason": failed[metric]}
+    try:
+        ref = fidmod.features_of(extractor, reference) if reference is not None else None
+        return set_metric(metric, run.baseline, run.candidates, feats, ref, extractor)
+    except Exception as e:
+        return {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+
+
+def _per_sample_entry(metric: str, run: Run, per: dict, errors: dict[str, dict[str, str]],
+                      opts: EvalOptions) -> dict:
+    flat = [(sid, v, msg) for v, by_sid in errors.items() for sid, msg in by_sid.items()]
+    if not any(per.values()):  # nothing computed at all: the metric failed
+        sid, v, msg = flat[0] if flat else ("?", "?", "no sample computed")
+        more = f"; {len(flat) - 1} more sample(s) failed" if len(flat) > 1 else ""
+        return {"status": "error", "reason": f"{msg} (sample {sid}, variant {v}){more}"}
+    out = _aggregate(metric, run, per, opts)
+    used = {sid for by_sid in per.values() for sid in by_sid}
+    ids = [s.id for s in run.samples if s.id in used]
+    out.update({"samples": ids, "n_samples": len(ids),
+                "bootstrap": {"n_boot": opts.n_boot, "level": stats.CI_LEVEL, "over": "samples"}})
+    if flat:
+        out["sample_errors"] = errors
+        shown = "; ".join(f"{sid} ({v}): {msg}" for sid, v, msg in flat[:3])
+        out["warning"] = (f"{len(flat)} sample(s) failed and are left out of the mean: {shown}"
+                          + (" ..." if len(flat) > 3 else ""))
+    return out
 
 
 def _series(values: list[float]) -> dict:
@@ -231,75 +265,3 @@ def _aggregate(metric: str, run: Run, per: dict[str, dict[str, dict]], opts: Eva
             )
         out["delta"] = deltas
     return out
-
-
-def _set_metric(metric: str, run: Run, feats: dict, reference, extractor, opts: EvalOptions) -> dict:
-    from . import fid as fidmod
-
-    sets = {v: np.concatenate(f) for v, f in feats.items() if f}
-    n = min(len(x) for x in sets.values())
-    dim = next(iter(sets.values())).shape[1]
-    ref = fidmod.features_of(extractor, reference) if reference is not None else None
-
-    def score(a: np.ndarray, b: np.ndarray) -> dict:
-        if metric == "fid":
-            return {"value": fidmod.fid_from_features(a, b)}
-        mean, std = fidmod.kid_from_features(a, b)
-        return {"value": mean, "std": std}
-
-    out: dict[str, Any] = {"status": "ok", "kind": "set", "extractor": extractor.label,
-                           "comparable_to_published": extractor.comparable,
-                           "n": {v: int(len(x)) for v, x in sets.items()}, "feature_dim": int(dim)}
-    out["vs_baseline"] = {c: score(sets[c], sets[run.baseline]) for c in run.candidates}
-    if ref is not None:
-        out["n_reference"] = int(len(ref))
-        out["vs_reference"] = {v: score(x, ref) for v, x in sets.items()}
-        out["delta_vs_reference"] = {
-            c: {"value": out["vs_reference"][c]["value"] - out["vs_reference"][run.baseline]["value"]}
-            for c in run.candidates
-        }
-        n = min(n, len(ref))
-    warn = fidmod.fid_warning(n, dim) if metric == "fid" else (
-        f"KID from only {n} images per set: see its std across subsets" if n < 100 else None)
-    if warn:
-        out["warning"] = warn
-    return out
-
-
-def _write(run: Run, results: dict, opts: EvalOptions) -> dict:
-    path = run.path / "metrics.json"
-    doc: dict[str, Any] = {}
-    if path.is_file():
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
-            doc = {}
-    if doc.get("schema") != SCHEMA:
-        doc = {}
-    doc.update({
-        "schema": SCHEMA,
-        "updated": _now(),
-        "run_dir": str(run.path.resolve()),
-        "kind": run.kind,
-        "baseline": run.baseline,
-        "candidates": run.candidates,
-        "samples": [{"id": s.id, "prompt": s.prompt, "seed": s.seed, "frames": len(s.frame_paths(run.baseline))}
-                    for s in run.samples],
-        "bootstrap": {"n_boot": opts.n_boot, "level": stats.CI_LEVEL, "over": "samples"},
-    })
-    metrics = doc.setdefault("metrics", {})
-    for m, entry in results.items():
-        metrics[m] = _finite(entry)
-    doc["metrics"] = {m: metrics[m] for m in METRICS if m in metrics}
-    atomic_write_json(path, doc)
-    return doc
-
-
-def _finite(x: Any) -> Any:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
-    return x

@@ -49,13 +49,30 @@ def paired_delta_ci(
     return bootstrap_mean_ci(c - b, n_boot=n_boot, level=level, seed=seed)
 
 
+def fmt_num(v, digits: int = 4, sign: bool = False) -> str:
+    """A number for a table cell; None/NaN/inf (stored as null in metrics.json) show as "—"."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+        return "—"
+    return f"{v:+.{digits}f}" if sign else f"{v:.{digits}f}"
+
+
+def fmt_counts(n: dict | None, unit: str = "images") -> str:
+    """``{"sdpa": 27, "sage": 27}`` -> ``27 images each (sdpa, sage)``, or ``sdpa 27, sage 20 images``."""
+    if not n:
+        return f"? {unit}"
+    values = set(n.values())
+    if len(values) == 1:
+        return f"{next(iter(values))} {unit} each ({', '.join(n)})" if len(n) > 1 else f"{next(iter(values))} {unit}"
+    return ", ".join(f"{k} {v}" for k, v in n.items()) + f" {unit}"
+
+
 def fmt_ci(entry: dict | None, digits: int = 4) -> str:
     """``mean [lo, hi]`` for a table cell."""
-    if not entry or entry.get("mean") is None:
+    if not entry or fmt_num(entry.get("mean")) == "—":
         return "—"
     m = entry["mean"]
     ci = entry.get("ci")
     s = f"{m:.{digits}f}"
-    if ci and entry.get("n", 0) > 1 and not math.isclose(ci[0], ci[1]):
+    if ci and entry.get("n", 0) > 1 and None not in ci and not math.isclose(ci[0], ci[1]):
         s += f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
     return s

@@ -6,7 +6,7 @@ from typing import Iterable
 
 from rich.table import Table
 
-from .stats import fmt_ci
+from .stats import fmt_ci, fmt_counts, fmt_num
 
 DIGITS = {"psnr": 2, "clipscore": 2, "fid": 3, "kid": 5}
 
@@ -48,21 +48,32 @@ def metrics_table(doc: dict, only: Iterable[str] | None = None) -> Table:
             row.append(fmt_ci(e["aggregate"].get(base), d))
             for c in cands:
                 row += [fmt_ci(e["aggregate"].get(c), d), fmt_ci(e.get("delta", {}).get(c), d)]
-        else:  # set metrics
+        else:  # set metrics: one number per pair of sets, no CI
             vr = e.get("vs_reference") or {}
-            row.append(f"{vr[base]['value']:.{d}f} vs ref" if base in vr else "(reference set)")
+            row.append(f"{fmt_num(vr[base].get('value'), d)} vs ref" if base in vr else "(reference set)")
             for c in cands:
-                v = e["vs_baseline"][c]
-                cell = f"{v['value']:.{d}f}" + (f" ± {v['std']:.{d}f}" if "std" in v else "") + " vs base"
-                if c in vr:
-                    cell += f"\n{vr[c]['value']:.{d}f} vs ref"
-                dl = (e.get("delta_vs_reference") or {}).get(c)
-                row += [cell, f"{dl['value']:+.{d}f} vs ref" if dl else "—"]
-            n = e.get("n", {})
-            note = f"n={n.get(base)}/{n.get(cands[0]) if cands else ''}, {e.get('extractor')}" + (f"; {note}" if note else "")
+                row += [set_cell(e, c, d, "\n", "vs base"), _ref_delta(e, c, d)]
+            note = f"whole set: {fmt_counts(e.get('n'))}, {e.get('extractor')}" + (f"; {note}" if note else "")
         row.append(note)
         t.add_row(*row)
     return t
+
+
+def set_cell(e: dict, c: str, d: int, newline: str, vs_base: str) -> str:
+    """FID/KID cell of candidate ``c``: value (± std over KID subsets, when there are several) vs the
+    baseline set, and vs the reference set when there is one."""
+    v = (e.get("vs_baseline") or {}).get(c) or {}
+    std = fmt_num(v.get("std"), d)
+    cell = fmt_num(v.get("value"), d) + (f" ± {std}" if std != "—" else "") + f" {vs_base}"
+    vr = (e.get("vs_reference") or {}).get(c)
+    if vr:
+        cell += f"{newline}{fmt_num(vr.get('value'), d)} vs ref"
+    return cell
+
+
+def _ref_delta(e: dict, c: str, d: int) -> str:
+    dl = (e.get("delta_vs_reference") or {}).get(c)
+    return f"{fmt_num(dl.get('value'), d, sign=True)} vs ref" if dl else "—"
 
 
 def skip_lines(doc: dict, only: Iterable[str] | None = None) -> list[str]:

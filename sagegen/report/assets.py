@@ -47,6 +47,7 @@ JS = r"""
   function Player(root, spec){
     var self = this;
     self.id = spec.id; self.n = spec.n; self.fps = spec.fps; self.frame = 0; self.playing = false;
+    self.step = spec.step || 1; self.total = spec.total || spec.n;  // players may show every step-th frame
     self.canvases = Array.prototype.slice.call(root.querySelectorAll("canvas.sg-view"));
     self.images = spec.views.map(function(v){ return v.map(function(uri){ var im = new Image(); im.src = uri; return im; }); });
     self.btn = root.querySelector("button.sg-play");
@@ -75,7 +76,7 @@ JS = r"""
       c.dataset.frame = String(f);
     });
     this.slider.value = String(f);
-    this.counter.textContent = "frame " + (f + 1) + " / " + this.n;
+    this.counter.textContent = "frame " + (f * this.step + 1) + " / " + this.total;  // real frame numbers
     if (this.cursor){
       var x0 = parseFloat(this.cursor.dataset.x0), dx = parseFloat(this.cursor.dataset.dx);
       var x = x0 + dx * f * (this.cursor.dataset.step ? parseFloat(this.cursor.dataset.step) : 1);

@@ -13,17 +13,17 @@ from typing import Callable
 import numpy as np
 
 from sagegen.eval.fidelity import psnr_frames
-from sagegen.eval.rundata import Run, load_frames, load_run
-from sagegen.eval.stats import fmt_ci
+from sagegen.eval.rundata import Run, Sample, load_frames, load_run
 from sagegen.rundir import atomic_write_text
 
 from . import html as H
 from .contact import write_contact_sheet
-from .frames import BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, amplified_diff, data_uri, fit
+from .frames import (BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, VIEW_QUALITY, amplified_diff, data_uri, fit,
+                     view_uri)
+from .summary import sample_metric_rows, summary_metrics
 from .video import write_side_by_side_mp4
 
 TIMING_KEYS = ("total_s", "denoise_s", "decode_s")
-DIGITS = {"psnr": 2, "clipscore": 2, "fid": 3, "kid": 5}
 
 
 @dataclass
@@ -31,7 +31,7 @@ class ReportOptions:
     max_side: int = 384  # longest side of the frames embedded in the HTML
     max_frames: int = 64  # frames per player; longer clips show every k-th frame
     gain: float = DIFF_GAIN
-    quality: int = 85  # JPEG quality of embedded video frames
+    quality: int = VIEW_QUALITY  # JPEG quality (4:4:4) of embedded views that are not cheap enough as PNG
     mp4: bool = True
     contact: bool = True
     contact_prompts: int = 6
@@ -82,86 +82,6 @@ def _timing_rows(run: Run, t: dict, ids: list[str]) -> tuple[list[str], list[lis
     return head, rows
 
 
-def _summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
-    warnings: list[str] = []
-    if not mdoc:
-        return '<p class="muted">No metrics.json yet: run <code>sagegen eval RUN_DIR --metric all</code>.</p>', warnings
-    head = ["metric", H.e(f"{run.baseline} (baseline)")]
-    for c in run.candidates:
-        head += [H.e(c), H.e(f"Δ {c} − {run.baseline}")]
-    head.append("notes")
-    rows = []
-    for m, ent in (mdoc.get("metrics") or {}).items():
-        d = DIGITS.get(m, 4)
-        if ent.get("status") != "ok":
-            continue
-        hib = ent.get("higher_is_better")
-        name = f"{H.e(m)} {'↑' if hib else '↓'}"
-        notes = []
-        if ent.get("mode"):
-            notes.append(f"mode={ent['mode']}, model={ent.get('model')}")
-        for k in ("note", "warning"):
-            if ent.get(k):
-                notes.append(ent[k])
-        row = [name]
-        if ent["kind"] == "paired":
-            row.append('<span class="muted">reference</span>')
-            for c in run.candidates:
-                row += [H.e(fmt_ci(ent["aggregate"].get(c), d)), "—"]
-        elif ent["kind"] == "per_variant":
-            row.append(H.e(fmt_ci(ent["aggregate"].get(run.baseline), d)))
-            for c in run.candidates:
-                dl = (ent.get("delta") or {}).get(c) or {}
-                row += [H.e(fmt_ci(ent["aggregate"].get(c), d)), H.signed(dl.get("mean"), d, hib, dl.get("ci"))]
-        else:
-            vr = ent.get("vs_reference") or {}
-            row.append(f"{vr[run.baseline]['value']:.{d}f} vs ref" if run.baseline in vr else '<span class="muted">reference set</span>')
-            for c in run.candidates:
-                vb = ent["vs_baseline"][c]
-                cell = f"{vb['value']:.{d}f}" + (f" ± {vb['std']:.{d}f}" if "std" in vb else "") + " vs baseline"
-                if c in vr:
-                    cell += f"<br>{vr[c]['value']:.{d}f} vs ref"
-                dl = (ent.get("delta_vs_reference") or {}).get(c)
-                row += [cell, H.signed(dl["value"], d, hib) + " vs ref" if dl else "—"]
-            notes.append(f"n={ent.get('n')}, {ent.get('extractor')}")
-        row.append(f'<span class="muted">{H.e("; ".join(notes))}</span>')
-        rows.append(row)
-    from sagegen.eval.table import skip_lines
-
-    warnings.extend(skip_lines(mdoc))
-    html = H.table(head, rows) if rows else '<p class="muted">No metric computed.</p>'
-    return html, warnings
-
-
-def _sample_metric_rows(run: Run, mdoc: dict | None, sid: str, psnr: dict[str, list[float]]) -> list[list[str]]:
-    rows = []
-    metrics = (mdoc or {}).get("metrics") or {}
-    if "psnr" not in metrics or metrics["psnr"].get("status") != "ok":  # the report computes PSNR itself
-        row = ["psnr ↑ (dB)", "—"]
-        for c in run.candidates:
-            row += [f"{float(np.mean(psnr[c])):.2f}", "—"]
-        rows.append(row)
-    for m, ent in metrics.items():
-        if ent.get("status") != "ok" or ent.get("kind") == "set":
-            continue
-        d = DIGITS.get(m, 4)
-        per = ent.get("per_sample") or {}
-        name = f"{m} {'↑' if ent.get('higher_is_better') else '↓'}"
-        if ent["kind"] == "paired":
-            row = [name, "—"]
-            for c in run.candidates:
-                v = (per.get(c) or {}).get(sid, {}).get("value")
-                row += [H._fmt(v, d), "—"]
-        else:
-            b = (per.get(run.baseline) or {}).get(sid, {}).get("value")
-            row = [name, H._fmt(b, d)]
-            for c in run.candidates:
-                v = (per.get(c) or {}).get(sid, {}).get("value")
-                row += [H._fmt(v, d), H.signed(v - b, d, ent.get("higher_is_better")) if v is not None and b is not None else "—"]
-        rows.append(row)
-    return rows
-
-
 def build_report(
     run_dir: str | Path, opts: ReportOptions | None = None, log: Callable[[str], None] = print
 ) -> dict[str, Path]:
@@ -179,73 +99,38 @@ def build_report(
     video = run.kind == "video"
     timings = _timings(run)
     rows, sheet_rows, written = [], [], {}
+    mismatched = []
     for i, s in enumerate(run.samples):
         log(f"  [{i + 1}/{len(run.samples)}] {s.id}")
         frames = {v: load_frames(s.frame_paths(v)) for v in run.variants}
         base = frames[run.baseline]
-        for c in run.candidates:
-            if frames[c].shape != base.shape:
-                raise ValueError(f"sample {s.id}: {c} frames {frames[c].shape} differ from baseline {base.shape}")
-        psnr = {c: psnr_frames(frames[c], base) for c in run.candidates}
-        n = base.shape[0]
-        step = max(1, math.ceil(n / opts.max_frames))
-        idx = list(range(0, n, step))
-        fmt = "JPEG" if video else "PNG"
-        views = []
-        for v in run.variants:
-            views.append({"label": _label(run, v),
-                          "frames": [data_uri(fit(frames[v][t], opts.max_side), fmt, opts.quality) for t in idx]})
-        for c in run.candidates:
-            lbl = f"|{_label(run, c)} − baseline| × {opts.gain:g}"
-            views.append({"label": lbl, "diff": True, "frames": [
-                data_uri(fit(amplified_diff(frames[c][t], base[t], opts.gain), opts.max_side), fmt, opts.quality)
-                for t in idx]})
-        h, w = fit(base[0], opts.max_side).shape[:2]
-        sbs_rel = None
-        if opts.mp4:
-            if video:
-                p = write_side_by_side_mp4(base, [frames[c] for c in run.candidates],
-                                           out / "side_by_side" / f"{s.id}.mp4", fps=run.fps,
-                                           labels=[BASELINE_LABEL] + [_label(run, c) for c in run.candidates])
-            else:
-                from .frames import side_by_side
-                from .contact import Image  # PIL, already imported there
-                import io
-
-                im = side_by_side([base[0]] + [frames[c][0] for c in run.candidates],
-                                  [BASELINE_LABEL] + [_label(run, c) for c in run.candidates])
-                buf = io.BytesIO()
-                Image.fromarray(im).save(buf, format="PNG")
-                from sagegen.rundir import atomic_write_bytes
-
-                p = atomic_write_bytes(out / "side_by_side" / f"{s.id}.png", buf.getvalue())
-            written[f"side_by_side:{s.id}"] = p
-            sbs_rel = p.relative_to(out).as_posix()
-        mhead = ["metric", H.e(run.baseline)] + [x for c in run.candidates for x in (H.e(c), H.e(f"Δ {c}"))]
-        thead, trows = _timing_rows(run, timings, [s.id])
-        rows.append({
-            "id": s.id, "prompt": s.prompt, "seed": s.seed, "n": len(idx), "step": step, "fps": run.fps / step,
-            "w": w, "h": h, "views": views, "psnr": {c: [psnr[c][t] for t in idx] for c in run.candidates},
-            "metrics_head": mhead, "metrics": _sample_metric_rows(run, mdoc, s.id, psnr),
-            "timings_head": thead, "timings": trows if timings else [], "sbs": sbs_rel,
-        })
+        differ = [f"{c} frames {frames[c].shape} differ from baseline {base.shape}"
+                  for c in run.candidates if frames[c].shape != base.shape]
+        if differ:  # nothing to compare frame by frame; the other samples still get their report
+            msg = f"sample {s.id}: {'; '.join(differ)} (left out of the side-by-side views)"
+            log(f"warning: {msg}")
+            mismatched.append(msg)
+            rows.append({"id": s.id, "prompt": s.prompt, "seed": s.seed, "error": msg})
+            continue
+        rows.append(_sample_row(run, s, frames, opts, mdoc, timings, out, written))
         if len(sheet_rows) < opts.contact_prompts:
             sheet_rows.append((s.prompt, base, frames[run.candidates[0]]))
     links = [(f"side-by-side {'MP4' if video else 'PNG'}s", "side_by_side/")] if opts.mp4 else []
-    if opts.contact:
+    if opts.contact and sheet_rows:
         model_name = (run.manifest.get("model") or {}).get("name", "")
         written["contact_sheet"] = write_contact_sheet(
             out / "contact_sheet.png", sheet_rows, gain=opts.gain,
             title=f"sagegen: {model_name} — baseline vs sagegen")
         links.append(("contact sheet (PNG)", "contact_sheet.png"))
-    metrics_html, warnings = _summary_metrics(run, mdoc)
+    metrics_html, warnings = summary_metrics(run, mdoc)
+    warnings = mismatched + warnings
     thead, trows = _timing_rows(run, timings, [s.id for s in run.samples])
     m = run.manifest
     model = m.get("model") or {}
     doc = {
         "title": f"sagegen report — {model.get('name', run.path.name)}",
         "subtitle": f"{run.path.resolve()} · {run.kind} · {len(run.samples)} sample(s) · created {m.get('created', '?')}",
-        "kind": run.kind, "gain": opts.gain, "rows": rows, "warnings": warnings, "links": links,
+        "kind": run.kind, "gain": opts.gain, "quality": opts.quality, "rows": rows, "warnings": warnings, "links": links,
         "metrics_html": metrics_html,
         "timings_html": (H.table(thead, trows) + _cpu_timing_note(m)) if timings
         else '<p class="muted">No timings in the manifest.</p>',
@@ -256,6 +141,60 @@ def build_report(
     }
     written["html"] = atomic_write_text(out / "report.html", H.render(doc))
     return written
+
+
+def _sample_row(run: Run, s: Sample, frames: dict, opts: ReportOptions, mdoc: dict | None, timings: dict,
+                out: Path, written: dict) -> dict:
+    """One sample's section: players (every ``step``-th frame), per-frame PSNR of every frame, tables, and
+    its side-by-side MP4/PNG."""
+    video = run.kind == "video"
+    base = frames[run.baseline]
+    psnr = {c: psnr_frames(frames[c], base) for c in run.candidates}
+    n = base.shape[0]
+    step = max(1, math.ceil(n / opts.max_frames))
+    idx = list(range(0, n, step))
+
+    def view(img):  # an image model has one frame: lossless costs little
+        return view_uri(img, opts.quality) if video else data_uri(img, "PNG")
+
+    views = [{"label": _label(run, v), "frames": [view(fit(frames[v][t], opts.max_side)) for t in idx]}
+             for v in run.variants]
+    for c in run.candidates:  # always lossless: this view is what the caption promises is exact
+        views.append({"label": f"|{_label(run, c)} − baseline| × {opts.gain:g}", "diff": True, "frames": [
+            data_uri(fit(amplified_diff(frames[c][t], base[t], opts.gain), opts.max_side), "PNG") for t in idx]})
+    h, w = fit(base[0], opts.max_side).shape[:2]
+    sbs_rel = None
+    if opts.mp4:
+        p = _write_side_by_side(run, s, frames, out)
+        written[f"side_by_side:{s.id}"] = p
+        sbs_rel = p.relative_to(out).as_posix()
+    mhead = ["metric", H.e(run.baseline)] + [x for c in run.candidates for x in (H.e(c), H.e(f"Δ {c}"))]
+    thead, trows = _timing_rows(run, timings, [s.id])
+    return {
+        "id": s.id, "prompt": s.prompt, "seed": s.seed, "n": len(idx), "step": step, "total": n,
+        "fps": run.fps / step, "w": w, "h": h, "views": views, "psnr": psnr,
+        "metrics_head": mhead, "metrics": sample_metric_rows(run, mdoc, s.id, psnr),
+        "timings_head": thead, "timings": trows if timings else [], "sbs": sbs_rel,
+    }
+
+
+def _write_side_by_side(run: Run, s: Sample, frames: dict, out: Path) -> Path:
+    labels = [BASELINE_LABEL] + [_label(run, c) for c in run.candidates]
+    base = frames[run.baseline]
+    if run.kind == "video":
+        return write_side_by_side_mp4(base, [frames[c] for c in run.candidates],
+                                      out / "side_by_side" / f"{s.id}.mp4", fps=run.fps, labels=labels)
+    import io
+
+    from PIL import Image
+
+    from sagegen.rundir import atomic_write_bytes
+
+    from .frames import side_by_side
+
+    buf = io.BytesIO()
+    Image.fromarray(side_by_side([base[0]] + [frames[c][0] for c in run.candidates], labels)).save(buf, format="PNG")
+    return atomic_write_bytes(out / "side_by_side" / f"{s.id}.png", buf.getvalue())
 
 
 def _cpu_timing_note(manifest: dict) -> str:

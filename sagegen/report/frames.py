@@ -12,6 +12,9 @@ from PIL import Image, ImageDraw, ImageFont
 BASELINE_LABEL = "baseline"
 CANDIDATE_LABEL = "sagegen"
 DIFF_GAIN = 8.0
+VIEW_QUALITY = 95  # JPEG quality of embedded views: q85 4:2:0 added ~10x more error than sage itself makes
+PNG_BUDGET = 1.5  # a view is embedded as lossless PNG when that costs at most this many times the JPEG
+LABEL_PAD = 6  # px of bar on each side of a label
 
 
 @lru_cache(maxsize=8)
@@ -43,10 +46,20 @@ def fit(img: np.ndarray, max_side: int) -> np.ndarray:
     return np.asarray(Image.fromarray(img).resize((nw, nh), Image.LANCZOS))
 
 
+def _label_font(height: int) -> ImageFont.ImageFont:
+    return font(max(10, height - 8))
+
+
+def label_width(text: str, height: int = 22) -> int:
+    """Pixels a label bar needs to show ``text`` whole, padding included."""
+    box = ImageDraw.Draw(Image.new("RGB", (1, 1))).textbbox((0, 0), text, font=_label_font(height))
+    return box[2] - box[0] + 2 * LABEL_PAD
+
+
 def label_bar(width: int, text: str, height: int = 22, fg=(255, 255, 255), bg=(24, 24, 24)) -> np.ndarray:
     im = Image.new("RGB", (width, height), bg)
     d = ImageDraw.Draw(im)
-    f = font(max(10, height - 8))
+    f = _label_font(height)
     box = d.textbbox((0, 0), text, font=f)
     d.text(((width - (box[2] - box[0])) // 2, (height - (box[3] - box[1])) // 2 - box[1]), text, fill=fg, font=f)
     return np.asarray(im)
@@ -56,16 +69,30 @@ def labelled(img: np.ndarray, text: str, bar: int = 22) -> np.ndarray:
     return np.concatenate([label_bar(img.shape[1], text, bar), img], axis=0)
 
 
+def upscale_factor(width: int, min_width: int) -> int:
+    """The smallest integer factor that makes ``width`` at least ``min_width`` (1: already wide enough)."""
+    return max(1, -(-min_width // max(width, 1)))
+
+
 def side_by_side(frames: list[np.ndarray], labels: list[str], gap: int = 4, bar: int = 22) -> np.ndarray:
-    """Frames of equal height, each with a label bar on top, left to right with a dark gap."""
+    """Frames of equal height, each with a label bar on top, left to right with a dark gap. Frames too
+    narrow for their label are enlarged by an integer factor, nearest neighbour (pixels stay exact blocks),
+    so the label is never cut off."""
     h = max(f.shape[0] for f in frames)
-    tiles = []
-    for i, (f, t) in enumerate(zip(frames, labels)):
+    fitted = []
+    for f in frames:
         if f.shape[0] != h:
             f = np.asarray(Image.fromarray(f).resize((round(f.shape[1] * h / f.shape[0]), h), Image.LANCZOS))
+        fitted.append(f)
+    need = max(label_width(t, bar) for t in labels)
+    k = upscale_factor(min(f.shape[1] for f in fitted), need)  # one factor for all: tiles keep equal heights
+    tiles = []
+    for i, (f, t) in enumerate(zip(fitted, labels)):
+        if k > 1:
+            f = np.repeat(np.repeat(f, k, axis=0), k, axis=1)
         tiles.append(labelled(f, t, bar))
         if i < len(frames) - 1:
-            tiles.append(np.full((h + bar, gap, 3), 24, np.uint8))
+            tiles.append(np.full((h * k + bar, gap, 3), 24, np.uint8))
     return np.concatenate(tiles, axis=1)
 
 
@@ -75,16 +102,27 @@ def even(img: np.ndarray) -> np.ndarray:
     return np.pad(img, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge") if (h % 2 or w % 2) else img
 
 
-def encode(img: np.ndarray, fmt: str = "JPEG", quality: int = 88) -> bytes:
+def encode(img: np.ndarray, fmt: str = "JPEG", quality: int = VIEW_QUALITY) -> bytes:
     buf = io.BytesIO()
     im = Image.fromarray(img)
-    if fmt == "JPEG":
-        im.save(buf, format="JPEG", quality=quality, subsampling=0 if quality >= 90 else 2)
+    if fmt == "JPEG":  # 4:4:4: halving the chroma smears colour edges, the very places sage differs
+        im.save(buf, format="JPEG", quality=quality, subsampling=0)
     else:
         im.save(buf, format=fmt, optimize=True)
     return buf.getvalue()
 
 
-def data_uri(img: np.ndarray, fmt: str = "JPEG", quality: int = 88) -> str:
+def _uri(data: bytes, fmt: str) -> str:
     mime = "image/jpeg" if fmt == "JPEG" else f"image/{fmt.lower()}"
-    return f"data:{mime};base64," + base64.b64encode(encode(img, fmt, quality)).decode("ascii")
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+def data_uri(img: np.ndarray, fmt: str = "JPEG", quality: int = VIEW_QUALITY) -> str:
+    return _uri(encode(img, fmt, quality), fmt)
+
+
+def view_uri(img: np.ndarray, quality: int = VIEW_QUALITY) -> str:
+    """A frame to look at next to another: lossless PNG where that is cheap (small or flat frames), else
+    JPEG at ``quality`` with full-resolution chroma, whose error stays small next to sage's differences."""
+    png, jpeg = encode(img, "PNG"), encode(img, "JPEG", quality)
+    return _uri(png, "PNG") if len(png) <= PNG_BUDGET * len(jpeg) else _uri(jpeg, "JPEG")

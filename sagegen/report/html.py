@@ -7,17 +7,23 @@ import json
 import math
 from typing import Any
 
+from sagegen.eval.stats import fmt_num
+
 from .assets import CSS, JS
 
 e = html.escape
 
 
 def _fmt(v: Any, d: int = 4) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.{d}f}"
+    if v is None or isinstance(v, float):
+        return fmt_num(v, d)  # None/NaN (null in metrics.json) -> "—"
     return e(str(v))
+
+
+def ordinal(k: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st, 22nd."""
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
 
 
 def kv_table(d: dict, skip: tuple = ()) -> str:
@@ -38,7 +44,7 @@ def table(head: list[str], rows: list[list[str]], raw: bool = True) -> str:
 
 
 def signed(v: float | None, d: int, higher_is_better: bool | None, ci: list | None = None) -> str:
-    if v is None:
+    if fmt_num(v) == "—":
         return "—"
     cls = ""
     if higher_is_better is not None and ci and len(ci) == 2 and not (ci[0] <= 0 <= ci[1]):
@@ -49,8 +55,9 @@ def signed(v: float | None, d: int, higher_is_better: bool | None, ci: list | No
     return f'<span class="{cls}">{s}</span>' if cls else s
 
 
-def psnr_svg(series: dict[str, list[float]], sid: str, width: int = 520, height: int = 150) -> str:
-    """Per-frame PSNR, one polyline per candidate, with a cursor line the player moves."""
+def psnr_svg(series: dict[str, list[float]], sid: str, step: int = 1, width: int = 520, height: int = 150) -> str:
+    """Per-frame PSNR of every frame (x = real frame number), one polyline per candidate, with a cursor line
+    the player moves; the player shows every ``step``-th frame, so its frame k sits at real frame k·step."""
     vals = [v for s in series.values() for v in s if v is not None]
     if not vals:
         return ""
@@ -85,7 +92,8 @@ def psnr_svg(series: dict[str, list[float]], sid: str, width: int = 520, height:
         for i, v in enumerate(s):
             x, y = xy(i, v)
             parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{c}"><title>frame {i + 1}: {v:.2f} dB</title></circle>')
-    parts.append(f'<line class="sg-cursor" data-id="{e(sid)}" data-x0="{ml}" data-dx="{dx:.4f}" x1="{ml}" x2="{ml}" '
+    parts.append(f'<line class="sg-cursor" data-id="{e(sid)}" data-x0="{ml}" data-dx="{dx:.4f}" data-step="{step}" '
+                 f'x1="{ml}" x2="{ml}" '
                  f'y1="{mt}" y2="{mt + ph}" stroke="#888" stroke-dasharray="3,3"/>')
     parts.append("</svg>")
     return "".join(parts)
@@ -107,12 +115,12 @@ def player_html(row: dict) -> str:
         f'{_css_size(row)} data-view="{e(v["label"])}"></canvas></div>'
         for v in row["views"]
     )
-    note = f' <span class="muted">(every {row["step"]}th frame)</span>' if row.get("step", 1) > 1 else ""
+    note = f' <span class="muted">(every {ordinal(row["step"])} frame)</span>' if row.get("step", 1) > 1 else ""
     return (
         f'<div class="player" id="player-{sid}"><div class="views">{views}</div>'
         f'<div class="controls"><button class="sg-play" type="button">Play</button>'
         f'<input class="sg-seek" type="range" min="0" max="{row["n"] - 1}" value="0" step="1" aria-label="seek">'
-        f'<span class="fc">frame 1 / {row["n"]}</span>{note}'
+        f'<span class="fc">frame 1 / {row.get("total", row["n"])}</span>{note}'
         f'<label class="muted">diff gain <input class="sg-gain" type="range" min="1" max="16" value="1" step="1" '
         f'aria-label="extra difference gain"> <span class="sg-gain-val">×1</span></label></div></div>'
     )
@@ -133,6 +141,9 @@ def row_html(row: dict, video: bool) -> str:
              f'<div class="muted">{e(row["id"])} · seed {e(str(row.get("seed")))}'
              + (f' · <a href="{e(row["sbs"])}">side-by-side {"MP4" if video else "PNG"}</a>' if row.get("sbs") else "")
              + "</div></div>"]
+    if row.get("error"):
+        parts.append(f'<div class="warn">{e(row["error"])}</div></section>')
+        return "".join(parts)
     parts.append(player_html(row) if video else still_html(row))
     parts.append('<div class="grid">')
     if row.get("metrics"):
@@ -140,7 +151,7 @@ def row_html(row: dict, video: bool) -> str:
     if row.get("timings"):
         parts.append("<div><h3>Timings</h3>" + table(row["timings_head"], row["timings"]) + "</div>")
     if video and row.get("psnr"):
-        parts.append('<div class="plot"><h3>PSNR per frame</h3>' + psnr_svg(row["psnr"], row["id"]) + "</div>")
+        parts.append('<div class="plot"><h3>PSNR per frame</h3>' + psnr_svg(row["psnr"], row["id"], row.get("step", 1)) + "</div>")
     parts.append("</div></section>")
     return "".join(parts)
 
@@ -148,12 +159,14 @@ def row_html(row: dict, video: bool) -> str:
 def render(doc: dict) -> str:
     """``doc``: the report model built by :mod:`sagegen.report.builder`."""
     video = doc["kind"] == "video"
-    players = [{"id": r["id"], "n": r["n"], "fps": r["fps"], "views": [v["frames"] for v in r["views"]]}
-               for r in doc["rows"]] if video else []
+    shown = [r for r in doc["rows"] if r.get("views")]  # a sample whose frames differ has no player
+    players = [{"id": r["id"], "n": r["n"], "fps": r["fps"], "step": r.get("step", 1), "total": r.get("total", r["n"]),
+                "views": [v["frames"] for v in r["views"]]} for r in shown] if video else []
     data = json.dumps({"players": players}, separators=(",", ":")).replace("</", "<\\/")
     warn = "".join(f'<div class="warn">{e(w)}</div>' for w in doc.get("warnings", []))
     if warn:
-        warn = f'<details class="skipped"><summary>{len(doc["warnings"])} note(s) on metrics that did not run</summary>{warn}</details>'
+        warn = (f'<details class="skipped"><summary>{len(doc["warnings"])} note(s) on samples or metrics that did '
+                f'not run</summary>{warn}</details>')
     links = " · ".join(f'<a href="{e(h)}">{e(t)}</a>' for t, h in doc.get("links", []))
     body = [
         "<!DOCTYPE html>",
@@ -163,14 +176,16 @@ def render(doc: dict) -> str:
         f"<title>{e(doc['title'])}</title><style>{CSS}</style></head><body>",
         f"<header><h1>{e(doc['title'])}</h1><div class=\"sub\">{e(doc['subtitle'])}</div></header><main>",
         f'<section><h2>Summary</h2>{warn}<div class="grid">'
-        f'<div><h3>Metrics (mean over samples, 95% bootstrap CI)</h3>{doc["metrics_html"]}</div>'
+        f'<div><h3>Metrics</h3>{doc["metrics_html"]}</div>'
         f'<div><h3>Timings (mean seconds per sample)</h3>{doc["timings_html"]}</div></div>'
         + (f'<p>{links}</p>' if links else "") + "</section>",
     ]
-    if video:
+    if video and shown:
         body.append('<p><button id="sg-play-all" type="button">Play all</button> '
-                    f'<span class="muted">Players: {" | ".join(e(v["label"]) for v in doc["rows"][0]["views"])}; '
-                    f'the difference view is |sagegen − baseline| × {doc["gain"]:g} on the lossless frames.</span></p>')
+                    f'<span class="muted">Players: {" | ".join(e(v["label"]) for v in shown[0]["views"])}; '
+                    f'the difference view is |sagegen − baseline| × {doc["gain"]:g} on the lossless frames, embedded '
+                    f'losslessly (PNG); the other views are PNG, or JPEG quality {doc.get("quality", 95)} with full '
+                    'chroma where PNG would be much larger.</span></p>')
     else:
         body.append(f'<p class="muted">Difference view: |sagegen − baseline| × {doc["gain"]:g} on the lossless images.</p>')
     body.extend(row_html(r, video) for r in doc["rows"])
