@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-METRIC_HELP = "clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed)"
+METRIC_HELP = ("clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed). "
+               "Default: all (every metric that can be computed; the rest are skipped with the reason).")
 MODE_NOTES = {
     "evalcrafter": "EvalCrafter-compatible (OpenAI ViT-B/32; frames squashed to 224x224, raw 0..255 pixels, "
     "no normalisation; cosine similarity; read from the lossless PNG frames, where EvalCrafter decodes the MP4)",
@@ -17,7 +18,7 @@ MODE_NOTES = {
 
 def eval_command(
     run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under $SAGEGEN_RUNS or runs/).")] = None,
-    metric: Annotated[list[str], typer.Option("--metric", "-m", help=METRIC_HELP)] = [],  # noqa: B006
+    metric: Annotated[list[str], typer.Option("--metric", "-m", metavar="NAME", help=METRIC_HELP)] = [],  # noqa: B006
     clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained tag, from the local cache), [NAME:]PATH to a checkpoint, or local-dir:FOLDER. Default ViT-B-32/openai.")] = None,
     clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces EvalCrafter, as in the SageAttention2 paper) or standard.")] = "evalcrafter",
     inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
@@ -31,6 +32,10 @@ def eval_command(
     Writes RUN_DIR/metrics.json (per sample and aggregate, sage − baseline deltas with bootstrap confidence
     intervals) and prints a table. A metric whose weights are missing offline is skipped with a one-line
     reason; the others still run.
+
+    Examples: sagegen eval runs/tiny-cogvideox-1a2b3c4d;
+    sagegen eval RUN_DIR --metric psnr,ssim,lpips;
+    sagegen eval RUN_DIR --metric fid --reference real_images/ --fid-frames 8
     """
     from rich.console import Console
 
