@@ -17,8 +17,10 @@ Two preprocessing modes:
     The model's own open_clip preprocessing (shortest-side resize, centre crop, /255, mean/std normalise);
     the same cosine similarities.
 
-CLIPScore (image models) always uses ``standard`` preprocessing and reports ``100 * max(cos, 0)``
-(torchmetrics' convention).
+CLIPScore (image models) always uses ``standard`` preprocessing and reports ``100 * max(cos, 0)`` with the prompt
+as given: torchmetrics' convention. It is *not* Hessel et al.'s original CLIP-S, ``2.5 * max(cos, 0)`` with
+"A photo depicts " prepended to the caption; the two scales differ by 40x plus the prompt change, so numbers
+from one cannot be compared with the other.
 """
 
 from __future__ import annotations
@@ -59,11 +61,15 @@ class ClipModel:
 def load_clip(src: ClipSource) -> ClipModel:
     import open_clip
 
-    kwargs = {}
+    kwargs: dict = {}
     if src.force_quick_gelu:
         kwargs["force_quick_gelu"] = True
-    if src.preprocess_cfg:
-        kwargs["force_preprocess_cfg"] = dict(src.preprocess_cfg)
+    # The pretrained tag's preprocessing goes through create_model_and_transforms' own image_* arguments:
+    # it builds force_preprocess_cfg from them itself, so passing force_preprocess_cfg too is a TypeError.
+    for key in ("mean", "std", "interpolation", "resize_mode"):
+        if key in src.preprocess_cfg:
+            value = src.preprocess_cfg[key]
+            kwargs[f"image_{key}"] = tuple(value) if isinstance(value, (list, tuple)) else value
     model, _, preprocess = open_clip.create_model_and_transforms(
         src.arch, pretrained=src.checkpoint, **kwargs
     )

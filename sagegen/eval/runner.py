@@ -23,7 +23,8 @@ IMAGE_ONLY = ("clipscore",)
 INFO = {  # higher_is_better, unit, description
     "clipsim": (True, "cos", "CLIP similarity of each frame to the prompt, averaged over frames"),
     "clipt": (True, "cos", "CLIP similarity of consecutive frames, averaged"),
-    "clipscore": (True, "100·cos", "CLIPScore: 100·max(cos(image, prompt), 0)"),
+    "clipscore": (True, "100·cos", "CLIPScore, torchmetrics' convention: 100·max(cos(image, prompt), 0) with the "
+                                   "prompt as given (not Hessel et al.'s 2.5·max(cos, 0) with \"A photo depicts\")"),
     "fid": (False, "", "Fréchet Inception Distance of the candidate set to the baseline set (and reference)"),
     "kid": (False, "", "Kernel Inception Distance (unbiased MMD², cubic kernel)"),
     "psnr": (True, "dB", "PSNR vs the baseline frame (lossless PNGs), mean over frames"),
@@ -34,7 +35,11 @@ INFO = {  # higher_is_better, unit, description
 
 
 def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
-    """``--metric`` values (repeatable, comma-separated allowed, ``all``) -> ordered metric names."""
+    """``--metric`` values (repeatable, comma-separated allowed, ``all``) -> ordered metric names.
+    No value means ``all``: every metric that applies to the run's kind of model."""
+    names = list(names)
+    if not any(str(n).strip(" ,") for n in names):
+        names = ["all"]
     want: list[str] = []
     for raw in names:
         for n in str(raw).split(","):
@@ -47,9 +52,12 @@ def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
                 want.append(n)
             else:
                 raise BadOption(f"--metric: unknown metric {raw!r}; choose from {', '.join(METRICS)}, or all")
-    if not want:
-        raise BadOption(f"--metric is required: one or more of {', '.join(METRICS)}, or all")
     return list(dict.fromkeys(want))
+
+
+def not_applicable(kind: str | None) -> dict[str, str]:
+    """Metrics that ``all`` leaves out for this kind of model, with the reason."""
+    return {m: why for m in METRICS if (why := _not_applicable(m, kind))}
 
 
 def _not_applicable(metric: str, kind: str | None) -> str | None:
@@ -194,7 +202,9 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
     stamp = now_iso()
     for entry in results.values():
         entry["evaluated"] = stamp
-    return write_metrics(run, results, keep_if_ok=weights_missing, log=log)
+    call = {"evaluated": stamp, "requested": list(results),
+            "computed": [m for m, e in results.items() if e.get("status") == "ok"]}
+    return write_metrics(run, results, keep_if_ok=weights_missing, log=log, call=call)
 
 
 def _set_entry(metric: str, run: Run, feats: dict, reference, extractor, failed: dict, opts: EvalOptions) -> dict:
