@@ -22,7 +22,7 @@ def eval_command(
     metric: Annotated[list[str], typer.Option("--metric", "-m", help=METRIC_HELP, show_default="all available")] = [],  # noqa: B006
     clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained tag, from the local cache), [NAME:]PATH to a checkpoint, or local-dir:FOLDER. Default ViT-B-32/openai.")] = None,
     clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces EvalCrafter, as in the SageAttention2 paper) or standard.")] = "evalcrafter",
-    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
+    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt, pytorch-fid's pt_inception-2015-12-05-*.pth, or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
     reference: Annotated[Optional[Path], typer.Option(help="Folder of reference images: FID/KID of each variant against it as well.")] = None,
     lpips_weights: Annotated[Optional[str], typer.Option(help="LPIPS weights: combined .pth or a folder with alexnet-owt-*.pth and lpips' alex.pth (or $SAGEGEN_LPIPS_WEIGHTS).")] = None,
     fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID (evenly spaced; default all).")] = None,
