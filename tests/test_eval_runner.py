@@ -50,7 +50,7 @@ def test_parse_metrics():
 
 def test_all_metrics_with_standins(run, weights):
     opts = EvalOptions(metrics=parse_metrics(["all"], "video"), clip_model=weights["clip"],
-                       inception_weights=weights["inception"], lpips_weights=weights["lpips"], n_boot=500)
+                       inception_weights=weights["inception"], lpips_weights=weights["lpips"])
     doc = evaluate(run, opts, log=lambda s: None)
     on_disk = json.loads((run / "metrics.json").read_text())
     assert on_disk == json.loads(json.dumps(doc))

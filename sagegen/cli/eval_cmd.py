@@ -26,12 +26,12 @@ def eval_command(
     reference: Annotated[Optional[Path], typer.Option(help="Folder of reference images: FID/KID of each variant against it as well.")] = None,
     lpips_weights: Annotated[Optional[str], typer.Option(help="LPIPS weights: combined .pth or a folder with alexnet-owt-*.pth and lpips' alex.pth (or $SAGEGEN_LPIPS_WEIGHTS).")] = None,
     fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID (evenly spaced; default all).")] = None,
-    bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples for the confidence intervals.")] = 2000,
+    bootstrap: Annotated[Optional[int], typer.Option(hidden=True, help="Ignored: the intervals are Student-t now (kept so old scripts run).")] = None,
 ) -> None:
     """Evaluate a run: CLIP scores, FID/KID, PSNR/SSIM/LPIPS vs the baseline, into metrics.json.
 
-    Writes RUN_DIR/metrics.json (per sample and aggregate, sage − baseline deltas with bootstrap confidence
-    intervals) and prints a table. A metric whose weights are missing offline is skipped with a one-line
+    Writes RUN_DIR/metrics.json (per sample and aggregate, sage − baseline deltas with 95% Student-t
+    confidence intervals over prompts) and prints a table. A metric whose weights are missing offline is skipped with a one-line
     reason; the others still run. Exits 1 when none of the requested metrics could be computed.
 
     Examples: `sagegen eval runs/demo` (every metric it can), `sagegen eval runs/demo -m psnr,ssim`.
@@ -62,8 +62,10 @@ def eval_command(
     if set(names) & {"clipsim", "clipt"}:
         console.print(f"CLIP mode: [bold]{clip_mode}[/] — {MODE_NOTES[clip_mode]}")
     opts = EvalOptions(metrics=names, clip_model=clip_model, clip_mode=clip_mode, inception_weights=inception_weights,
-                       lpips_weights=lpips_weights, reference=reference, fid_frames_per_sample=fid_frames,
-                       n_boot=bootstrap)
+                       lpips_weights=lpips_weights, reference=reference, fid_frames_per_sample=fid_frames)
+    if bootstrap is not None:
+        console.print("note: --bootstrap is ignored; the confidence intervals are Student-t over prompts",
+                      style="yellow", highlight=False)
     try:
         doc = evaluate(path, opts, log=lambda s: console.print(s, style="dim", highlight=False))
     except BadOption as e:

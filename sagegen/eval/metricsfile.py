@@ -1,6 +1,6 @@
 """Writing ``RUN/metrics.json``: merged with what earlier ``sagegen eval`` calls wrote, atomically.
 
-Each metric's entry carries the settings it was computed with (``evaluated``, ``samples``, ``bootstrap``, ...),
+Each metric's entry carries the settings it was computed with (``evaluated``, ``samples``, ``interval``, ...),
 because one file collects metrics from several calls; the top-level fields describe only the run directory
 as of the latest call. The schema is documented in docs/run-directory.md.
 """

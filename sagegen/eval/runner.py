@@ -77,7 +77,6 @@ class EvalOptions:
     lpips_weights: str | None = None
     reference: Path | None = None
     fid_frames_per_sample: int | None = None  # None: every frame
-    n_boot: int = stats.N_BOOT
     loaders: dict[str, Callable[[], Any]] = field(default_factory=dict)  # tests inject stand-ins here
 
 
@@ -230,8 +229,10 @@ def _per_sample_entry(metric: str, run: Run, per: dict, errors: dict[str, dict[s
     out = _aggregate(metric, run, per, opts)
     used = {sid for by_sid in per.values() for sid in by_sid}
     ids = [s.id for s in run.samples if s.id in used]
+    prompts = {s.prompt for s in run.samples if s.id in used}
     out.update({"samples": ids, "n_samples": len(ids),
-                "bootstrap": {"n_boot": opts.n_boot, "level": stats.CI_LEVEL, "over": "samples"}})
+                "interval": {"method": stats.METHOD, "level": stats.CI_LEVEL,
+                             "over": "prompts" if len(prompts) < len(ids) else "samples"}})
     if flat:
         out["sample_errors"] = errors
         shown = "; ".join(f"{sid} ({v}): {msg}" for sid, v, msg in flat[:3])
@@ -261,9 +262,10 @@ def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
 def _aggregate(metric: str, run: Run, per: dict[str, dict[str, dict]], opts: EvalOptions) -> dict:
     paired = metric in PAIRED_METRICS
     out: dict[str, Any] = {"status": "ok", "kind": "paired" if paired else "per_variant", "per_sample": per}
+    prompt = {s.id: s.prompt for s in run.samples}  # seeds of one prompt are one cluster, not independent
     agg = {}
     for v, samples in per.items():
-        agg[v] = stats.bootstrap_mean_ci([e["value"] for e in samples.values()], n_boot=opts.n_boot)
+        agg[v] = stats.mean_ci([e["value"] for e in samples.values()], groups=[prompt[i] for i in samples])
     out["aggregate"] = agg
     if not paired:
         deltas = {}
@@ -271,7 +273,7 @@ def _aggregate(metric: str, run: Run, per: dict[str, dict[str, dict]], opts: Eva
         for c in run.candidates:
             ids = [sid for sid in per.get(c, {}) if sid in base]
             deltas[c] = stats.paired_delta_ci(
-                [per[c][i]["value"] for i in ids], [base[i]["value"] for i in ids], n_boot=opts.n_boot
+                [per[c][i]["value"] for i in ids], [base[i]["value"] for i in ids], groups=[prompt[i] for i in ids]
             )
         out["delta"] = deltas
     return out
