@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import json
 import os
 import shutil
@@ -70,24 +71,61 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
+class WriteError(OSError):
+    """A file could not be written (disk full, read-only, no permission); the message names the file and
+    what to do. Keeps the original ``errno``."""
+
+
+_WRITE_HINTS = {
+    errno.ENOSPC: "no space left on device: free some space or write to another folder (--out), then run the "
+                  "command again (finished work is kept)",
+    errno.EDQUOT: "disk quota exceeded: free some space or write to another folder (--out), then run the command "
+                  "again (finished work is kept)",
+    errno.EROFS: "the file system is read-only: write to another folder (--out)",
+    errno.EACCES: "permission denied: write to a folder you can write to (--out), or fix its permissions",
+    errno.EPERM: "operation not permitted: write to a folder you can write to (--out), or fix its permissions",
+}
+
+
+def write_error(path: str | os.PathLike, exc: OSError) -> OSError:
+    """``exc`` as a WriteError naming ``path`` when it is a disk-full / read-only / permission error, else
+    ``exc`` itself."""
+    if isinstance(exc, WriteError) or exc.errno not in _WRITE_HINTS:
+        return exc
+    err = WriteError(f"could not write {path}: {_WRITE_HINTS[exc.errno]}")
+    err.errno = exc.errno
+    return err
+
+
 def atomic_write_file(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
     """Atomically create `path` with `writer(tmp_path)` (for encoders that want a file name, e.g. MP4).
 
-    The temporary name keeps `path`'s suffix so encoders that look at the extension still work.
+    The temporary name keeps `path`'s suffix so encoders that look at the extension still work. Nothing is
+    moved into place unless `writer` returned normally; a full disk, a read-only folder or a missing
+    permission raises :class:`WriteError` naming `path`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    os.close(fd)
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+        os.close(fd)
         writer(Path(tmp))
         os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
+    except OSError as e:
+        _discard(tmp)
+        raise write_error(path, e) from e
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
     return path
+
+
+def _discard(tmp: str | None) -> None:
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -306,18 +344,13 @@ def write_png_frames(folder: str | os.PathLike, frames) -> list[Path]:
 
 
 def write_mp4(path: str | os.PathLike, frames, *, fps: float) -> Path:
-    """Frames [F, H, W, 3] uint8 as an H.264 MP4 (yuv420p, for viewing; lossy), atomically."""
-    import imageio.v2 as imageio
+    """Frames [F, H, W, 3] uint8 as an H.264 MP4 (yuv420p, for viewing; lossy), atomically: moved into place
+    only when ffmpeg succeeded and the file decodes to every frame (``sagegen.encode.EncodeError`` names
+    the file otherwise). Odd sizes get a black row/column (yuv420p needs even ones; viewing copy only)."""
+    from sagegen.encode import encode_mp4_file
 
-    def _write(tmp: Path) -> None:
-        # yuv420p needs even sizes: macro_block_size=2 lets imageio resize odd ones (viewing copy only)
-        with imageio.get_writer(str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                                quality=8, pixelformat="yuv420p", macro_block_size=2,
-                                ffmpeg_log_level="error") as w_:
-            for f in frames:
-                w_.append_data(f)
-
-    return atomic_write_file(path, _write)
+    return atomic_write_file(path, lambda tmp: encode_mp4_file(frames, tmp, fps, crf=18, pad_to_even=True,
+                                                               final=path))
 
 
 # ----------------------------------------------------------------------------------------------- finding
