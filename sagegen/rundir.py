@@ -133,6 +133,32 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.load(f)
 
 
+class DamagedFile(ValueError):
+    """A run-directory file that exists but is not what it must be (not JSON, or not a JSON object)."""
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    """A JSON object from `path` (manifest.json, sample.json); DamagedFile when it is not valid JSON or not
+    an object (e.g. truncated by a full disk, or edited by hand)."""
+    try:
+        obj = read_json(path)
+    except UnicodeDecodeError as e:
+        raise DamagedFile(f"{path} is damaged (not UTF-8 text: {e})") from e
+    except json.JSONDecodeError as e:
+        raise DamagedFile(f"{path} is damaged (not valid JSON: {e})") from e
+    if not isinstance(obj, dict):
+        raise DamagedFile(f"{path} is damaged (a JSON {type(obj).__name__}, where an object is expected)")
+    return obj
+
+
+def _intact(path: Path) -> bool:
+    try:
+        read_record(path)
+    except (OSError, DamagedFile):
+        return False
+    return True
+
+
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
@@ -211,10 +237,13 @@ class RunDir:
 
     @property
     def manifest(self) -> dict:
-        """The parsed manifest.json (read fresh on every access)."""
+        """The parsed manifest.json (read fresh on every access); DamagedFile when it is not a JSON object."""
         if not self.manifest_path.is_file():
             raise FileNotFoundError(f"{self.path} is not a sagegen run directory (no {MANIFEST})")
-        return read_json(self.manifest_path)
+        try:
+            return read_record(self.manifest_path)
+        except DamagedFile as e:
+            raise DamagedFile(f"{e}; delete {self.path} (or use another --out) to start this run over") from None
 
     @property
     def variants(self) -> list[str]:
@@ -222,15 +251,24 @@ class RunDir:
         return list(self.manifest.get("variants", []))
 
     def finished(self, variant: str, sample_id: str) -> bool:
-        """True when the sample's sample.json exists (it is written last)."""
-        return self.sample_json_path(variant, sample_id).is_file()
+        """True when the sample's sample.json exists (it is written last) and is intact. A damaged one
+        (not a JSON object) means unfinished, everywhere: generation redoes the sample, eval and report
+        leave it out and say so (`damaged_ids`), the manifest's timings do not list it."""
+        return _intact(self.sample_json_path(variant, sample_id))
+
+    def damaged_ids(self, variant: str) -> list[str]:
+        """Samples of `variant` whose sample.json exists but is damaged (they count as unfinished)."""
+        vdir = self.variant_dir(variant)
+        if not vdir.is_dir():
+            return []
+        return sorted(p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}") if not _intact(p))
 
     def sample_ids(self, variant: str) -> list[str]:
         """Ids of the finished samples of `variant`, in manifest order (then any others, sorted)."""
         vdir = self.variant_dir(variant)
         if not vdir.is_dir():
             return []
-        done = {p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}")}
+        done = {p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}") if _intact(p)}
         order = []
         if self.exists():
             order = [s["id"] for s in self.manifest.get("samples", []) if s["id"] in done]
@@ -242,8 +280,9 @@ class RunDir:
         return [self.sample(variant, i) for i in self.sample_ids(variant)]
 
     def sample(self, variant: str, sample_id: str) -> dict:
-        """One sample's sample.json record (FileNotFoundError when it has not finished)."""
-        return read_json(self.sample_json_path(variant, sample_id))
+        """One sample's sample.json record (FileNotFoundError when it has not finished, DamagedFile when
+        its sample.json is damaged)."""
+        return read_record(self.sample_json_path(variant, sample_id))
 
     def frames(self, variant: str, sample_id: str) -> list[Path]:
         """The lossless PNG frames of a sample, in frame order."""
@@ -271,8 +310,8 @@ class RunDir:
         if not root.is_dir():
             return out
         for sj in sorted(root.glob(f"*/*/{SAMPLE_JSON}")):
-            with contextlib.suppress(OSError, ValueError):
-                rec = read_json(sj)
+            with contextlib.suppress(OSError, ValueError):  # damaged: unfinished, redone by the generator
+                rec = read_record(sj)
                 out.setdefault(sj.parent.parent.name, {})[sj.parent.name] = rec.get("timings", {})
         return out
 
