@@ -163,3 +163,27 @@ def test_name_tag_loads_from_an_offline_cache(tmp_path, monkeypatch, frames):
     want = want / want.norm(dim=-1, keepdim=True)
     assert torch.allclose(clip.encode_images(x), want, atol=1e-5)
     assert -1.0 <= C.clipsim(clip, frames, "a red ball", "evalcrafter") <= 1.0
+
+
+def test_without_opencv_the_evalcrafter_resize_is_labelled_approximate(tmp_path, monkeypatch):
+    from sagegen.eval.runner import EvalOptions, evaluate
+    from sagegen.eval.synthetic import make_synthetic_run
+
+    run = make_synthetic_run(tmp_path / "r", prompts=["a", "b"], frames=2, height=32, width=32)
+    clip_dir = write_tiny_clip(tmp_path / "clip")
+    monkeypatch.setattr(C, "has_exact_resize", lambda: False)
+    doc = evaluate(run, EvalOptions(metrics=["clipsim", "clipt"], clip_model=f"local-dir:{clip_dir}"),
+                   log=lambda s: None)
+    assert "approximated" in doc["metrics"]["clipsim"]["note"] and "opencv" in doc["metrics"]["clipsim"]["note"]
+    assert "approximated" not in doc["metrics"]["clipt"]["note"]  # CLIP-T's resize is float bilinear: no OpenCV
+    monkeypatch.setattr(C, "has_exact_resize", lambda: True)
+    doc = evaluate(run, EvalOptions(metrics=["clipsim"], clip_model=f"local-dir:{clip_dir}", clip_mode="standard"),
+                   log=lambda s: None)
+    assert "approximated" not in doc["metrics"]["clipsim"].get("note", "")
+
+
+def test_clipscore_names_its_convention():
+    from sagegen.eval.runner import INFO
+
+    desc = INFO["clipscore"][2]
+    assert "torchmetrics" in desc and "100·max(cos" in desc and "not Hessel" in desc and "A photo depicts" in desc

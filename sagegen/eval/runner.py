@@ -246,14 +246,21 @@ def _series(values: list[float]) -> dict:
 
 
 def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
+    from . import clip as clipmod
+
     hib, unit, desc = INFO[metric]
     meta: dict[str, Any] = {"higher_is_better": hib, "unit": unit, "description": desc}
     if metric in CLIP_METRICS and "clip" in models:
         meta["model"] = models["clip"].label
         mode = "standard" if metric == "clipscore" else opts.clip_mode
         meta["mode"] = mode
+        notes = []
         if mode == "evalcrafter" and not models["clip"].is_evalcrafter_model:
-            meta["note"] = "EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to EvalCrafter"
+            notes.append("EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to EvalCrafter")
+        if metric == "clipsim" and mode == "evalcrafter" and not clipmod.has_exact_resize():
+            notes.append(clipmod.APPROX_RESIZE_NOTE)
+        if notes:
+            meta["note"] = "; ".join(notes)
     if metric == "psnr":
         meta["psnr_cap_db"] = 100.0
     return meta
