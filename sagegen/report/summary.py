@@ -52,7 +52,7 @@ def _set_notes(ent: dict) -> list[str]:
 def summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
     """(HTML of the summary table, lines for metrics that were skipped or failed)."""
     if not mdoc:
-        return '<p class="muted">No metrics.json yet: run <code>sagegen eval RUN_DIR --metric all</code>.</p>', []
+        return f'<p class="muted">No metrics.json yet: run <code>sagegen eval {H.e(str(run.path))}</code>.</p>', []
     head = ["metric", H.e(f"{run.baseline} (baseline)")]
     for c in run.candidates:
         head += [H.e(c), H.e(f"Δ {c} − {run.baseline}")]
