@@ -45,8 +45,8 @@ def report_command(
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     if not (path / "metrics.json").is_file():
-        console.print("note: no metrics.json yet; run `sagegen eval` first for CLIP/FID/LPIPS numbers "
-                      "(the report computes PSNR itself)", style="yellow", highlight=False)
+        console.print(f"note: no metrics.json yet; run `sagegen eval {path}` first for CLIP/FID/LPIPS numbers "
+                      "(the report computes PSNR itself)", style="yellow", highlight=False, soft_wrap=True)
     if screenshot is not None:
         from sagegen.report.check import check_report
 
