@@ -24,10 +24,29 @@ _LAZY = {
     "patched": ".patch",
     "is_patched": ".patch",
     "PrecisionPolicy": ".patch",
+    "patch_info": ".patch",
+    # diffusers' "sagegen" attention backend (docs/diffusers-backend.md). Nothing here imports diffusers.
+    "set_backend_config": ".patch.diffusers_backend",
+    "restore_backend_config": ".patch.diffusers_backend",
+    "backend_config": ".patch.diffusers_backend",
+    "get_backend_config": ".patch.diffusers_backend",
+    "backend_stats": ".patch.diffusers_backend",
+    "reset_backend_stats": ".patch.diffusers_backend",
+    "use_backend": ".patch.use_backend",
 }
 
 __all__ = ["sageattn", "SageConfig", "DIFFUSION_CONFIG", "SUPPORTED_HEAD_DIMS", "__version__"]
-__all__ += ["patch", "unpatch", "patched", "is_patched", "PrecisionPolicy"]
+__all__ += ["patch", "unpatch", "patched", "is_patched", "patch_info", "PrecisionPolicy"]
+__all__ += ["set_backend_config", "restore_backend_config", "backend_config", "get_backend_config",
+            "backend_stats", "reset_backend_stats", "use_backend", "register_diffusers_backend",
+            "DiffusersBackendUnavailable"]
+
+# Registers "sagegen" in diffusers' attention registry now if diffusers' dispatcher is loaded, else when it is
+# (a one-shot import hook; this module imports neither torch nor diffusers).
+from .diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend  # noqa: E402
+from .diffusers_registry import install as _install_diffusers_backend  # noqa: E402
+
+_install_diffusers_backend()
 
 
 def __getattr__(name: str):
