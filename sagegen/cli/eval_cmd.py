@@ -19,7 +19,7 @@ MODE_NOTES = {
 
 def eval_command(
     run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under $SAGEGEN_RUNS or runs/).")] = None,
-    metric: Annotated[list[str], typer.Option("--metric", "-m", help=METRIC_HELP, show_default="all available")] = [],  # noqa: B006
+    metric: Annotated[list[str], typer.Option("--metric", "-m", metavar="NAME", help=METRIC_HELP, show_default="all available")] = [],  # noqa: B006
     clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained tag, from the local cache), [NAME:]PATH to a checkpoint, or local-dir:FOLDER. Default ViT-B-32/openai.")] = None,
     clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces EvalCrafter, as in the SageAttention2 paper) or standard.")] = "evalcrafter",
     inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt, pytorch-fid's pt_inception-2015-12-05-*.pth, or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
@@ -34,7 +34,9 @@ def eval_command(
     confidence intervals over prompts) and prints a table. A metric whose weights are missing offline is skipped with a one-line
     reason; the others still run. Exits 1 when none of the requested metrics could be computed.
 
-    Examples: `sagegen eval runs/demo` (every metric it can), `sagegen eval runs/demo -m psnr,ssim`.
+    Examples: sagegen eval runs/demo (every metric it can);
+    sagegen eval RUN_DIR --metric psnr,ssim,lpips;
+    sagegen eval RUN_DIR --metric fid --reference real_images/ --fid-frames 8
     """
     from rich.console import Console
 

@@ -22,6 +22,9 @@ def report_command(
     Writes RUN_DIR/report/: a self-contained report.html (players in sync, amplified difference, metrics
     with deltas, per-frame PSNR, timings and speedup, settings), side_by_side/<id>.mp4 (PNG for image
     models) and contact_sheet.png.
+
+    Examples: sagegen report (the most recent run); sagegen report RUN_DIR --no-mp4;
+    sagegen report RUN_DIR --screenshot report.png
     """
     from rich.console import Console
 
