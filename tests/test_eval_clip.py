@@ -154,7 +154,9 @@ def test_name_tag_loads_from_an_offline_cache(tmp_path, monkeypatch, frames):
     got = clip.model.state_dict()
     assert all(torch.equal(got[k], v) for k, v in ref.state_dict().items())
     assert clip.model.visual.transformer.resblocks[0].mlp.gelu.__class__.__name__ == "QuickGELU"
-    # the tag's preprocessing (OpenAI mean/std, bicubic) is the one applied
+    # the tag's preprocessing (OpenAI mean/std, bicubic, shortest-side resize + centre crop) is the one applied
+    shown = repr(clip.preprocess)
+    assert "interpolation=bicubic" in shown and "CenterCrop" in shown and "0.26862954" in shown
     x = C.standard_input(clip, frames[:1])
     assert x.shape == (1, 3, 32, 32) and x.min() < -1.0
     ref.eval()
