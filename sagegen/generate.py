@@ -21,7 +21,7 @@ from . import distributed
 from .config import DIFFUSION_CONFIG, SageConfig
 from .manifest import RunDirConflict, _jsonable, build_manifest, merge_manifest  # noqa: F401 (re-exported)
 from .models.presets import Preset
-from .rundir import RunDir, runs_root
+from .rundir import DamagedFile, RunDir, runs_root
 
 VARIANTS = ("sdpa", "sage")
 class BadPolicy(ValueError):
@@ -267,7 +267,11 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
     rd = RunDir(job.resolve_out())
     new = build_manifest(job, dist, device)
     if rd.exists():
-        merge_manifest(rd.manifest, new, rd.path)  # refuse a conflicting run before loading anything
+        try:
+            current = rd.manifest
+        except DamagedFile as e:  # like a different run in that folder: the user picks what to do (exit 2)
+            raise RunDirConflict(str(e)) from None
+        merge_manifest(current, new, rd.path)  # refuse a conflicting run before loading anything
     mine = distributed.shard(job.samples, dist)
     todo = {v: [s for s in mine if not rd.finished(v, s.id)] for v in job.variants}
     result = RunResult(rd.path, {v: 0 for v in job.variants}, {v: len(mine) - len(todo[v]) for v in job.variants},
