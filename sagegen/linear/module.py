@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import numerics
-from .ops import fp8_linear
+from .ops import blockwise_weight_scale_for_gemm, fp8_linear
 
 OUTLIER_MODES = ("off", "smooth", "split")
 
@@ -55,6 +55,7 @@ class FP8Linear(torch.nn.Module):
             w_q, w_s = numerics.quantize_weight(linear.weight.detach(), weight_granularity)
         self.register_buffer("w_q", w_q, persistent=False)
         self.register_buffer("w_scale", w_s, persistent=False)
+        self.register_buffer("w_scale_gemm", _gemm_layout(w_s, weight_granularity), persistent=False)
         self.register_buffer("col_scale", None, persistent=False)
         self.register_buffer("outlier_idx", None, persistent=False)
         self.register_buffer("w_outlier", None, persistent=False)
@@ -88,8 +89,9 @@ class FP8Linear(torch.nn.Module):
             return F.linear(x, self.linear.weight, self.linear.bias)
         if not self.calibrated and not torch.compiler.is_compiling():
             self.calibrate(x2)
-        y = fp8_linear(x2, self.w_q, self.w_scale, self.linear.bias, self.col_scale, self.act_granularity,
-                       self.emulate)
+        on_gpu = x2.is_cuda and not self.emulate
+        y = fp8_linear(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, self.linear.bias,
+                       self.col_scale, self.act_granularity, self.emulate)
         if self.w_outlier is not None:
             y = y + x2.index_select(1, self.outlier_idx) @ self.w_outlier.t()
         if not torch.compiler.is_compiling():
@@ -108,6 +110,7 @@ class FP8Linear(torch.nn.Module):
             s = torch.sqrt(a.clamp_min(1e-5) / w.clamp_min(1e-5)).clamp(1e-2, 1e2)
             w_q, w_s = numerics.quantize_weight(weight.float() * s, self.weight_granularity)
             self.w_q, self.w_scale, self.col_scale = w_q, w_s, (1.0 / s).contiguous()
+            self.w_scale_gemm = _gemm_layout(w_s, self.weight_granularity)
         else:  # split
             idx = outlier_channels(a, self.outlier_ratio, self.max_outliers)
             if idx.numel():
@@ -116,6 +119,11 @@ class FP8Linear(torch.nn.Module):
                 self.col_scale, self.outlier_idx = mask, idx
                 self.w_outlier = weight.index_select(1, idx).contiguous()
         self.calibrated = True
+
+
+def _gemm_layout(w_s: torch.Tensor, granularity: str) -> torch.Tensor:
+    """The weight scales as the GPU GEMM reads them (the 128x128 recipe wants a padded column-major layout)."""
+    return w_s if granularity == "per_channel" else blockwise_weight_scale_for_gemm(w_s)
 
 
 def outlier_channels(channel_amax: torch.Tensor, ratio: float, limit: int) -> torch.Tensor:

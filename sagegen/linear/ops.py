@@ -35,30 +35,43 @@ def fp8_capable(device: torch.device) -> tuple[bool, str]:
 def _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype):
     # cuBLASLt wants B column-major: w_q is [N, K] row-major, so w_q.t() is [K, N] column-major.
     # A bias is fused only for bf16 outputs with row-wise scales; otherwise it is added after.
+    # Row-wise scaling produces bf16 (the only output type cuBLASLt/CUTLASS offer for it); other activation
+    # dtypes get the bf16 result cast back.
     global _FUSE_BIAS
-    fused = _FUSE_BIAS and bias is not None and bias.dtype == out_dtype
+    fused = _FUSE_BIAS and bias is not None and bias.dtype == torch.bfloat16
     try:
         y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), bias=bias if fused else None,
-                             out_dtype=out_dtype)
+                             out_dtype=torch.bfloat16)
     except RuntimeError:
         if not fused:
             raise
         _FUSE_BIAS, fused = False, False  # this torch/cuBLAS does not fuse a bias with row-wise scales
-        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), out_dtype=out_dtype)
+        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), out_dtype=torch.bfloat16)
     if bias is not None and not fused:
-        y = y + bias.to(out_dtype)
-    return y
+        y = y + bias.to(y.dtype)
+    return y.to(out_dtype)
+
+
+def blockwise_weight_scale_for_gemm(w_s: torch.Tensor) -> torch.Tensor:
+    """The [ceil(N/128), ceil(K/128)] weight scales in the layout cuBLASLt's 128x128 recipe reads:
+    [round_up(K/128, 4), N/128], column-major (the K blocks padded to a multiple of 4)."""
+    nb, kb = w_s.shape
+    padded = torch.ones((nb, -(-kb // 4) * 4), dtype=torch.float32, device=w_s.device)
+    padded[:, :kb] = w_s
+    return padded.t()
 
 
 def _gemm_blockwise(xq, xs, w_q, w_s, bias, out_dtype):
     import torch.nn.functional as F
     from torch.nn.functional import ScalingType
 
+    if w_s.is_contiguous() and w_s.shape[0] == -(-w_q.shape[0] // 128):  # the natural layout: convert
+        w_s = blockwise_weight_scale_for_gemm(w_s)
     y = F.scaled_mm(xq, w_q.t(), scale_a=xs, scale_recipe_a=ScalingType.BlockWise1x128, scale_b=w_s,
-                    scale_recipe_b=ScalingType.BlockWise128x128, output_dtype=out_dtype)
+                    scale_recipe_b=ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
     if bias is not None:
-        y = y + bias.to(out_dtype)
-    return y
+        y = y + bias.to(y.dtype)
+    return y.to(out_dtype)
 
 
 def _gpu_forward(x, w_q, w_s, bias, act_granularity, col_scale):
@@ -86,7 +99,7 @@ def blockwise_supported(device_index: int) -> tuple[bool, str]:
         if not hasattr(F, "scaled_mm"):
             return False, f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
         g = torch.Generator(device="cpu").manual_seed(0)
-        x = torch.randn(256, 384, generator=g).to(device, torch.bfloat16)
+        x = torch.randn(250, 384, generator=g).to(device, torch.bfloat16)  # M not a multiple of 4
         w = torch.randn(256, 384, generator=g).to(device, torch.bfloat16)
         w_q, w_s = numerics.quantize_weight(w, "per_block")
         got = _gpu_forward(x, w_q, w_s, None, "per_block", None).float()
