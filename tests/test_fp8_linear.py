@@ -26,8 +26,10 @@ def test_triton_quantizer_matches_the_emulation_bit_for_bit(seed, granularity, d
     base[7, 5] = -3e3                               # an outlier; tiny negatives round to -0.0
     x = base.to(dtype)[:, 3:K + 3]                  # a view with a row stride != K
     col = torch.rand(K) * 2
-    for col_scale in (None, col):
-        got_q, got_s = quantize_fp8_rows(x, granularity, col_scale, programs=3)  # 3 programs: grid-stride loop
+    # per token: the row in one read (K <= 8192) and the two-pass loop forced for wide rows
+    for col_scale, single_k in ((None, 8192), (col, 8192), (col, 128)):
+        got_q, got_s = quantize_fp8_rows(x, granularity, col_scale, programs=3,  # 3 programs: grid-stride
+                                         max_single_pass_k=single_k)
         want_q, want_s = quantize_activations(x, granularity, col_scale)
         assert torch.equal(got_s, want_s)
         assert torch.equal(_bits(got_q), _bits(want_q))

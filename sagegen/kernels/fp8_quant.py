@@ -29,6 +29,7 @@ from .spec import FP8_MAX
 from .triton_quant import interpreting, round_to_e4m3_grid
 
 BLOCK_K_SCALE = 128          # the 1x128 block of per-block activation scales
+SINGLE_PASS_ELEMENTS = 8192  # per-token rows up to this wide are quantized from one read
 _FP8_MAX = tl.constexpr(FP8_MAX)
 GRANULARITIES = ("per_token", "per_block")
 
@@ -46,30 +47,56 @@ def _quantize_tile(x, scale, INTERPRET: tl.constexpr):
 @triton.jit
 def _fp8_quant_per_token_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, n_tiles,
                                 HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                INTERPRET: tl.constexpr):
+                                SINGLE_PASS: tl.constexpr, INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
     for tile in range(pid, n_tiles, tl.num_programs(0)):
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         rows64 = rows.to(tl.int64)
-        amax = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):  # pass 1: the row's amax
-            cols = k0 + tl.arange(0, BLOCK_K)
-            ok = row_ok[:, None] & (cols < K)[None, :]
-            x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            if HAS_COL:
-                x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
-            amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
-        for k0 in range(0, K, BLOCK_K):  # pass 2: quantize (the tile is back from L2)
-            cols = k0 + tl.arange(0, BLOCK_K)
-            ok = row_ok[:, None] & (cols < K)[None, :]
-            x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-            if HAS_COL:
-                x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
-            q = _quantize_tile(x, scale[:, None], INTERPRET)
-            tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
-        tl.store(S + rows, scale, mask=row_ok)
+        if SINGLE_PASS:  # the whole row fits one tile (BLOCK_K >= K): one read
+            _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_K,
+                                INTERPRET)
+        else:
+            _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_M,
+                                 BLOCK_K, INTERPRET)
+
+
+@triton.jit
+def _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
+                        BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+    cols = tl.arange(0, BLOCK_K)
+    ok = row_ok[:, None] & (cols < K)[None, :]
+    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+    if HAS_COL:
+        x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
+    q = _quantize_tile(x, scale[:, None], INTERPRET)
+    tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
+    tl.store(S + rows, scale, mask=row_ok)
+
+
+@triton.jit
+def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+    amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):  # pass 1: the row's amax
+        cols = k0 + tl.arange(0, BLOCK_K)
+        ok = row_ok[:, None] & (cols < K)[None, :]
+        x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if HAS_COL:
+            x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
+        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
+    for k0 in range(0, K, BLOCK_K):  # pass 2: quantize (the tile is back from L2)
+        cols = k0 + tl.arange(0, BLOCK_K)
+        ok = row_ok[:, None] & (cols < K)[None, :]
+        x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        if HAS_COL:
+            x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
+        q = _quantize_tile(x, scale[:, None], INTERPRET)
+        tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
+    tl.store(S + rows, scale, mask=row_ok)
 
 
 @triton.jit
@@ -104,8 +131,8 @@ def _programs(device: torch.device, tiles: int) -> int:
 
 
 def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale: torch.Tensor | None = None,
-                      *, scales_k_major: bool = False, block_m: int | None = None,
-                      programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      *, scales_k_major: bool = False, block_m: int | None = None, programs: int | None = None,
+                      max_single_pass_k: int = SINGLE_PASS_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D activation to FP8 e4m3 with per-token or 1x128-block scales (see the module doc)."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity={granularity!r} is not supported; use one of {GRANULARITIES}")
@@ -126,14 +153,21 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
     col = col_scale if col_scale is not None else x  # a dummy pointer when HAS_COL is off
     if granularity == "per_token":
         scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-        bm = block_m or (4 if interp else 8)
+        # Rows up to SINGLE_PASS_ELEMENTS wide are read once (the whole row in registers); wider rows are read
+        # twice, the second time from L2: 2 rows per program keep a wave's rows (4 programs per SM) in L2.
+        single = K <= max_single_pass_k
+        if single:
+            bk = triton.next_power_of_2(max(K, 16))
+            bm = block_m or max(1, SINGLE_PASS_ELEMENTS // bk)
+        else:
+            bk, bm = (128, block_m or 4) if interp else (1024, block_m or 2)
         n_tiles = triton.cdiv(M, bm)
         if M:
             grid = (programs or _programs(x.device, n_tiles),)
             _fp8_quant_per_token_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), n_tiles,
-                                              HAS_COL=col_scale is not None, BLOCK_M=bm,
-                                              BLOCK_K=128 if interp else 512, INTERPRET=interp,
-                                              num_warps=4)
+                                              HAS_COL=col_scale is not None, BLOCK_M=bm, BLOCK_K=bk,
+                                              SINGLE_PASS=single, INTERPRET=interp,
+                                              num_warps=8 if bm * bk >= 4096 else 4)
         return q, scales
     n_kb = triton.cdiv(K, BLOCK_K_SCALE)
     if scales_k_major:
