@@ -56,8 +56,11 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
         return
     policy = policy or LinearPolicy()
     device = _device(transformer)
-    emulate, note = backend == "reference" or device.type != "cuda", ""
-    if not emulate:
+    if device.type != "cuda" and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())  # CPU offload: it will run on the GPU
+    # The op itself emulates on CPU tensors; `emulate` forces the emulation on the GPU too.
+    emulate, note = backend == "reference", ""
+    if device.type == "cuda" and not emulate:
         ok, why = fp8_capable(device)
         if ok and policy.act_granularity == "per_block":
             ok, why = blockwise_supported(device.index or 0)
@@ -114,7 +117,8 @@ def info(transformer: torch.nn.Module) -> dict | None:
                          "smoothed": module.col_scale is not None and module.outlier_idx is None}
     weight_bytes = sum(m.w_q.numel() for m in (p._modules.get(k) for p, k, _ in state.originals.values())
                        if isinstance(m, FP8Linear))
-    return {"mode": "fp8", "policy": dataclasses.asdict(state.policy), "emulated": state.emulate,
+    return {"mode": "fp8", "policy": dataclasses.asdict(state.policy),
+            "emulated": state.emulate or _device(transformer).type != "cuda",
             "note": state.note, "fp8_layers": sorted(fp8), "fp8_layer_count": len(fp8),
             "fp8_calls": sum(v["calls"] for v in fp8.values()), "layers": fp8,
             "bf16_layers": dict(sorted(state.bf16.items())), "fp8_weight_bytes_added": weight_bytes}
