@@ -197,3 +197,16 @@ def test_a_gpu_without_fp8_follows_the_config_fallback(monkeypatch, fallback):
         info = patch_info(model)["linear"]
         assert info["emulated"] and info["fp8_layer_count"] > 0
     sagegen.unpatch(model)
+
+
+def test_patching_again_with_the_same_linear_policy_keeps_the_fp8_layers():
+    model, _ = _tiny("sd3.5-medium")
+    sagegen.patch(model, linear="fp8", linear_policy=EVERYWHERE)
+    first = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    sagegen.patch(model, {"smooth_v": False}, linear="fp8", linear_policy=EVERYWHERE)  # attention config only
+    again = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    assert again.keys() == first.keys() and all(again[n] is first[n] for n in first)
+    sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(0,), min_rows=1))
+    changed = {n for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    assert changed < set(first)
+    sagegen.unpatch(model)

@@ -51,10 +51,15 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
           backend: str, attention_names: list[str]) -> None:
     """Bring the transformer's linears to the state asked for (``linear=None`` removes a previous FP8 patch)."""
     check_mode(linear, policy)
+    policy = policy or LinearPolicy()
+    state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
+    if (linear is not None and state is not None and state.policy == policy and state.originals
+            and state.emulate == (backend == "reference")
+            and all(isinstance(p._modules.get(k), FP8Linear) for p, k, _ in state.originals.values())):
+        return  # already patched this way: keep the quantized weights (and any outlier calibration)
     remove(transformer)
     if linear is None:
         return
-    policy = policy or LinearPolicy()
     device = _device(transformer)
     if device.type != "cuda" and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())  # CPU offload: it will run on the GPU
