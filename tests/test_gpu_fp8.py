@@ -99,3 +99,25 @@ def test_patched_step_with_fp8_linears_is_close_to_stock(name):
         assert cosine(compiled, out) > 0.999
     sagegen.unpatch(model)
     torch._dynamo.reset()
+
+
+def test_bf16_copies_on_the_cpu_free_gpu_memory_and_unpatch_restores_the_bits():
+    _need_fp8()
+    name = "flux.1-dev"
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,
+                                    config_overrides=dict(archs.smoke_overrides(name), num_layers=3))
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda", seed=1, height=256, width=256)
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1, bf16_copies="cpu"))
+    info = patch_info(model)["linear"]
+    freed = base - torch.cuda.memory_allocated()
+    # bf16 (2 bytes) out, FP8 (1 byte) in: about half the moved bytes are freed
+    assert freed > 0.4 * info["bf16_bytes_moved_to_cpu"], (freed, info["bf16_bytes_moved_to_cpu"])
+    with torch.inference_mode():
+        out = model(**inputs)[0]
+    assert torch.isfinite(out).all() and patch_info(model)["linear"]["fp8_calls"] > 0
+    sagegen.unpatch(model)
+    state = model.state_dict()
+    assert all(state[k].is_cuda and torch.equal(state[k], params[k]) for k in params)

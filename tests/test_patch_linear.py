@@ -210,3 +210,27 @@ def test_patching_again_with_the_same_linear_policy_keeps_the_fp8_layers():
     changed = {n for n, m in model.named_modules() if isinstance(m, FP8Linear)}
     assert changed < set(first)
     sagegen.unpatch(model)
+
+
+def test_bf16_copies_on_the_cpu_leave_the_module_tree_and_come_back_exactly(seed):
+    model, inputs = _tiny("sd3.5-medium")
+    before = _linears(model)
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.inference_mode():
+        stock = model(**inputs)[0]
+    policy = LinearPolicy(keep_blocks=(), min_rows=4096, bf16_copies="cpu")  # every call below min_rows
+    sagegen.patch(model, linear="fp8", linear_policy=policy)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+    assert layers and all(m.parked for m in layers.values())
+    assert not any(k.startswith(tuple(n + ".linear." for n in layers)) for k in model.state_dict())
+    info = patch_info(model)["linear"]
+    assert info["bf16_copies"] == "cpu" and info["bf16_bytes_moved_to_cpu"] > 0
+    with torch.inference_mode():
+        small = model(**inputs)[0]  # the dequantized FP8 weights in bf16: close to stock, not equal
+    assert cosine(small, stock) > 0.99 and not torch.equal(small, stock)
+    assert all(m.fp8_calls == 0 for m in layers.values())
+    sagegen.unpatch(model)
+    after = _linears(model)
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
+    state = model.state_dict()
+    assert state.keys() == params.keys() and all(torch.equal(state[k], params[k]) for k in params)

@@ -34,7 +34,7 @@ OUTLIER_MODES = ("off", "smooth", "split")
 class FP8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, *, act_granularity: str = "per_token",
                  weight_granularity: str = "per_channel", outliers: str = "off", emulate: bool = False,
-                 min_rows: int = 64, outlier_ratio: float = 8.0, max_outliers: int = 64):
+                 min_rows: int = 64, outlier_ratio: float = 8.0, max_outliers: int = 64, park: bool = False):
         super().__init__()
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"FP8Linear wraps an nn.Linear, got {type(linear).__name__}")
@@ -45,7 +45,11 @@ class FP8Linear(torch.nn.Module):
         if weight_granularity not in numerics.WEIGHT_GRANULARITIES:
             raise ValueError(f"weight_granularity={weight_granularity!r}; use one of "
                              f"{numerics.WEIGHT_GRANULARITIES}")
-        self.linear = linear
+        if park:  # kept outside the module tree, so that moving the model does not bring it back
+            self.__dict__["linear"] = linear
+        else:
+            self.linear = linear
+        self.parked = park
         self.act_granularity, self.weight_granularity = act_granularity, weight_granularity
         self.outliers, self.emulate, self.min_rows = outliers, emulate, min_rows
         self.outlier_ratio, self.max_outliers = outlier_ratio, max_outliers
@@ -59,6 +63,9 @@ class FP8Linear(torch.nn.Module):
         self.register_buffer("col_scale", None, persistent=False)
         self.register_buffer("outlier_idx", None, persistent=False)
         self.register_buffer("w_outlier", None, persistent=False)
+        # parked: the bias is needed where the GEMM runs, so it gets its own copy (the weight's FP8 copy is here)
+        self.register_buffer("bias_copy", linear.bias.detach().clone() if park and linear.bias is not None
+                             else None, persistent=False)
 
     # diffusers' processors read these from the projection modules
     @property
@@ -85,12 +92,16 @@ class FP8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
+        bias = self.bias_copy if self.parked else self.linear.bias
         if x2.shape[0] < self.min_rows or x.dtype != self.weight.dtype:
-            return F.linear(x, self.linear.weight, self.linear.bias)
+            if self.parked:  # the bf16 weight is on the CPU: the dequantized FP8 weight, in x's dtype
+                w = numerics.dequantize_weight(self.w_q, self.w_scale).to(x.dtype)
+                return F.linear(x, w, None if bias is None else bias.to(x.dtype))
+            return F.linear(x, self.linear.weight, bias)
         if not self.calibrated and not torch.compiler.is_compiling():
             self.calibrate(x2)
         on_gpu = x2.is_cuda and not self.emulate
-        y = fp8_linear(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, self.linear.bias,
+        y = fp8_linear(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, bias,
                        self.col_scale, self.act_granularity, self.emulate)
         if self.w_outlier is not None:
             y = y + x2.index_select(1, self.outlier_idx) @ self.w_outlier.t()
@@ -103,7 +114,7 @@ class FP8Linear(torch.nn.Module):
         """Set up outlier handling from one input (see the module doc). Idempotent once done."""
         if self.calibrated:
             return
-        weight = self.linear.weight.detach()
+        weight = self.linear.weight.detach().to(x2.device)  # (from the CPU when parked)
         a = x2.detach().float().abs().amax(dim=0)                             # [K] activation channel amax
         if self.outliers == "smooth":
             w = weight.float().abs().amax(dim=0)                                # [K] weight column amax

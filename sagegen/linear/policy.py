@@ -36,6 +36,10 @@ class LinearPolicy:
         outliers: ``"off"`` (default), ``"smooth"`` or ``"split"`` (see `sagegen.linear.module`).
         outlier_ratio, max_outliers: the ``"split"`` detector: channel amax above ratio x median, at most this many.
         min_rows: calls with fewer tokens run the bf16 linear (default 64).
+        bf16_copies: ``"keep"`` (default): the original bf16 weights stay where they are (+1 byte per quantized
+            weight on the GPU). ``"cpu"``: they are moved to the CPU while patched (GPU memory: -1 byte per
+            quantized weight vs the unpatched model) and moved back, bit for bit, by unpatch; calls below
+            ``min_rows`` then use the dequantized FP8 weight.
     """
 
     keep_blocks: tuple[int | str, ...] = (0, -1)
@@ -46,6 +50,7 @@ class LinearPolicy:
     outlier_ratio: float = 8.0
     max_outliers: int = 64
     min_rows: int = 64
+    bf16_copies: str = "keep"
 
     def __post_init__(self) -> None:
         keep = self.keep_blocks
@@ -69,6 +74,8 @@ class LinearPolicy:
             raise ValueError(f"LinearPolicy.outliers={self.outliers!r}; use one of {OUTLIER_MODES}")
         if not (isinstance(self.min_rows, int) and not isinstance(self.min_rows, bool) and self.min_rows >= 1):
             raise ValueError(f"LinearPolicy.min_rows must be an int >= 1, got {self.min_rows!r}")
+        if self.bf16_copies not in ("keep", "cpu"):
+            raise ValueError(f"LinearPolicy.bf16_copies={self.bf16_copies!r}; use 'keep' or 'cpu'")
         if not (isinstance(self.max_outliers, int) and self.max_outliers >= 1):
             raise ValueError(f"LinearPolicy.max_outliers must be an int >= 1, got {self.max_outliers!r}")
         if not (isinstance(self.outlier_ratio, (int, float)) and self.outlier_ratio > 1):
@@ -77,7 +84,7 @@ class LinearPolicy:
     def module_kwargs(self) -> dict:
         return dict(act_granularity=self.act_granularity, weight_granularity=self.weight_granularity,
                     outliers=self.outliers, min_rows=self.min_rows, outlier_ratio=self.outlier_ratio,
-                    max_outliers=self.max_outliers)
+                    max_outliers=self.max_outliers, park=self.bf16_copies == "cpu")
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -31,6 +31,7 @@ class _LinearState:
     bf16: dict[str, str]
     emulate: bool
     note: str = ""
+    parked: dict[str, torch.device] = dataclasses.field(default_factory=dict)  # name -> where the bf16 copy was
 
 
 def check_mode(linear, linear_policy) -> None:
@@ -88,7 +89,12 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
         parent = modules[parent_name] if parent_name else transformer
         parent._modules[key] = FP8Linear(lin, emulate=emulate, **policy.module_kwargs())
         originals[name] = (parent, key, lin)
-    object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note))
+    parked = {}
+    if policy.bf16_copies == "cpu":
+        for name, (_, _, lin) in originals.items():
+            parked[name] = lin.weight.device
+            lin.to("cpu")  # in place: the same Parameter objects, their data moved
+    object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked))
 
 
 def remove(transformer: torch.nn.Module) -> None:
@@ -96,7 +102,9 @@ def remove(transformer: torch.nn.Module) -> None:
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return
-    for parent, key, original in state.originals.values():
+    for name, (parent, key, original) in state.originals.items():
+        if name in state.parked:
+            original.to(state.parked[name])
         current = parent._modules.get(key)
         if isinstance(current, FP8Linear) and current.linear is original:
             parent._modules[key] = original
@@ -126,4 +134,7 @@ def info(transformer: torch.nn.Module) -> dict | None:
             "emulated": state.emulate or _device(transformer).type != "cuda",
             "note": state.note, "fp8_layers": sorted(fp8), "fp8_layer_count": len(fp8),
             "fp8_calls": sum(v["calls"] for v in fp8.values()), "layers": fp8,
-            "bf16_layers": dict(sorted(state.bf16.items())), "fp8_weight_bytes_added": weight_bytes}
+            "bf16_layers": dict(sorted(state.bf16.items())), "fp8_weight_bytes_added": weight_bytes,
+            "bf16_copies": state.policy.bf16_copies,
+            "bf16_bytes_moved_to_cpu": sum(o.weight.numel() * o.weight.element_size()
+                                           for n, (_, _, o) in state.originals.items() if n in state.parked)}
