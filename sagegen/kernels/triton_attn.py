@@ -301,6 +301,7 @@ def sage_attention(
     mask: MaskSpec | None = None,
     config: SageConfig | None = None,
     return_lse: bool = False,
+    block_sparse=None,
 ) -> torch.Tensor | None:
     """Quantized attention with the Triton kernels, written into ``out``.
 
@@ -315,6 +316,8 @@ def sage_attention(
     """
     config = config or SageConfig()
     mask = mask or MaskSpec()
+    if block_sparse is not None:
+        raise NotImplementedError("block-sparse Triton kernel: not yet implemented")
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     capability = device_capability(q.device) if q.is_cuda else None
