@@ -178,6 +178,29 @@ def tile_layout(bs: BlockSparse, tile_q: int, tile_k: int, n_q: int, n_k: int) -
     return tiles.repeat_interleave(bs.block_kv // tile_k, dim=3)[..., :nkt]
 
 
+def kernel_tiles(bs: BlockSparse, tile_q: int, tile_k: int, n_q: int, n_k: int,
+                 key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the kernels read: (counts int32 [B', H', NQT], indices int32 [B', H', NQT, NKT]) per kernel tile,
+    sorted, entries past the count 0. key_lengths (int32 [B], valid-prefix key counts) drops the tiles past
+    each batch's last valid key (then B' = B). No host sync."""
+    tiles = tile_layout(bs, tile_q, tile_k, n_q, n_k)
+    if key_lengths is not None:
+        n_tiles = (key_lengths.long() + tile_k - 1) // tile_k
+        tiles = tiles & (torch.arange(tiles.shape[-1], device=tiles.device) < n_tiles[:, None, None, None])
+    return compact(tiles)
+
+
+def sparse_args(tiles: tuple[torch.Tensor, torch.Tensor] | None, dummy: torch.Tensor) -> tuple[tuple, tuple]:
+    """Kernel arguments (counts, indices) and their strides (b, h of counts; b, h, q-tile of indices), with 0
+    for broadcast dims; placeholders when dense."""
+    if tiles is None:
+        return (dummy, dummy), (0, 0, 0, 0, 0)
+    counts, indices = tiles
+    bcast = lambda t, d: t.stride(d) if t.shape[d] > 1 else 0
+    return (counts, indices), (bcast(counts, 0), bcast(counts, 1), bcast(indices, 0), bcast(indices, 1),
+                               indices.stride(2))
+
+
 def _flex_block_sizes(block_mask) -> tuple[int, int]:
     size = block_mask.BLOCK_SIZE
     bq, bkv = (size, size) if isinstance(size, int) else size
