@@ -161,7 +161,7 @@ def compact(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """bool [..., N] -> (int32 counts [...], int32 indices [..., N]): the True positions, ascending, first;
     entries past the count are 0 (a valid index: the kernels may read them). No host sync."""
     n = blocks.shape[-1]
-    pos = blocks.long().cumsum(-1) - 1
+    pos = blocks.cumsum(-1, dtype=torch.int32).long() - 1
     target = torch.where(blocks, pos, torch.full_like(pos, n))  # unlisted ones land in a dropped extra slot
     src = torch.arange(n, device=blocks.device, dtype=torch.int32).expand(blocks.shape)
     out = torch.zeros((*blocks.shape[:-1], n + 1), dtype=torch.int32, device=blocks.device)
