@@ -37,6 +37,7 @@ def sageattn(
     config: SageConfig | None = None,
     backend: str = "auto",
     block_mask=None,
+    sparse=None,
 ):
     """SageAttention2-style quantized attention (INT8 Q·Kᵀ, FP8 P·V, two-level accumulation).
 
@@ -66,6 +67,10 @@ def sageattn(
             combined with ``attn_mask`` and ``is_causal``. Block sizes must be multiples of the kernel's
             tiles (64 x 128 on Hopper and in the emulation, 128 x 64 on Ada/Ampere; 128 x 128 works
             everywhere). See docs/block-sparse.md.
+        sparse: a `sagegen.SparseConfig` (or None): predict the block mask from q and k (``mode="topk"`` /
+            ``"cdf"``) or build a static one from the latent grid (``"sta"`` / ``"radial"``), then run
+            block-sparse as with ``block_mask`` (not both). The mask comes from its own custom op, so
+            ``torch.compile(fullgraph=True)`` still traces the call. See docs/sparse.md.
 
     Returns:
         out in q's layout and dtype, or ``(out, lse)`` when ``return_lse``.
@@ -75,6 +80,8 @@ def sageattn(
     d = q.shape[-1]
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(d)
     n_dim = 2 if tensor_layout == "HND" else 1
+    if sparse is not None:  # predicted / static block mask (sagegen.sparse); kept apart from the kernel path
+        block_mask = _sparse_mask(sparse, block_mask, q, k, tensor_layout, attn_mask, scale, config)
     sparse = _block_sparse(block_mask, q, k, n_dim)
     if (backend == "auto" and q.is_cuda and not return_lse and sparse is None
             and backends.auto_prefers_sdpa(q.shape[n_dim], k.shape[n_dim], q.shape[0] * q.shape[3 - n_dim], d)):
@@ -86,6 +93,18 @@ def sageattn(
         *sparse_args,
     )
     return (out, lse) if return_lse else out
+
+
+def _sparse_mask(sparse, block_mask, q, k, layout, attn_mask, scale, config):
+    from .sparse.config import SparseConfig
+    from .sparse.op import sparse_block_mask
+
+    if not isinstance(sparse, SparseConfig):
+        raise TypeError(f"sparse must be a sagegen.SparseConfig or None, got {type(sparse).__name__}")
+    if block_mask is not None:
+        raise ValueError("pass either block_mask (a given mask) or sparse (a predicted / static one), not both")
+    return sparse_block_mask(q, k, sparse, tensor_layout=layout, attn_mask=attn_mask, sm_scale=scale,
+                             config=config)
 
 
 def _block_sparse(block_mask, q, k, n_dim) -> BlockSparse | None:
