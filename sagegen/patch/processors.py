@@ -73,7 +73,7 @@ class PatchSession:
         self.attention_override = None  # analysis hook: fn(q, k, v, attn_mask, is_causal, scale) -> out
         self.fuse_qk_prologue = True  # eager CogVideoX/Mochi/Flux/SD3: Q/K norm + rotary in one pass (fused.py)
         self.sparse = None  # sparse_policy.SparseState when patched with sparse=...
-        self.current_name = ""  # the attention module whose processor is running (for the sparse policy)
+        self.current_name = ""  # the attention module whose processor is running (sparse policy, calibration)
         self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
         self._warned: set[str] = set()
 
@@ -248,8 +248,7 @@ class SageProcessorBase:
 
     def _sage_call(self, attn, args, kwargs):
         session = self._sage_session
-        if session.sparse is not None:
-            session.current_name = self._sage_name
+        session.current_name = self._sage_name
         if _compiling() and session.family in EAGER_UNDER_COMPILE:
             return _eager_under_compile(self, attn, args, kwargs)
         if session.step_full_precision or self._sage_name in session.full_precision_names:
