@@ -43,15 +43,15 @@ Device = Annotated[str, typer.Option(metavar="DEVICE", rich_help_panel=MEM, help
 ModelPath = Annotated[Optional[Path], typer.Option("--model-path", metavar="DIR", rich_help_panel=GEN, show_default=False,
                                                    help="A local diffusers pipeline folder to load instead of "
                                                         "the hub/cache.")]
-RandomWeights = Annotated[bool, typer.Option("--random-weights", rich_help_panel=GEN,
+RandomWeights = Annotated[bool, typer.Option("--random-weights/--no-random-weights", rich_help_panel=GEN,
                                              help="The preset's full-size architecture with random weights "
                                                   "(speed at real shapes, no download; outputs are noise).")]
 Offload = Annotated[Literal["none", "model", "sequential"],
                     typer.Option(case_sensitive=False, rich_help_panel=MEM, help="CPU offload of the pipeline.")]
-VaeTiling = Annotated[bool, typer.Option("--vae-tiling", rich_help_panel=MEM, help="Decode in tiles.")]
-VaeSlicing = Annotated[bool, typer.Option("--vae-slicing", rich_help_panel=MEM, help="Decode one video/image "
+VaeTiling = Annotated[bool, typer.Option("--vae-tiling/--no-vae-tiling", rich_help_panel=MEM, help="Decode in tiles.")]
+VaeSlicing = Annotated[bool, typer.Option("--vae-slicing/--no-vae-slicing", rich_help_panel=MEM, help="Decode one video/image "
                                                                                      "at a time.")]
-Compile = Annotated[bool, typer.Option("--compile", rich_help_panel=MEM, help="torch.compile the transformer.")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", rich_help_panel=MEM, help="torch.compile the transformer.")]
 Warmup = Annotated[int, typer.Option(min=0, rich_help_panel=MEM, help="Untimed warm-up calls per variant "
                                                                       "(JIT compilation, autotuning).")]
 Kernel = Annotated[Optional[list[str]], typer.Option("--kernel", "-k", metavar="KEY=VALUE", rich_help_panel=KER,
@@ -93,21 +93,22 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                            "--random-weights")
     if frames is not None and not preset.is_video:
         raise UsageProblem(f"{preset.name} makes images; --frames is for video models", "--frames")
+    # Checks that need no torch first, so that these mistakes are reported within a second.
+    prompts_list = load_prompts(prompt or [], prompts, max_prompts)
+    seeds = parse_seeds(seed or [])
+    config = kernel_config(kernel or [])
+    h, w = height or preset.height, width or preset.width
+    f = (frames or preset.frames) if preset.is_video else None
+    errors, warnings = check_shape(preset, height=h, width=w, frames=f)
+    if errors:
+        raise UsageProblem("; ".join(errors))
     on_gpu = _check_device(device)
     if offload != "none" and not on_gpu:
         raise UsageProblem("CPU offload needs a CUDA device; drop --offload or use --device cuda", "--offload")
     if backend == "triton" and not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
         raise UsageProblem("the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 to interpret them on the "
                            "CPU); use --backend auto or reference", "--backend")
-    prompts_list = load_prompts(prompt or [], prompts, max_prompts)
-    seeds = parse_seeds(seed or [])
-    config = kernel_config(kernel or [])
     policy = precision_policy(fp_blocks, fp_first_steps, fp_last_steps) if "sage" in variants else None
-    h, w = height or preset.height, width or preset.width
-    f = (frames or preset.frames) if preset.is_video else None
-    errors, warnings = check_shape(preset, height=h, width=w, frames=f)
-    if errors:
-        raise UsageProblem("; ".join(errors))
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,
