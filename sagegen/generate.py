@@ -59,11 +59,14 @@ class Job:
     warmup: int = 1           # untimed warm-up calls per variant (Triton / torch.compile / autotuning)
     model_path: str | None = None
     command: list[str] = field(default_factory=list)
+    sparse: Any = None        # sagegen.SparseConfig (None: dense attention)
 
     def digest(self) -> str:
         key = {"model": self.preset.name, "settings": self.settings, "samples": [s.to_dict() for s in self.samples],
                "model_path": self.model_path, "sage": self.sage_config.to_dict(), "policy": _jsonable(self.policy),
                "backend": self.backend}
+        if self.sparse is not None:  # only then, so dense runs keep their directory names
+            key["sparse"] = self.sparse.to_dict()
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
     def resolve_out(self) -> Path:
@@ -223,6 +226,8 @@ def attention(pipe, variant: str, job: Job, setup: dict):
     patch, unpatch = _patcher()
     t0 = time.perf_counter()
     kwargs = {"backend": job.backend} if job.policy is None else {"policy": job.policy, "backend": job.backend}
+    if job.sparse is not None:
+        kwargs["sparse"] = job.sparse
     try:
         patch(pipe, job.sage_config, **kwargs)
     except ValueError as e:  # e.g. a --fp-blocks entry that names no block of this model
@@ -235,6 +240,11 @@ def attention(pipe, variant: str, job: Job, setup: dict):
             from .patch import patch_info
 
             setup["attention_calls"] = dict(patch_info(pipe).get("stats", {}))
+        if job.sparse is not None:  # realized block density per step and layer (sagegen.patch.sparse_density)
+            with contextlib.suppress(Exception):
+                from .patch import sparse_density
+
+                setup["sparse"] = {"config": job.sparse.to_dict(), "density": sparse_density(pipe)}
         unpatch(pipe)
 
 

@@ -277,6 +277,8 @@ def reset_stats(obj) -> None:
     state: _PatchState | None = getattr(transformer, _STATE_ATTR, None)
     if state is not None:
         state.session.stats.clear()
+        if state.session.sparse is not None:
+            state.session.sparse.records.clear()
         if state.tracker is not None:
             state.tracker.history.clear()
 

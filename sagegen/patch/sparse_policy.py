@@ -119,20 +119,24 @@ class SparseState:
         self.records.append((self.step, name, counts.sum(dtype=torch.int64), counts.numel() * n_kv_blocks))
 
     def summary(self) -> dict:
-        """{"per_step_layer": [{"step", "layer", "density"}...], "per_step": {...}, "overall": float} (one
-        host sync). Densities are fractions of the (q-block, kv-block) pairs computed by sparse calls; dense
-        calls are not listed (density 1)."""
+        """{"per_step_layer": [{"step", "layer", "density"}...], "per_step": {step: density}, "overall": float}
+        (one host sync). Densities are fractions of the (q-block, kv-block) pairs computed by sparse calls,
+        pooled over the calls (samples, CFG passes) of each step and layer; dense calls are not counted."""
         if not self.records:
             return {"per_step_layer": [], "per_step": {}, "overall": None}
         kept = torch.stack([r[2] for r in self.records]).tolist()
-        rows, by_step, total_k, total_n = [], {}, 0, 0
+        cells: dict[tuple[int, str], list[int]] = {}
         for (step, name, _, n), k in zip(self.records, kept):
+            c = cells.setdefault((step, name), [0, 0])
+            c[0] += k
+            c[1] += n
+        rows, by_step = [], {}
+        for (step, name), (k, n) in cells.items():
             rows.append({"step": step, "layer": name, "density": round(k / n, 4)})
             s = by_step.setdefault(step, [0, 0])
             s[0] += k
             s[1] += n
-            total_k += k
-            total_n += n
+        total_k, total_n = sum(v[0] for v in by_step.values()), sum(v[1] for v in by_step.values())
         return {"per_step_layer": rows, "per_step": {str(s): round(k / n, 4) for s, (k, n) in by_step.items()},
                 "overall": round(total_k / total_n, 4)}
 
