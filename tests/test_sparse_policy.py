@@ -55,7 +55,7 @@ def test_policy_options_and_short_calls(hunyuan):
     cfg = SparseConfig(value=0.5, min_tokens=0, dense_steps=0.0, dense_blocks=())
     sagegen.patch(hunyuan, backend="reference", sparse=cfg)
     run(hunyuan, "hunyuanvideo", 0)
-    assert {s for s, _ in _sparse_layers(hunyuan)} == {-1}  # no step tracker needed without dense steps
+    assert {s for s, _ in _sparse_layers(hunyuan)} == {0, 1, 2, 3}  # every step sparse (steps still counted)
     assert {n for _, n in _sparse_layers(hunyuan)} == {"transformer_blocks.0.attn", "single_transformer_blocks.0.attn"}
     sagegen.patch(hunyuan, backend="reference", sparse=cfg.replace(min_tokens=10_000))  # every call is short
     reset_stats(hunyuan)

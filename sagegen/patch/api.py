@@ -150,7 +150,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
     if state.tracker is not None:
         state.tracker.detach()
         state.tracker = None
-    if policy.uses_steps or (sparse_state is not None and sparse_state.cfg.dense_steps > 0):
+    # sparse: steps counted for dense_steps, and with a pipeline always (the density table is per step)
+    if policy.uses_steps or (sparse_state is not None and (sparse_state.cfg.dense_steps > 0 or pipe is not None)):
         source = pipeline_scheduler_source(pipe) if pipe is not None else None
         state.tracker = StepTracker(session, policy, source)
         state.tracker.attach(transformer)
