@@ -97,7 +97,7 @@ def main(argv=None) -> dict:
                   f"({m['speedup_vs_dense']:.2f}x) density {m['density']:.3f} mass {m['kept_mass_head0']:.4f} "
                   f"err {err:.4f}", flush=True)
         rows_out.append(entry)
-        del q, k, v, dense
+        q = k = v = dense = out = None  # free before the next shape (not del: the lambdas name them)
         torch.cuda.empty_cache()
     import triton
 
