@@ -53,25 +53,36 @@ class SparseState:
         self.records: list[tuple[int, str, torch.Tensor, int]] = []
         self._configs: dict[tuple, SparseConfig] = {}
         self._handle = None
+        self.dense_step = False  # set per transformer call by the pre-hook
         if cfg.mode in STATIC and cfg.grid is None and self.order is None and family != "wan":
             raise ValueError(f"sparse mode {cfg.mode!r} needs the latent grid; sagegen knows the token order of "
                              f"{sorted(VIDEO_TOKEN_ORDER)} only ({family!r} given): pass SparseConfig(grid=...)")
 
     # -- installation -------------------------------------------------------------------------------------
     def attach(self, transformer: torch.nn.Module) -> None:
-        if self.cfg.grid is None:
-            self._handle = transformer.register_forward_pre_hook(self._read_grid, with_kwargs=True)
+        """A forward pre-hook, registered after the step tracker's (so it sees this call's step): reads the
+        latent grid from ``hidden_states.shape`` and decides once per transformer call whether this step is
+        dense -- a bool, so that a compiled model guards on two values, not on the step index."""
+        self._handle = transformer.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
 
     def detach(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
 
-    def _read_grid(self, module, args, kwargs):
-        hs = kwargs.get("hidden_states", args[0] if args else None)
-        if isinstance(hs, torch.Tensor):
-            self.grid = latent_grid(module, self.family, hs.shape)
+    def _pre_hook(self, module, args, kwargs):
+        if self.cfg.grid is None:
+            hs = kwargs.get("hidden_states", args[0] if args else None)
+            if isinstance(hs, torch.Tensor):
+                self.grid = latent_grid(module, self.family, hs.shape)
+        self.dense_step = self._step_is_dense()
         return None
+
+    def _step_is_dense(self) -> bool:
+        if self.tracker is None or self.cfg.dense_steps <= 0:
+            return False
+        total = self.tracker.total
+        return total is None or self.tracker.index < self.cfg.dense_steps * total
 
     # -- per call -----------------------------------------------------------------------------------------
     @property
@@ -85,10 +96,8 @@ class SparseState:
         if (n_q != n_k or n_k < cfg.min_tokens or name in self.dense_names or name.endswith("attn2")
                 or _TEXT_ONLY in name):
             return None
-        if self.tracker is not None and cfg.dense_steps > 0:
-            total = self.tracker.total
-            if total is None or self.tracker.index < cfg.dense_steps * total:
-                return None
+        if self.dense_step:
+            return None
         grid = self.grid
         if grid is not None and grid[0] * grid[1] * grid[2] > n_k:
             grid = None  # not this sequence's grid (e.g. a text-only refiner)
