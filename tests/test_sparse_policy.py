@@ -126,3 +126,41 @@ def test_calibrate_end_to_end_and_file_round_trip(hunyuan, tmp_path):
     q = torch.zeros(1, 1, 64, 64)
     assert state.for_call("single_transformer_blocks.0.attn", q, q).value == cfg.layer_values[
         "single_transformer_blocks.0.attn"]
+
+
+def test_compiled_patched_model_with_sparse_runs_the_sparse_ops_once():
+    """torch.compile of a transformer patched with sparse=: the mask op and the kernel op in one graph,
+    compiled once for repeated calls, the eager result."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from sagegen.models import arch as archs
+
+    name = "hunyuanvideo"
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
+                                    config_overrides=archs.smoke_overrides(name))
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64,
+                                  frames=9)
+    sagegen.patch(model, backend="reference", fuse_prologue=False,
+                  sparse=SparseConfig(value=0.5, min_tokens=0, dense_steps=0.0))
+    graphs = []
+
+    def recorder(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with torch.inference_mode():
+            eager = model(**inputs)[0]
+            compiled = torch.compile(model, backend=recorder)
+            outs = [compiled(**inputs)[0] for _ in range(2)]
+        assert len(graphs) == 1 and sum(counters["graph_break"].values()) == 0
+        ops = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+        assert any("sparse_blocks" in o for o in ops) and any("sagegen.sageattn" in o for o in ops)
+        for out in outs:
+            torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    finally:
+        torch._dynamo.reset()
+        sagegen.unpatch(model)
