@@ -5,7 +5,6 @@ Small odd sizes: ragged last blocks along both axes, empty q-blocks, GQA, both l
 Triton at real sizes) are in test_gpu_sparse.py.
 """
 
-import math
 
 import pytest
 import torch
