@@ -5,7 +5,6 @@ Small odd sizes: ragged last blocks along both axes, empty q-blocks, GQA, both l
 Triton at real sizes) are in test_gpu_sparse.py.
 """
 
-
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
@@ -192,6 +191,10 @@ def test_fully_empty_mask_and_torch_compile(seed):
     o, lse = compiled(q, k, v, bs)
     eager_o, eager_lse = f(q, k, v, bs)
     assert torch.equal(o, eager_o) and torch.equal(lse, eager_lse)
+    torch.library.opcheck(torch.ops.sagegen.sageattn.default,
+                          (q, k, v, None, False, 0.125, "NHD", True, "reference",
+                           *sagegen.api._config_args(SageConfig()), *bs),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_sdpa_fallback_folds_the_block_mask(seed):
