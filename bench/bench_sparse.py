@@ -51,7 +51,9 @@ def random_block_mask(h: int, n: int, density: float, gen: torch.Generator) -> t
 
 
 def flex_mask(blocks: torch.Tensor, n: int):
-    """The same blocks as a FlexAttention BlockMask: all of them full blocks (no mask_mod)."""
+    """The same blocks as a FlexAttention BlockMask, all of them full blocks and no mask_mod: what compiled
+    FlexAttention computes (eager FlexAttention would evaluate the no-op mask_mod densely and ignore the
+    blocks). One mask_mod for every mask, so the compiled kernel is reused across densities."""
     from torch.nn.attention.flex_attention import BlockMask
 
     counts, indices = compact(blocks)
