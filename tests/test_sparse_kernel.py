@@ -139,6 +139,7 @@ def test_flex_block_mask_input(seed):
     q, k, v = qkv(1, 2, 2, n_q, n_k, 64, device=DEVICE)
     t = sagegen.sageattn(q, k, v, backend="triton", block_mask=bm)
     assert torch.equal(t, sagegen.sageattn(q, k, v, backend="triton", block_mask=bs))
+    assert sagegen.api._from_flex(bm) is sagegen.api._from_flex(bm)  # converted once per BlockMask
     r = sagegen.sageattn(q, k, v, backend="reference", attn_mask=bs.to_dense_mask(n_q, n_k))
     assert rel_l1(t, r) < 4e-3
 
