@@ -248,3 +248,13 @@ def _check_partial_blocks(block_mask, partial: torch.Tensor, bq: int, bkv: int, 
                 "skips whole blocks. Use a block-aligned mask_mod, or convert with "
                 "BlockSparse.from_flex_block_mask(bm, partial_blocks='keep') and pass the token-level mask as "
                 "attn_mask too")
+
+
+def from_flex_block_mask(block_mask, *, partial_blocks: str = "check") -> BlockSparse:
+    """`BlockSparse.from_flex_block_mask` as a function."""
+    return BlockSparse.from_flex_block_mask(block_mask, partial_blocks=partial_blocks)
+
+
+def to_dense_mask(bs: BlockSparse, n_q: int, n_k: int) -> torch.Tensor:
+    """`BlockSparse.to_dense_mask` as a function: bool [B', H', Nq, Nk], True = attend."""
+    return bs.to_dense_mask(n_q, n_k)
