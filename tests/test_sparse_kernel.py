@@ -173,6 +173,7 @@ def test_tile_layout_and_compact():
     counts, idx = kernel_tiles(bs, 64, 128, 200, 600, key_lengths=torch.tensor([300, 600], dtype=torch.int32))
     assert counts[:, 0].tolist() == [[2, 2, 0, 0], [3, 3, 0, 0]]  # batch 0 has 3 key tiles, batch 1 has 5
     assert idx[1, 0, 0, :3].tolist() == [0, 1, 4] and idx[1, 0, 3].tolist() == [0] * 5
+    assert bs.to("cpu").indices.device.type == "cpu" and bs.density().flatten().tolist() == pytest.approx([2 / 3, 0])
     c, i = compact(torch.tensor([False, True, False, True]))
     assert c.item() == 2 and i.tolist() == [1, 3, 0, 0]
 

@@ -91,6 +91,10 @@ class BlockSparse(NamedTuple):
         dense = self.to_block_dense().repeat_interleave(self.block_q, dim=2)[:, :, :n_q]
         return dense.repeat_interleave(self.block_kv, dim=3)[..., :n_k]
 
+    def to(self, device) -> "BlockSparse":
+        """The same mask with its tensors on `device`."""
+        return self._replace(counts=self.counts.to(device), indices=self.indices.to(device))
+
     def density(self) -> torch.Tensor:
         """Fraction of key blocks computed, per (batch, head, q-block), as fp32 (ragged blocks count as 1)."""
         return self.counts.float() / self.indices.shape[-1]
