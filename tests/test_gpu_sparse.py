@@ -57,7 +57,9 @@ def test_sparse_kernel_tracks_emulation_and_fp64(seed, kernel, layout, d):
     qh, kh, vh = (to_hnd(x, layout) for x in (q, k, v))
     ref, lse64 = attention_fp64(qh[:, :4], kh[:, :2], vh[:, :2], sm_scale=d**-0.5,
                                 mask=MaskSpec("bool", bs.to_dense_mask(n_q, n_k)[:, :4]))
-    assert rel_l1(to_hnd(t, layout)[:, :4], ref) < 0.04
+    # the quantization's usual error (the emulation's own, ~0.035 rel-L1 for N(0,1) inputs), not more
+    err_kernel, err_emu = rel_l1(to_hnd(t, layout)[:, :4], ref), rel_l1(to_hnd(r, layout)[:, :4], ref)
+    assert err_kernel < 0.05 and err_kernel < 1.1 * err_emu + 1e-3
     assert (lt[:, :4][fin[:, :4]] - lse64[fin[:, :4]]).abs().max() < 0.05
 
 

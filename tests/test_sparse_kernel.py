@@ -87,8 +87,10 @@ def test_against_fp64_with_the_dense_mask(seed):
     blocks[..., 0] = True  # no empty rows here: the relative error needs a reference everywhere
     bs = BlockSparse.from_block_dense(blocks, 128, 128)
     t = sagegen.sageattn(q, k, v, backend="triton", block_mask=bs)
+    r = sagegen.sageattn(q, k, v, backend="reference", block_mask=bs)
     ref, _ = attention_fp64(q, k, v, sm_scale=128**-0.5, mask=MaskSpec("bool", bs.to_dense_mask(256, 384)))
-    assert rel_l1(t, ref) < 0.04
+    err_kernel, err_emu = rel_l1(t, ref), rel_l1(r, ref)  # ~0.035 for N(0,1) inputs: the quantization's own
+    assert err_kernel < 0.05 and err_kernel < 1.1 * err_emu + 1e-3
 
 
 def test_head_dim_128_and_larger_mask_blocks(seed):
