@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 import warnings
+import weakref
 
 import torch
 
@@ -61,8 +62,8 @@ def sageattn(
             which is faster there). With ``TRITON_INTERPRET=1`` the Triton backend also runs on CPU tensors.
         block_mask: block-sparse attention: a `sagegen.BlockSparse`, or FlexAttention's `BlockMask` (from
             `torch.nn.attention.flex_attention.create_block_mask`, built for this call's Nq and Nk; it is
-            converted with `BlockSparse.from_flex_block_mask`, one host sync, so under `torch.compile`
-            convert it once outside and pass the `BlockSparse`). Only the listed key blocks are computed;
+            converted with `BlockSparse.from_flex_block_mask` once per BlockMask object, a host sync, so under
+            `torch.compile` convert it outside and pass the `BlockSparse`). Only the listed key blocks are computed;
             the result equals the call with the equivalent dense bool mask (`BlockSparse.to_dense_mask`)
             combined with ``attn_mask`` and ``is_causal``. Block sizes must be multiples of the kernel's
             tiles (64 x 128 on Hopper and in the emulation, 128 x 64 on Ada/Ampere; 128 x 128 works
@@ -124,9 +125,25 @@ def _block_sparse(block_mask, q, k, n_dim) -> BlockSparse | None:
             raise TypeError("a FlexAttention BlockMask is converted with a host sync, which torch.compile cannot "
                             "trace: convert it once outside the compiled code with "
                             "sagegen.BlockSparse.from_flex_block_mask(bm) and pass that")
-        block_mask = BlockSparse.from_flex_block_mask(block_mask)
+        block_mask = _from_flex(block_mask)
     check_against_call(block_mask, q.shape[0], q.shape[3 - n_dim], n_q, n_k, q.device)
     return block_mask
+
+
+# FlexAttention BlockMask -> its BlockSparse, per BlockMask object while it lives: the conversion checks the
+# partial blocks against the mask_mod (a host sync and a pass over them), so a mask reused every step pays once.
+_flex_converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _from_flex(block_mask) -> BlockSparse:
+    source = (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+              block_mask.full_kv_indices, block_mask.mask_mod)
+    hit = _flex_converted.get(block_mask)
+    if hit is not None and all(a is b for a, b in zip(hit[0], source)):
+        return hit[1]
+    converted = BlockSparse.from_flex_block_mask(block_mask)
+    _flex_converted[block_mask] = (source, converted)
+    return converted
 
 
 def _check_config(config) -> SageConfig:

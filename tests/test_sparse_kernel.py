@@ -5,8 +5,6 @@ Small odd sizes: ragged last blocks along both axes, empty q-blocks, GQA, both l
 Triton at real sizes) are in test_gpu_sparse.py.
 """
 
-import math
-
 import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask
@@ -89,8 +87,10 @@ def test_against_fp64_with_the_dense_mask(seed):
     blocks[..., 0] = True  # no empty rows here: the relative error needs a reference everywhere
     bs = BlockSparse.from_block_dense(blocks, 128, 128)
     t = sagegen.sageattn(q, k, v, backend="triton", block_mask=bs)
+    r = sagegen.sageattn(q, k, v, backend="reference", block_mask=bs)
     ref, _ = attention_fp64(q, k, v, sm_scale=128**-0.5, mask=MaskSpec("bool", bs.to_dense_mask(256, 384)))
-    assert rel_l1(t, ref) < 0.04
+    err_kernel, err_emu = rel_l1(t, ref), rel_l1(r, ref)  # ~0.035 for N(0,1) inputs: the quantization's own
+    assert err_kernel < 0.05 and err_kernel < 1.1 * err_emu + 1e-3
 
 
 def test_head_dim_128_and_larger_mask_blocks(seed):
@@ -141,6 +141,7 @@ def test_flex_block_mask_input(seed):
     q, k, v = qkv(1, 2, 2, n_q, n_k, 64, device=DEVICE)
     t = sagegen.sageattn(q, k, v, backend="triton", block_mask=bm)
     assert torch.equal(t, sagegen.sageattn(q, k, v, backend="triton", block_mask=bs))
+    assert sagegen.api._from_flex(bm) is sagegen.api._from_flex(bm)  # converted once per BlockMask
     r = sagegen.sageattn(q, k, v, backend="reference", attn_mask=bs.to_dense_mask(n_q, n_k))
     assert rel_l1(t, r) < 4e-3
 
@@ -174,6 +175,7 @@ def test_tile_layout_and_compact():
     counts, idx = kernel_tiles(bs, 64, 128, 200, 600, key_lengths=torch.tensor([300, 600], dtype=torch.int32))
     assert counts[:, 0].tolist() == [[2, 2, 0, 0], [3, 3, 0, 0]]  # batch 0 has 3 key tiles, batch 1 has 5
     assert idx[1, 0, 0, :3].tolist() == [0, 1, 4] and idx[1, 0, 3].tolist() == [0] * 5
+    assert bs.to("cpu").indices.device.type == "cpu" and bs.density().flatten().tolist() == pytest.approx([2 / 3, 0])
     c, i = compact(torch.tensor([False, True, False, True]))
     assert c.item() == 2 and i.tolist() == [1, 3, 0, 0]
 
@@ -193,6 +195,10 @@ def test_fully_empty_mask_and_torch_compile(seed):
     o, lse = compiled(q, k, v, bs)
     eager_o, eager_lse = f(q, k, v, bs)
     assert torch.equal(o, eager_o) and torch.equal(lse, eager_lse)
+    torch.library.opcheck(torch.ops.sagegen.sageattn.default,
+                          (q, k, v, None, False, 0.125, "NHD", True, "reference",
+                           *sagegen.api._config_args(SageConfig()), *bs),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_sdpa_fallback_folds_the_block_mask(seed):
@@ -235,3 +241,39 @@ def test_bad_block_masks_are_refused_clearly():
         good._replace(indices=good.indices + 1).validate()
     with pytest.raises(ValueError, match="partial_blocks"):
         BlockSparse.from_flex_block_mask(bm, partial_blocks="ignore")
+
+
+SPARSE_CODEGEN = """
+import json, sys
+sys.path.insert(0, "bench")
+from compile_check import compile_attn, compile_gluon, summary
+from sagegen.config import SageConfig
+from sagegen.kernels import triton_attn
+d = int(sys.argv[1])
+warps, stages, *_ = triton_attn.launch_settings(64, 128, d)
+print(json.dumps([summary(compile_gluon(d, extra_const={"SPARSE": True}))]
+                 + [summary(compile_attn(d, SageConfig(), num_warps=warps, num_stages=stages, SPARSE=sparse))
+                    for sparse in (True, False)]))
+"""
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_sparse_kernels_compile_for_hopper_without_spills(d):
+    """Both block-sparse kernels build for sm90 without a GPU: tensor-core ops, no register spills, and the
+    Triton kernel's K/V loads pipelined as in the dense kernel (as much shared memory: the same ring)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", SPARSE_CODEGEN, str(d)], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    gluon, triton_kernel, triton_dense = json.loads(done.stdout.strip().splitlines()[-1])
+    for report in (gluon, triton_kernel):
+        assert report["stack"] == 0 and report["ldl/stl"] == 0, report
+        assert {"IGMMA", "QGMMA"} <= set(report["matrix_ops"]), report
+    assert gluon["shfl_idx"] == 0, gluon
+    assert triton_kernel["shared_bytes"] >= triton_dense["shared_bytes"], (triton_kernel, triton_dense)

@@ -91,6 +91,10 @@ class BlockSparse(NamedTuple):
         dense = self.to_block_dense().repeat_interleave(self.block_q, dim=2)[:, :, :n_q]
         return dense.repeat_interleave(self.block_kv, dim=3)[..., :n_k]
 
+    def to(self, device) -> "BlockSparse":
+        """The same mask with its tensors on `device`."""
+        return self._replace(counts=self.counts.to(device), indices=self.indices.to(device))
+
     def density(self) -> torch.Tensor:
         """Fraction of key blocks computed, per (batch, head, q-block), as fp32 (ragged blocks count as 1)."""
         return self.counts.float() / self.indices.shape[-1]
@@ -248,3 +252,13 @@ def _check_partial_blocks(block_mask, partial: torch.Tensor, bq: int, bkv: int, 
                 "skips whole blocks. Use a block-aligned mask_mod, or convert with "
                 "BlockSparse.from_flex_block_mask(bm, partial_blocks='keep') and pass the token-level mask as "
                 "attn_mask too")
+
+
+def from_flex_block_mask(block_mask, *, partial_blocks: str = "check") -> BlockSparse:
+    """`BlockSparse.from_flex_block_mask` as a function."""
+    return BlockSparse.from_flex_block_mask(block_mask, partial_blocks=partial_blocks)
+
+
+def to_dense_mask(bs: BlockSparse, n_q: int, n_k: int) -> torch.Tensor:
+    """`BlockSparse.to_dense_mask` as a function: bool [B', H', Nq, Nk], True = attend."""
+    return bs.to_dense_mask(n_q, n_k)

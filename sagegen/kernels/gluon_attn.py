@@ -178,8 +178,8 @@ def _attn_fwd_sm90(
         _tma_load(q_desc, [pid_bh * NQ_PAD + start_m * BLOCK_M, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
         if i < n_blocks:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i, _kv_tile(idx_row, i, n_blocks, SPARSE),
-                      STAGES, BLOCK_N)
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i,
+                      _kv_tile(idx_row, i, n_blocks, SPARSE), STAGES, BLOCK_N)
 
     if QUANT_Q:  # while the first K/V tiles are on their way
         q_scale = _quantize_q_tile(Q, q_smem, b, h, start_m * BLOCK_M, N_Q, D, stride_qb, stride_qh, stride_qm,
@@ -200,6 +200,7 @@ def _attn_fwd_sm90(
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
     tile = _kv_tile(idx_row, 0, n_blocks, SPARSE)
+    tile_nxt = _kv_tile(idx_row, 1, n_blocks, SPARSE)  # indices are read a step ahead: no load on the path
     ks = gl.load(ks_base + tile * BLOCK_N)
 
     # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
@@ -207,7 +208,7 @@ def _attn_fwd_sm90(
     for j in range(0, n_blocks - 1):
         nxt = j + 1
         # indices first: their loads overlap the wait and the softmax below
-        tile_nxt = _kv_tile(idx_row, nxt, n_blocks, SPARSE)
+        tile_after = _kv_tile(idx_row, j + 2, n_blocks, SPARSE)
         tile_far = _kv_tile(idx_row, j + STAGES, n_blocks, SPARSE)
         mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
@@ -224,6 +225,7 @@ def _attn_fwd_sm90(
             _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, tile_far, STAGES, BLOCK_N)
         ks = ks_next
         tile = tile_nxt
+        tile_nxt = tile_after
 
     # The last block: the only one that can be partial.
     last = n_blocks - 1

@@ -181,14 +181,18 @@ def _attn_fwd_kernel(
         idx_row = IDX + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih + start_m * stride_im
         n_iter = tl.maximum(cnt, 1)
         n_whole = n_iter if CAUSAL else n_iter - 1  # causal: every tile checks the diagonal
+        start_n = tl.load(idx_row) * BLOCK_N
         for i in range(0, n_whole):
+            # the next tile's index is read a step ahead (loop-carried), so no load feeds this step's addresses
+            start_next = tl.load(idx_row + i + 1, mask=i + 1 < n_iter, other=0) * BLOCK_N
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
-                q, q_scale, m_i, r_i, l_i, acc0, acc1, tl.load(idx_row + i) * BLOCK_N, offs_m, k_desc, v_desc,
+                q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc,
                 kv_row0, v_row0, ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST,
                 CAUSAL, CAUSAL, K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+            start_n = start_next
         if not CAUSAL:
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
-                q, q_scale, m_i, r_i, l_i, acc0, acc1, tl.load(idx_row + n_iter - 1) * BLOCK_N, offs_m, k_desc,
+                q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc,
                 v_desc, kv_row0, v_row0, ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N,
                 CHUNK_D, FAST, True, CAUSAL, K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
         l_i = tl.where(cnt > 0, l_i, 0.0)  # zeros and lse = -inf, as a fully masked row
