@@ -86,7 +86,8 @@ def build_manifest(job, dist, device) -> dict:
                     "compile": job.compile, "warmup": job.warmup, "world_size": dist.world_size},
         "attention": {"sage": job.sage_config.to_dict() if sage else None,
                       "policy": _jsonable(job.policy) if sage else None,
-                      "backend": job.backend if sage else None},
+                      "backend": job.backend if sage else None,
+                      "linear": getattr(job, "linear", None) if sage else None},
         "variants": list(job.variants), "samples": [s.to_dict() for s in job.samples],
         "timings": {}, "setup": {}, "versions": versions(), "gpu": gpu_info(device),
     })
@@ -116,7 +117,7 @@ def merge_manifest(current: dict | None, new: dict, where: Path) -> dict:
         _diff(a, b, key, diffs)
     old_att, new_att = current.get("attention") or {}, new["attention"]
     if new_att.get("sage") is not None and old_att.get("sage") is not None:
-        keys = ("sage", "policy", "backend")
+        keys = ("sage", "policy", "backend", "linear")
         _diff({k: old_att.get(k) for k in keys}, {k: new_att.get(k) for k in keys}, "attention", diffs)
     if diffs:
         raise RunDirConflict(f"run directory {where} already holds a different run ({'; '.join(diffs[:4])}); "

@@ -52,8 +52,12 @@ def now_iso() -> str:
 def file_lock(path: str | os.PathLike) -> Iterator[None]:
     """An exclusive advisory lock (fcntl) on `path`, for read-modify-write of shared files."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")
+    except OSError as e:  # a read-only or full disk: name the file and what to do
+        raise write_error(path, e) from e
+    with f:
         try:
             import fcntl
         except ImportError:  # pragma: no cover - non-POSIX: no locking, writes are still atomic

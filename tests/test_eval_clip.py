@@ -154,7 +154,9 @@ def test_name_tag_loads_from_an_offline_cache(tmp_path, monkeypatch, frames):
     got = clip.model.state_dict()
     assert all(torch.equal(got[k], v) for k, v in ref.state_dict().items())
     assert clip.model.visual.transformer.resblocks[0].mlp.gelu.__class__.__name__ == "QuickGELU"
-    # the tag's preprocessing (OpenAI mean/std, bicubic) is the one applied
+    # the tag's preprocessing (OpenAI mean/std, bicubic, shortest-side resize + centre crop) is the one applied
+    shown = repr(clip.preprocess)
+    assert "interpolation=bicubic" in shown and "CenterCrop" in shown and "0.26862954" in shown
     x = C.standard_input(clip, frames[:1])
     assert x.shape == (1, 3, 32, 32) and x.min() < -1.0
     ref.eval()
@@ -182,8 +184,23 @@ def test_without_opencv_the_evalcrafter_resize_is_labelled_approximate(tmp_path,
     assert "approximated" not in doc["metrics"]["clipsim"].get("note", "")
 
 
-def test_clipscore_names_its_convention():
-    from sagegen.eval.runner import INFO
+def test_clipscore_names_its_convention_where_it_is_shown(tmp_path):
+    """metrics.json, the eval table and the report all say which CLIPScore this is (torchmetrics', not
+    Hessel's), since both go by the name."""
+    from rich.console import Console
 
-    desc = INFO["clipscore"][2]
-    assert "torchmetrics" in desc and "100·max(cos" in desc and "not Hessel" in desc and "A photo depicts" in desc
+    from sagegen.eval.runner import EvalOptions, evaluate
+    from sagegen.eval.synthetic import make_synthetic_run
+    from sagegen.eval.table import metrics_table
+    from sagegen.report.builder import ReportOptions, build_report
+
+    run = make_synthetic_run(tmp_path / "r", prompts=["a", "b"], kind="image", height=32, width=32)
+    clip_dir = write_tiny_clip(tmp_path / "clip")
+    doc = evaluate(run, EvalOptions(metrics=["clipscore"], clip_model=f"local-dir:{clip_dir}"), log=lambda s: None)
+    note = doc["metrics"]["clipscore"]["note"]
+    assert "torchmetrics" in note and "100·max(cos, 0)" in note and "not Hessel" in note and "A photo depicts" in note
+    console = Console(width=400, record=True)
+    console.print(metrics_table(doc))
+    assert "torchmetrics' CLIPScore" in console.export_text()
+    html = build_report(run, ReportOptions(mp4=False, contact=False), log=lambda s: None)["html"].read_text()
+    assert "torchmetrics&#x27; CLIPScore" in html or "torchmetrics' CLIPScore" in html

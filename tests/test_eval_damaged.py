@@ -7,6 +7,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.eval.rundata import RunDirError, load_run
 from sagegen.eval.runner import EvalOptions, evaluate
 from sagegen.eval.synthetic import make_synthetic_run
@@ -62,3 +63,23 @@ def test_manifest_that_is_not_an_object_is_a_clear_error(run, content):
     app.command("noop")(lambda: None)
     res = CliRunner().invoke(app, ["eval", str(run), "-m", "psnr"])
     assert res.exit_code == 2 and "damaged" in res.output and "AttributeError" not in res.output
+
+
+def test_run_redoes_a_damaged_sample_and_refuses_a_damaged_manifest(fake_model, tmp_path):  # noqa: F811
+    """The same rule end to end through `sagegen run` (fake pipeline, no model)."""
+    from sagegen.cli.app import app as sagegen_app
+
+    out = tmp_path / "D"
+    args = ["run", "tiny-flux", "-p", "x", "-p", "y", "--steps", "1", "--warmup", "0", "-q", "--out", str(out)]
+    assert CliRunner().invoke(sagegen_app, args).exit_code == 0
+    rd = RunDir(out)
+    sid = rd.sample_ids("sage")[1]
+    _damage(out, "sage", sid, text="{")
+    calls = len(fake_model.calls)
+    res = CliRunner().invoke(sagegen_app, args)
+    assert res.exit_code == 0, res.output
+    assert len(fake_model.calls) == calls + 1 and rd.finished("sage", sid)  # only the damaged one redone
+    assert sid in rd.manifest["timings"]["sage"]
+    (out / "manifest.json").write_text("[]")
+    res = CliRunner().invoke(sagegen_app, args)
+    assert res.exit_code == 2 and "manifest.json is damaged" in res.output and "AttributeError" not in res.output

@@ -113,3 +113,12 @@ def test_pt_inception_file_runs_the_fid_network_and_is_labelled(state, tmp_path)
     with torch.no_grad():
         plain = tv.eval()(x).double().numpy()
     assert np.abs(plain - f).max() > 1e-2 * np.abs(f).max()
+
+
+def test_pytorch_fid_release_file_is_recognised_by_its_sha256(state, tmp_path, monkeypatch):
+    path = tmp_path / "pt_inception-2015-12-05-6726825d.pth"  # the right name alone proves nothing
+    torch.save(state, str(path))
+    assert fid.load_inception(path).comparable is None
+    monkeypatch.setattr(FI, "PYTORCH_FID_SHA256_PREFIX", fid._sha256(path)[:8])  # stands in for the real file
+    ext = fid.load_inception(path)
+    assert ext.comparable is True and "pytorch-fid's port of the TF FID Inception" in ext.comparability

@@ -89,3 +89,13 @@ def test_report_on_a_full_disk_is_a_one_line_error_not_broken_pipe(tmp_path, mon
     assert "BrokenPipeError" not in out and "No space left on device" in out
     assert str(run / "report" / "side_by_side" / "p000-s0.mp4") in out
     assert _leftovers(run / "report" / "side_by_side") == [] and not (run / "report" / "report.html").exists()
+
+
+def test_a_read_only_run_directory_names_the_lock_file(tmp_path, monkeypatch):
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr("builtins.open", read_only)
+    rd = rundir.RunDir(tmp_path / "run")
+    with pytest.raises(rundir.WriteError, match=r"\.manifest\.lock: the file system is read-only"):
+        rd.update_manifest(lambda m: {"schema": 1})

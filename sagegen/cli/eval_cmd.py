@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 METRIC_HELP = ("clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed). "
-               "Default: every metric that applies to the run and whose weights are found; the others are "
-               "listed as skipped, with the reason.")
+               "Default: all available, i.e. every metric that applies to the run and whose weights are found; "
+               "the others are listed as skipped, with the reason.")
 MODE_NOTES = {
     "evalcrafter": "EvalCrafter-compatible (OpenAI ViT-B/32; frames squashed to 224x224, raw 0..255 pixels, "
     "no normalisation; cosine similarity; read from the lossless PNG frames, where EvalCrafter decodes the MP4)",

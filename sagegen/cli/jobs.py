@@ -69,6 +69,10 @@ Backend = Annotated[Literal["auto", "triton", "reference"],
                     typer.Option(case_sensitive=False, rich_help_panel=KER,
                                  help="sagegen backend: auto (Triton on a supported GPU, else the emulation), "
                                       "triton or reference (the PyTorch emulation).")]
+Linear = Annotated[Literal["none", "fp8"],
+                   typer.Option(case_sensitive=False, rich_help_panel=KER,
+                                help="The sage variant's denoiser linears: none (as the model) or fp8 (FP8 GEMMs, "
+                                     "sm89+ GPU; emulated on the CPU; docs/fp8-linear.md).")]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUT, show_default=False,
                                              help="Run directory (default: runs/<model>-<settings hash>; "
                                                   "re-running resumes).")]
@@ -78,7 +82,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
               vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
-              sparse=None):
+              linear="none", sparse=None):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
     from ..generate import Job, make_samples
     from ..models.presets import check_shape, resolve
@@ -115,6 +119,9 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem("the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 to interpret them on the "
                            "CPU); use --backend auto or reference", "--backend")
     policy = precision_policy(fp_blocks, fp_first_steps, fp_last_steps) if "sage" in variants else None
+    linear = None if linear.lower() == "none" else linear.lower()
+    if linear is not None and "sage" not in variants:
+        raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,
@@ -124,7 +131,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
-              command=command_line(), sparse=sparse_cfg)
+              command=command_line(), linear=linear, sparse=sparse_cfg)
     return job, warnings
 
 

@@ -35,6 +35,7 @@ def run_command(
     fp_last_steps: jobs.FpLast = 0,
     sparse: sparse_opt.Sparse = None,
     backend: jobs.Backend = "auto",
+    linear: jobs.Linear = "none",
     model_path: jobs.ModelPath = None,
     random_weights: jobs.RandomWeights = False,
     device: jobs.Device = "auto",

@@ -127,7 +127,9 @@ def _pytorch_fid_extractor(path: Path, state: dict) -> FeatureExtractor:
     if sha.startswith(fid_inception.PYTORCH_FID_SHA256_PREFIX):
         comparable, why = True, ("pytorch-fid's port of the TF FID Inception (sha256 starts with "
                                  f"{fid_inception.PYTORCH_FID_SHA256_PREFIX}, as its release file name says), run "
-                                 "with the TF graph's pooling; pytorch-fid reports FIDs within rounding of TF's")
+                                 "with the TF graph's pooling; images are resized clean-fid's way (bicubic per "
+                                 "channel), where pytorch-fid resizes bilinearly inside the network, so expect "
+                                 "small differences from pytorch-fid's own numbers")
     else:
         comparable, why = None, (f"unverified: {path.name} has the FID Inception's layout (1008 classes) and runs "
                                  "through the FID network, but its sha256 is not that of pytorch-fid's "

@@ -23,8 +23,7 @@ IMAGE_ONLY = ("clipscore",)
 INFO = {  # higher_is_better, unit, description
     "clipsim": (True, "cos", "CLIP similarity of each frame to the prompt, averaged over frames"),
     "clipt": (True, "cos", "CLIP similarity of consecutive frames, averaged"),
-    "clipscore": (True, "100·cos", "CLIPScore, torchmetrics' convention: 100·max(cos(image, prompt), 0) with the "
-                                   "prompt as given (not Hessel et al.'s 2.5·max(cos, 0) with \"A photo depicts\")"),
+    "clipscore": (True, "100·cos", "CLIPScore: 100·max(cos(image, prompt), 0) with the prompt as given"),
     "fid": (False, "", "Fréchet Inception Distance of the candidate set to the baseline set (and reference)"),
     "kid": (False, "", "Kernel Inception Distance (unbiased MMD², cubic kernel)"),
     "psnr": (True, "dB", "PSNR vs the baseline frame (lossless PNGs), mean over frames"),
@@ -32,6 +31,10 @@ INFO = {  # higher_is_better, unit, description
                        "no downsampling), mean over frames"),
     "lpips": (False, "", "LPIPS (AlexNet, v0.1) vs the baseline frame, mean over frames"),
 }
+
+
+CLIPSCORE_CONVENTION = ("torchmetrics' CLIPScore, 100·max(cos, 0) with the prompt as given; not Hessel et al.'s "
+                        "2.5·max(cos, 0) with \"A photo depicts\" prepended")
 
 
 def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
@@ -259,6 +262,8 @@ def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
             notes.append("EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to EvalCrafter")
         if metric == "clipsim" and mode == "evalcrafter" and not clipmod.has_exact_resize():
             notes.append(clipmod.APPROX_RESIZE_NOTE)
+        if metric == "clipscore":  # two conventions share the name; say which one this number follows
+            notes.append(CLIPSCORE_CONVENTION)
         if notes:
             meta["note"] = "; ".join(notes)
     if metric == "psnr":
