@@ -199,7 +199,7 @@ def test_static_mask_through_sageattn_and_flex(seed):
     assert bs.counts.shape == (1, 1, 8)  # broadcast over batch and heads
     out = sagegen.sageattn(q, k, v, sparse=cfg, backend="reference")
     dense = sagegen.sageattn(q, k, v, attn_mask=bs.to_dense_mask(512, 512), backend="reference")
-    assert torch.equal(out, dense)
+    torch.testing.assert_close(out, dense, atol=2e-3, rtol=1e-2)  # skipped vs -inf blocks: fp32 order
     flex = patterns.to_flex(cfg, 512, 512, block=128)
     back = BlockSparse.from_flex_block_mask(flex)
     assert torch.equal(back.to_dense_mask(512, 512),
