@@ -16,6 +16,9 @@ _LAZY = {
     "SageConfig": ".config",
     "DIFFUSION_CONFIG": ".config",
     "SUPPORTED_HEAD_DIMS": ".config",
+    "BlockSparse": ".kernels.block_sparse",
+    # block-sparse attention: predicted / static masks (sagegen.sparse; importing it registers its custom op)
+    "SparseConfig": ".sparse",
     # The diffusers patcher. `sagegen.patch` is the function; the package stays importable as
     # `sagegen.patch.<module>` (e.g. `from sagegen.patch.policy import PrecisionPolicy`), and when the package
     # was imported first the module itself is callable (see sagegen/patch/__init__.py).
@@ -37,6 +40,7 @@ _LAZY = {
 }
 
 __all__ = ["sageattn", "SageConfig", "DIFFUSION_CONFIG", "SUPPORTED_HEAD_DIMS", "__version__"]
+__all__ += ["BlockSparse", "SparseConfig"]
 __all__ += ["patch", "unpatch", "patched", "is_patched", "patch_info", "PrecisionPolicy", "LinearPolicy"]
 __all__ += ["set_backend_config", "restore_backend_config", "backend_config", "get_backend_config",
             "backend_stats", "reset_backend_stats", "use_backend", "register_diffusers_backend",

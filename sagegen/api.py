@@ -11,11 +11,13 @@ import math
 import numbers
 import os
 import warnings
+import weakref
 
 import torch
 
 from .config import SUPPORTED_HEAD_DIMS, SageConfig
 from .kernels import backends
+from .kernels.block_sparse import BlockSparse, check_against_call
 from .kernels.spec import MaskSpec
 
 _LAYOUTS = ("HND", "NHD")
@@ -35,6 +37,8 @@ def sageattn(
     return_lse: bool = False,
     config: SageConfig | None = None,
     backend: str = "auto",
+    block_mask=None,
+    sparse=None,
 ):
     """SageAttention2-style quantized attention (INT8 Q·Kᵀ, FP8 P·V, two-level accumulation).
 
@@ -56,6 +60,18 @@ def sageattn(
             (Triton on a supported CUDA GPU, the emulation on CPU; on the GPU, calls with less work than the
             measured crossover, ``kernels.backends.auto_prefers_sdpa`` (batch·heads·Nq·Nk), run PyTorch SDPA,
             which is faster there). With ``TRITON_INTERPRET=1`` the Triton backend also runs on CPU tensors.
+        block_mask: block-sparse attention: a `sagegen.BlockSparse`, or FlexAttention's `BlockMask` (from
+            `torch.nn.attention.flex_attention.create_block_mask`, built for this call's Nq and Nk; it is
+            converted with `BlockSparse.from_flex_block_mask` once per BlockMask object, a host sync, so under
+            `torch.compile` convert it outside and pass the `BlockSparse`). Only the listed key blocks are computed;
+            the result equals the call with the equivalent dense bool mask (`BlockSparse.to_dense_mask`)
+            combined with ``attn_mask`` and ``is_causal``. Block sizes must be multiples of the kernel's
+            tiles (64 x 128 on Hopper and in the emulation, 128 x 64 on Ada/Ampere; 128 x 128 works
+            everywhere). See docs/block-sparse.md.
+        sparse: a `sagegen.SparseConfig` (or None): predict the block mask from q and k (``mode="topk"`` /
+            ``"cdf"``) or build a static one from the latent grid (``"sta"`` / ``"radial"``), then run
+            block-sparse as with ``block_mask`` (not both). The mask comes from its own custom op, so
+            ``torch.compile(fullgraph=True)`` still traces the call. See docs/sparse.md.
 
     Returns:
         out in q's layout and dtype, or ``(out, lse)`` when ``return_lse``.
@@ -65,14 +81,69 @@ def sageattn(
     d = q.shape[-1]
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(d)
     n_dim = 2 if tensor_layout == "HND" else 1
-    if (backend == "auto" and q.is_cuda and not return_lse
+    if sparse is not None:  # predicted / static block mask (sagegen.sparse); kept apart from the kernel path
+        block_mask = _sparse_mask(sparse, block_mask, q, k, tensor_layout, attn_mask, scale, config)
+    sparse = _block_sparse(block_mask, q, k, n_dim)
+    if (backend == "auto" and q.is_cuda and not return_lse and sparse is None
             and backends.auto_prefers_sdpa(q.shape[n_dim], k.shape[n_dim], q.shape[0] * q.shape[3 - n_dim], d)):
         # Below the crossover, stock SDPA is faster: call it directly (no custom op, no copies).
         return backends.sdpa_direct(q, k, v, tensor_layout, attn_mask, is_causal, scale)
+    sparse_args = (None, None, 0, 0) if sparse is None else tuple(sparse)
     out, lse = torch.ops.sagegen.sageattn(
-        q, k, v, attn_mask, is_causal, scale, tensor_layout, return_lse, backend, *_config_args(config)
+        q, k, v, attn_mask, is_causal, scale, tensor_layout, return_lse, backend, *_config_args(config),
+        *sparse_args,
     )
     return (out, lse) if return_lse else out
+
+
+def _sparse_mask(sparse, block_mask, q, k, layout, attn_mask, scale, config):
+    from .sparse.config import SparseConfig
+    from .sparse.op import sparse_block_mask
+
+    if not isinstance(sparse, SparseConfig):
+        raise TypeError(f"sparse must be a sagegen.SparseConfig or None, got {type(sparse).__name__}")
+    if block_mask is not None:
+        raise ValueError("pass either block_mask (a given mask) or sparse (a predicted / static one), not both")
+    return sparse_block_mask(q, k, sparse, tensor_layout=layout, attn_mask=attn_mask, sm_scale=scale,
+                             config=config)
+
+
+def _block_sparse(block_mask, q, k, n_dim) -> BlockSparse | None:
+    """The call's block mask as a shape-checked `BlockSparse` (a FlexAttention BlockMask is converted)."""
+    if block_mask is None:
+        return None
+    n_q, n_k = q.shape[n_dim], k.shape[n_dim]
+    if not isinstance(block_mask, BlockSparse):
+        if type(block_mask).__name__ != "BlockMask" or not hasattr(block_mask, "kv_num_blocks"):
+            raise TypeError("block_mask must be a sagegen.BlockSparse, a FlexAttention BlockMask "
+                            f"(torch.nn.attention.flex_attention.create_block_mask) or None, got "
+                            f"{type(block_mask).__name__}")
+        if tuple(block_mask.seq_lengths) != (n_q, n_k):
+            raise ValueError(f"block_mask was built for (Q_LEN, KV_LEN) = {tuple(block_mask.seq_lengths)} but "
+                             f"this call has Nq={n_q}, Nk={n_k}")
+        if torch.compiler.is_compiling():
+            raise TypeError("a FlexAttention BlockMask is converted with a host sync, which torch.compile cannot "
+                            "trace: convert it once outside the compiled code with "
+                            "sagegen.BlockSparse.from_flex_block_mask(bm) and pass that")
+        block_mask = _from_flex(block_mask)
+    check_against_call(block_mask, q.shape[0], q.shape[3 - n_dim], n_q, n_k, q.device)
+    return block_mask
+
+
+# FlexAttention BlockMask -> its BlockSparse, per BlockMask object while it lives: the conversion checks the
+# partial blocks against the mask_mod (a host sync and a pass over them), so a mask reused every step pays once.
+_flex_converted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _from_flex(block_mask) -> BlockSparse:
+    source = (block_mask.kv_num_blocks, block_mask.kv_indices, block_mask.full_kv_num_blocks,
+              block_mask.full_kv_indices, block_mask.mask_mod)
+    hit = _flex_converted.get(block_mask)
+    if hit is not None and all(a is b for a, b in zip(hit[0], source)):
+        return hit[1]
+    converted = BlockSparse.from_flex_block_mask(block_mask)
+    _flex_converted[block_mask] = (source, converted)
+    return converted
 
 
 def _check_config(config) -> SageConfig:
@@ -201,24 +272,29 @@ def _sageattn_op(
     sm_scale: float, tensor_layout: str, return_lse: bool, backend: str,
     q_granularity: str, k_granularity: str, smooth_k: bool, smooth_q: bool, smooth_v: bool,
     pv_precision: str, pv_accum: str, fallback: str, block_q: int, block_k: int,
+    sparse_counts: torch.Tensor | None = None, sparse_indices: torch.Tensor | None = None,
+    sparse_block_q: int = 0, sparse_block_kv: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     config = _config_from_args(q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision,
                                pv_accum, fallback, block_q, block_k)
+    sparse = None
+    if sparse_counts is not None:
+        sparse = BlockSparse(sparse_counts, sparse_indices, sparse_block_q, sparse_block_kv)
     hnd = (lambda t: t) if tensor_layout == "HND" else (lambda t: t.transpose(1, 2))
     qh, kh, vh = hnd(q), hnd(k), hnd(v)
     mask = normalize_mask(attn_mask, qh.shape[0], kh.shape[2])
     choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once,
-                                     n_kv=kh.shape[2])
+                                     n_kv=kh.shape[2], sparse=sparse is not None)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = backends.run(choice, qh, kh, vh, hnd(out), sm_scale=sm_scale, is_causal=is_causal, mask=mask,
-                       attn_mask=attn_mask, config=config, return_lse=return_lse)
+                       attn_mask=attn_mask, config=config, return_lse=return_lse, block_sparse=sparse)
     if lse is None:
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
     return out, lse
 
 
 @_sageattn_op.register_fake
-def _(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend, *config_args):
+def _(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend, *config_and_sparse_args):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if not return_lse:
         return out, q.new_empty(0, dtype=torch.float32)

@@ -60,6 +60,7 @@ class Job:
     warmup: int = 1           # untimed warm-up calls per variant (Triton / torch.compile / autotuning)
     model_path: str | None = None
     command: list[str] = field(default_factory=list)
+    sparse: Any = None        # sagegen.SparseConfig (None: dense attention)
 
     def digest(self) -> str:
         key = {"model": self.preset.name, "settings": self.settings, "samples": [s.to_dict() for s in self.samples],
@@ -67,6 +68,8 @@ class Job:
                "backend": self.backend}
         if self.linear is not None:  # only then: digests of earlier runs stay the same
             key["linear"] = self.linear
+        if self.sparse is not None:  # only then, so dense runs keep their directory names
+            key["sparse"] = self.sparse.to_dict()
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
     def resolve_out(self) -> Path:
@@ -228,6 +231,8 @@ def attention(pipe, variant: str, job: Job, setup: dict):
     kwargs = {"backend": job.backend} if job.policy is None else {"policy": job.policy, "backend": job.backend}
     if job.linear is not None:
         kwargs["linear"] = job.linear
+    if job.sparse is not None:
+        kwargs["sparse"] = job.sparse
     try:
         patch(pipe, job.sage_config, **kwargs)
     except ValueError as e:  # e.g. a --fp-blocks entry that names no block of this model
@@ -244,6 +249,11 @@ def attention(pipe, variant: str, job: Job, setup: dict):
             if info.get("linear"):  # which layers ran FP8 (docs/fp8-linear.md)
                 setup["linear"] = {k: info["linear"][k] for k in ("fp8_layer_count", "fp8_calls", "fp8_layers",
                                                                   "emulated", "note", "fp8_weight_bytes_added")}
+        if job.sparse is not None:  # realized block density per step and layer (sagegen.patch.sparse_density)
+            with contextlib.suppress(Exception):
+                from .patch import sparse_density
+
+                setup["sparse"] = {"config": job.sparse.to_dict(), "density": sparse_density(pipe)}
         unpatch(pipe)
 
 

@@ -45,7 +45,7 @@ import torch
 
 import sagegen
 from sagegen.models import arch as archs
-from sagegen.patch import patch_info, reset_stats, set_attention_override
+from sagegen.patch import patch_info, reset_stats, set_attention_override, sparse_density
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -79,6 +79,10 @@ def parse_args(argv=None):
     p.add_argument("--linear-policy", default=None,
                    help='JSON object of sagegen.linear.LinearPolicy fields, e.g. \'{"keep_blocks": [0]}\'')
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
+    p.add_argument("--sparse", action="append", default=[], metavar="SPEC",
+                   help="also time sagegen with block-sparse attention (repeatable), e.g. topk=0.5, cdf=0.95, "
+                        "sta, radial (docs/sparse.md); one step, so no dense first steps; the first block stays "
+                        "dense unless blocks=none")
     p.add_argument("--profile", action="store_true",
                    help="also one profiled step of each eager side: GPU time by kernel group (attention, "
                         "quantization, the fused Q/K prologue, the rest)")
@@ -89,6 +93,12 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name} must be >= 1")
+    try:
+        from .sparse.text import parse_sparse_arg
+
+        args.sparse = [(spec, parse_sparse_arg(spec).replace(dense_steps=0.0)) for spec in args.sparse]
+    except ValueError as exc:
+        p.error(str(exc))
     if args.sage_config:
         try:
             args.sage_config = json.loads(args.sage_config)
@@ -266,6 +276,19 @@ def main(argv=None) -> dict:
         profiles["sagegen"] = profile_step(forward(model))
         for side, prof in profiles.items():
             print(f"profile {side}: " + ", ".join(f"{g} {t:.3f} s" for g, t in prof["groups_s"].items()), flush=True)
+    for spec, sparse_cfg in args.sparse:  # block-sparse variants (sagegen.sparse), density recorded
+        sagegen.patch(model, config, backend=backend, sparse=sparse_cfg)
+        reset_stats(model)
+        name = f"sagegen_sparse[{spec}]"
+        record(name, forward(model))
+        results[name]["density"] = sparse_density(model)
+        results[name]["speedup_vs_sagegen"] = results["sagegen"]["median_s"] / results[name]["median_s"]
+        results[name]["speedup_vs_stock"] = results["stock"]["median_s"] / results[name]["median_s"]
+        results[name]["patch_stats"] = dict(patch_info(model)["stats"])
+        d = results[name]["density"]
+        print(f"  {name}: density {d.get('overall')} ({len(d.get('per_step_layer', []))} layer calls "
+              f"recorded over all timed runs)", flush=True)
+        sagegen.patch(model, config, backend=backend)  # back to dense for the variants below
     if not args.no_zero_attention:
         set_attention_override(model, lambda q, k, v, mask, is_causal, scale: torch.zeros_like(q))
         record("no_attention", forward(model))
@@ -317,7 +340,9 @@ def main(argv=None) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
         "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,
-        "sage_config": config.to_dict(), "backend": backend, "warmup": args.warmup, "repeats": args.repeats,
+        "sage_config": config.to_dict(), "backend": backend,
+        "sparse": [{"spec": spec, "config": c.to_dict()} for spec, c in args.sparse],
+        "warmup": args.warmup, "repeats": args.repeats,
         "build_s": build_s,
         "inputs": {"batch": batch, **size, "tokens_per_sample": archs.tokens_per_sample(args.model, **size),
                    "heads": cfg.get("num_attention_heads"), "head_dim": cfg.get("attention_head_dim"),

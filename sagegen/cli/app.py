@@ -18,7 +18,8 @@ from typer.core import TyperGroup
 from . import errors, helpfmt
 
 # In the order `sagegen --help` lists them.
-COMMAND_MODULES = ("run_cmd", "compare_cmd", "eval_cmd", "report_cmd", "bench_cmd", "models_cmd", "env_cmd")
+COMMAND_MODULES = ("run_cmd", "compare_cmd", "eval_cmd", "report_cmd", "bench_cmd", "calibrate_cmd", "models_cmd",
+                   "env_cmd")
 
 
 class SagegenGroup(TyperGroup):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import jobs
+from . import jobs, sparse_opt
 from .errors import cli_command
 
 
@@ -26,6 +26,7 @@ def compare_command(
     fp_blocks: jobs.FpBlocks = None,
     fp_first_steps: jobs.FpFirst = 0,
     fp_last_steps: jobs.FpLast = 0,
+    sparse: sparse_opt.Sparse = None,
     backend: jobs.Backend = "auto",
     linear: jobs.Linear = "none",
     model_path: jobs.ModelPath = None,

@@ -82,7 +82,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
               vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
-              linear="none"):
+              linear="none", sparse=None):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
     from ..generate import Job, make_samples
     from ..models.presets import check_shape, resolve
@@ -102,6 +102,11 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     prompts_list = load_prompts(prompt or [], prompts, max_prompts)
     seeds = parse_seeds(seed or [])
     config = kernel_config(kernel or [])
+    from .sparse_opt import parse as parse_sparse
+
+    sparse_cfg = parse_sparse(sparse)
+    if sparse_cfg is not None and "sage" not in variants:
+        raise UsageProblem("--sparse applies to sagegen's attention; drop it or use --attention sage", "--sparse")
     h, w = height or preset.height, width or preset.width
     f = (frames or preset.frames) if preset.is_video else None
     errors, warnings = check_shape(preset, height=h, width=w, frames=f)
@@ -126,7 +131,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
-              command=command_line(), linear=linear)
+              command=command_line(), linear=linear, sparse=sparse_cfg)
     return job, warnings
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from . import jobs
+from . import jobs, sparse_opt
 from .errors import cli_command
 
 Attention = Annotated[Literal["sage", "sdpa"],
@@ -33,6 +33,7 @@ def run_command(
     fp_blocks: jobs.FpBlocks = None,
     fp_first_steps: jobs.FpFirst = 0,
     fp_last_steps: jobs.FpLast = 0,
+    sparse: sparse_opt.Sparse = None,
     backend: jobs.Backend = "auto",
     linear: jobs.Linear = "none",
     model_path: jobs.ModelPath = None,

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import SageConfig
+from .block_sparse import BlockSparse, check_tiles
 from .spec import MaskSpec, device_capability
 
 MIN_CAPABILITY = (8, 0)  # Ampere: INT8 tensor cores
@@ -64,8 +65,9 @@ def crossover_note() -> str:
 
 
 def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool,
-           warn: Callable[[str], None], n_kv: int | None = None) -> tuple[str, SageConfig]:
-    """Pick "triton", "reference" or "sdpa" for a call, and the config it runs with."""
+           warn: Callable[[str], None], n_kv: int | None = None, sparse: bool = False) -> tuple[str, SageConfig]:
+    """Pick "triton", "reference" or "sdpa" for a call, and the config it runs with. Block-sparse calls
+    (``sparse``) never take the small-call SDPA shortcut: SDPA would compute every block."""
     if backend == "reference" or config.pv_accum == "fp22":
         return "reference", config  # fp22 accumulation is an analysis mode of the emulation only
     if q.device.type == "cpu":
@@ -79,7 +81,7 @@ def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool
             raise RuntimeError(f"sagegen's Triton kernels cannot run here: {why} (SageConfig.fallback='error')")
         warn(f"sagegen: Triton kernels unavailable ({why}); falling back to {config.fallback}")
         return config.fallback, config
-    if backend == "auto" and auto_prefers_sdpa(q.shape[2], n_kv if n_kv is not None else q.shape[2],
+    if backend == "auto" and not sparse and auto_prefers_sdpa(q.shape[2], n_kv if n_kv is not None else q.shape[2],
                                                q.shape[0] * q.shape[1], q.shape[3]):
         return "sdpa", config
     if config.pv_precision == "fp8" and device_capability(q.device) < FP8_CAPABILITY:
@@ -89,20 +91,33 @@ def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool
 
 
 def run(choice: str, q, k, v, out, *, sm_scale: float, is_causal: bool, mask: MaskSpec,
-        attn_mask: torch.Tensor | None, config: SageConfig, return_lse: bool) -> torch.Tensor | None:
+        attn_mask: torch.Tensor | None, config: SageConfig, return_lse: bool,
+        block_sparse: BlockSparse | None = None) -> torch.Tensor | None:
     """Run the chosen backend on [B, H, N, D] views; writes `out` (a view of the caller's output)."""
+    if block_sparse is not None:
+        # the same tiles in every backend (the fallback too), so a mask that runs here runs everywhere alike
+        tiles = config.blocks(q.shape[-1], device_capability(q.device) if q.is_cuda else None)
+        check_tiles(block_sparse, *tiles, "SageConfig.blocks on this device")
     if choice == "triton":
         from . import triton_attn
 
         return triton_attn.sage_attention(q, k, v, out, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
-                                          config=config, return_lse=return_lse)
+                                          config=config, return_lse=return_lse, block_sparse=block_sparse)
     if choice == "reference":
         from . import reference
 
         o, lse = reference.sage_attention(q, k, v, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
-                                          config=config, return_lse=return_lse)
+                                          config=config, return_lse=return_lse, block_sparse=block_sparse)
         out.copy_(o)
         return lse
+    if block_sparse is not None:  # the fallback computes every block: fold the block mask into a dense one
+        dense = block_sparse.to_dense_mask(q.shape[2], k.shape[2])
+        if attn_mask is None:
+            attn_mask = dense
+        elif attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & dense
+        else:
+            attn_mask = attn_mask.masked_fill(~dense, -math.inf)
     return sdpa_attention(q, k, v, out, sm_scale=sm_scale, is_causal=is_causal, attn_mask=attn_mask,
                           return_lse=return_lse)
 

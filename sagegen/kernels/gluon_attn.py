@@ -10,7 +10,8 @@ overlap), and the FP8 P·V of each block is still computed fresh and added into 
 
 Scope (the launcher in `triton_attn` sends everything else to the Triton kernel): sm90, no causal mask,
 per-block K scales, no Q smoothing, FP8 P·V, head dims 64 and 128 (padded), masks: none, or a key-padding
-mask that is a valid prefix per batch (given as key lengths). Same math, op for op, as `triton_attn` with
+mask that is a valid prefix per batch (given as key lengths); optionally block-sparse (a list of key tiles per
+q-tile, `block_sparse.kernel_tiles`: the loop runs over those only, TMA addressed from the list). Same math, op for op, as `triton_attn` with
 FAST=True, so `reference.py` stays its oracle. With per-token Q scales (the default) each CTA quantizes its
 own Q rows (`_quantize_q_tile`) instead of reading them from the separate quantization pass.
 """
@@ -25,6 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .block_sparse import sparse_args
 from .spec import EPS, INT8_MAX, LOG2_FP8_MAX, REF_WINDOW
 
 _EPS = gl.constexpr(EPS)
@@ -38,14 +40,23 @@ _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glo
 
 
 @gluon.jit
-def _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, blk, STAGES: gl.constexpr,
+def _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i, tile, STAGES: gl.constexpr,
               BLOCK_N: gl.constexpr):
-    """TMA loads of key block `blk` (K and the transposed FP8 V) into ring slot blk % STAGES."""
-    slot = blk % STAGES
+    """TMA loads of key tile `tile` (K and the transposed FP8 V), the loop's i-th, into ring slot i % STAGES."""
+    slot = i % STAGES
     bar = bars.index(slot)
     mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _tma_load(k_desc, [kv_row0 + blk * BLOCK_N, 0], bar, k_smem.index(slot))
-    _tma_load(v_desc, [v_row0, blk * BLOCK_N], bar, v_smem.index(slot))
+    _tma_load(k_desc, [kv_row0 + tile * BLOCK_N, 0], bar, k_smem.index(slot))
+    _tma_load(v_desc, [v_row0, tile * BLOCK_N], bar, v_smem.index(slot))
+
+
+@gluon.jit
+def _kv_tile(idx_row, i, n_iter, SPARSE: gl.constexpr):
+    """The key tile of the loop's i-th step: i, or the i-th listed tile of a block-sparse mask (0 past the end)."""
+    if SPARSE:
+        return gl.load(idx_row + i, mask=i < n_iter, other=0)
+    else:
+        return i + n_iter * 0  # a tensor either way: the loop carries it
 
 
 @gluon.jit
@@ -115,12 +126,13 @@ def _p_operand(p, p_layout: gl.constexpr, PERMUTED_V: gl.constexpr):
 
 @gluon.jit
 def _attn_fwd_sm90(
-    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse,
+    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse, CNT, IDX,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+    stride_cb, stride_ch, stride_ib, stride_ih, stride_im,
     H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
-    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, q_layout: gl.constexpr,
+    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPARSE: gl.constexpr, q_layout: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -139,7 +151,15 @@ def _attn_fwd_sm90(
     n_keys = N_K
     if HAS_KV_LEN:
         n_keys = gl.load(KV_LEN + b)
-    n_blocks = gl.cdiv(n_keys, BLOCK_N)
+    idx_row = IDX
+    if SPARSE:
+        # Only the listed key tiles (block_sparse.kernel_tiles: sorted, none past the valid keys, so only the
+        # last can be ragged). An empty q-tile computes tile 0 and discards it in the end.
+        cnt = gl.load(CNT + b * stride_cb + h * stride_ch + start_m)
+        idx_row = IDX + b.to(gl.int64) * stride_ib + h.to(gl.int64) * stride_ih + start_m * stride_im
+        n_blocks = gl.maximum(cnt, 1)
+    else:
+        n_blocks = gl.cdiv(n_keys, BLOCK_N)
     kv_row0 = bh_kv * NK_PAD
     v_row0 = bh_kv * HEAD_DIM
     ks_base = KS + kv_row0
@@ -158,7 +178,8 @@ def _attn_fwd_sm90(
         _tma_load(q_desc, [pid_bh * NQ_PAD + start_m * BLOCK_M, 0], q_bar, q_smem)
     for i in gl.static_range(STAGES):
         if i < n_blocks:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i, STAGES, BLOCK_N)
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i,
+                      _kv_tile(idx_row, i, n_blocks, SPARSE), STAGES, BLOCK_N)
 
     if QUANT_Q:  # while the first K/V tiles are on their way
         q_scale = _quantize_q_tile(Q, q_smem, b, h, start_m * BLOCK_M, N_Q, D, stride_qb, stride_qh, stride_qm,
@@ -178,17 +199,22 @@ def _attn_fwd_sm90(
     mbarrier.wait(bars.index(0), 0)
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
-    ks = gl.load(ks_base)
+    tile = _kv_tile(idx_row, 0, n_blocks, SPARSE)
+    tile_nxt = _kv_tile(idx_row, 1, n_blocks, SPARSE)  # indices are read a step ahead: no load on the path
+    ks = gl.load(ks_base + tile * BLOCK_N)
 
     # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
     # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
     for j in range(0, n_blocks - 1):
         nxt = j + 1
+        # indices first: their loads overlap the wait and the softmax below
+        tile_after = _kv_tile(idx_row, j + 2, n_blocks, SPARSE)
+        tile_far = _kv_tile(idx_row, j + STAGES, n_blocks, SPARSE)
         mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
-        ks_next = gl.load(ks_base + nxt * BLOCK_N)
-        p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, j * BLOCK_N, n_keys, False,
+        ks_next = gl.load(ks_base + tile_nxt * BLOCK_N)
+        p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, tile * BLOCK_N, n_keys, False,
                                                  s_layout)
         p8 = _p_operand(p, p_layout, PERMUTED_V)
         pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), o_zero, use_acc=False,
@@ -196,18 +222,23 @@ def _attn_fwd_sm90(
         s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
         if j + STAGES < n_blocks:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, STAGES, BLOCK_N)
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, tile_far, STAGES, BLOCK_N)
         ks = ks_next
+        tile = tile_nxt
+        tile_nxt = tile_after
 
     # The last block: the only one that can be partial.
     last = n_blocks - 1
-    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, last * BLOCK_N, n_keys, True,
+    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, tile * BLOCK_N, n_keys, True,
                                              s_layout)
     p8 = _p_operand(p, p_layout, PERMUTED_V)
     pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
                            is_async=True)
     pv = warpgroup_mma_wait(0, deps=(pv_tok,))
     acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
+    if SPARSE:  # an empty q-tile: zeros and lse = -inf, as a fully masked row
+        l_i = gl.where(cnt > 0, l_i, 0.0)
+        acc = gl.where(cnt > 0, acc, 0.0)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -270,13 +301,13 @@ def launch_settings(head_dim: int) -> tuple[int, int | None]:
 
 def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, n_k: int, d: int,
            block_m: int, block_n: int, smooth_v: bool, sm_scale_log2: float, permuted_v: bool = True,
-           q: torch.Tensor | None = None) -> None:
+           q: torch.Tensor | None = None, tiles: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Run the kernel on quantized buffers from `triton_quant.quantize`.
 
     out: [B, H, Nq, D], any strides; lse: [B, H, Nq] fp32 or None; kv_len: int32 [B] valid-prefix key
     lengths or None; permuted_v: V's keys are in `_p_operand`'s order (`quantize(..., permute_v_keys=True)`);
     q: the unquantized Q [B, H, Nq, D] (any strides) to quantize inside the kernel (per-token scales), when
-    `quantize(..., quantize_q=False)` left qq.q8 empty.
+    `quantize(..., quantize_q=False)` left qq.q8 empty; tiles: `block_sparse.kernel_tiles` (with kv_len) or None.
     """
     d_pad = qq.k8.shape[-1]
     nk_pad = qq.k8.shape[2]
@@ -291,14 +322,16 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     else:  # no Q buffers: k_desc stands in for the unused descriptor argument
         q_desc, q_arg, q_strides, qs = k_desc, q, q.stride(), qq.k_scale
     vm = qq.v_mean if qq.v_mean is not None else qq.v_scale
+    sparse_ptrs, sparse_strides = sparse_args(tiles, qq.k_scale)
     grid = (triton.cdiv(n_q, block_m), out.shape[0] * H)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     _attn_fwd_sm90[grid](
         q_desc, k_desc, v_desc, q_arg, qs, qq.k_scale, qq.v_scale, vm,
-        kv_len if kv_len is not None else qq.k_scale, out, lse if lse is not None else qq.k_scale,
+        kv_len if kv_len is not None else qq.k_scale, out, lse if lse is not None else qq.k_scale, *sparse_ptrs,
         *q_strides, *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+        *sparse_strides,
         H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
-        PAD_D=d != d_pad, q_layout=q_l, num_warps=4, enable_fp_fusion=True, **extra,
+        PAD_D=d != d_pad, SPARSE=tiles is not None, q_layout=q_l, num_warps=4, enable_fp_fusion=True, **extra,
     )

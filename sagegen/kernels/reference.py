@@ -15,6 +15,7 @@ import math
 import torch
 
 from ..config import SageConfig
+from .block_sparse import BlockSparse, tile_layout
 from .spec import (EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, SAMPLE_TOKENS, MaskSpec,
                    device_capability)
 
@@ -123,6 +124,7 @@ def sage_attention(
     mask: MaskSpec | None = None,
     config: SageConfig | None = None,
     return_lse: bool = False,
+    block_sparse: BlockSparse | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Emulated quantized attention.
 
@@ -133,6 +135,10 @@ def sage_attention(
         mask: a `MaskSpec` (see there).
         config: numerics; defaults to `SageConfig()`.
         return_lse: also return the natural-log log-sum-exp per query row [B, Hq, Nq] (fp32).
+        block_sparse: compute only the listed key blocks (blocks: multiples of the tiles): the dense
+            computation with the equivalent bool mask, except that an unlisted tile leaves the online-softmax
+            state untouched (the kernels never visit it) where a fully masked one would move the reference
+            max; the two differ by fp32 rounding only. Quantization statistics stay over all keys.
 
     Returns:
         (out [B, Hq, Nq, D] in q's dtype, lse or None). Fully masked rows give 0 and lse = -inf.
@@ -185,6 +191,7 @@ def sage_attention(
 
     out = torch.empty(B, H, Nq, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
+    tiles = tile_layout(block_sparse, block_q, block_k, Nq, Nk) if block_sparse is not None else None
     chunk = max(block_q, (_CHUNK_ELEMS // max(1, B * H * Nk)) // block_q * block_q)
     for start in range(0, Nq, chunk):
         rows = slice(start, min(Nq, start + chunk))
@@ -202,7 +209,14 @@ def sage_attention(
             i = torch.arange(rows.start, rows.stop, device=q.device)[:, None]
             j = torch.arange(Nk, device=q.device)[None, :]
             s = s.masked_fill(j > i, -math.inf)
-        o, m, l = _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, config.pv_accum, config.pv_precision == "fp8")
+        active = None
+        if tiles is not None:  # [B', H', rows, n_blocks]: the key tiles each row's q-tile computes
+            active = tiles[:, :, rows.start // block_q:-(-rows.stop // block_q)].repeat_interleave(block_q, dim=2)
+            active = active[:, :, :rows.stop - rows.start]
+            dense = active.repeat_interleave(block_k, dim=3)[..., :Nk]
+            s = s.masked_fill(~dense, -math.inf)
+        o, m, l = _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, config.pv_accum, config.pv_precision == "fp8",
+                                        active)
         safe_l = torch.where(l != 0, l, torch.ones_like(l))
         o = o * torch.where(l != 0, 1.0 / safe_l, torch.zeros_like(l))[..., None]
         if v_dequant is not None:
@@ -219,7 +233,7 @@ def sage_attention(
     return out, lse
 
 
-def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
+def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8, active=None):
     """Online softmax·V over key blocks, exactly as the kernel orders it.
 
     s: scaled scores in log2 units [B, H, M, Nk]; vq_blocks: [B, H, n_blocks, block_k, D] (quantized V).
@@ -228,6 +242,7 @@ def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
     accumulated fresh and added into the FP32 accumulator (or, for ``accum="fp22"``, into a
     single accumulator truncated to FP22 after every block). Returns the unnormalised output [B, H, M, D],
     the reference max r and the row sum l (both carry P's factor 448, which cancels in out = acc / l).
+    active: None or bool [B', H', M, n_blocks]: blocks a row skips (False) leave its state as it was.
     """
     B, H, M, _ = s.shape
     n_blocks, D = vq_blocks.shape[2], vq_blocks.shape[-1]
@@ -238,6 +253,7 @@ def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
     acc = torch.zeros(B, H, M, D, device=s.device)
     for j in range(n_blocks):
         sj = sb[..., j, :]
+        m_old, l_old, acc_old = m, l, acc
         m_blk = sj.amax(dim=-1)
         m = torch.maximum(m, m_blk)
         r_new = torch.maximum(m_blk, m - REF_WINDOW)
@@ -249,6 +265,10 @@ def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8):
         acc = acc * alpha[..., None] + pq @ vq_blocks[:, :, j]
         if accum == "fp22":
             acc = truncate_fp22(acc)
+        if active is not None:
+            keep = ~active[..., j]
+            m, r_new = torch.where(keep, m_old, m), torch.where(keep, r, r_new)
+            l, acc = torch.where(keep, l_old, l), torch.where(keep[..., None], acc_old, acc)
         r = r_new
     return acc, r, l
 

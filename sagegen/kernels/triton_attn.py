@@ -23,6 +23,7 @@ from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
+from .block_sparse import kernel_tiles, sparse_args
 from .spec import LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, device_capability
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
@@ -135,16 +136,16 @@ def _attn_block(
 
 @triton.jit
 def _attn_fwd_kernel(
-    q_desc, k_desc, v_desc, QS, KS, VS, VM, QB, MSK, Out, Lse,
+    q_desc, k_desc, v_desc, QS, KS, VS, VM, QB, MSK, Out, Lse, CNT, IDX,
     stride_qbm,
     stride_mb, stride_mh, stride_mm, stride_mn,
     stride_ob, stride_oh, stride_om, stride_od,
-    stride_lb, stride_lh,
+    stride_lb, stride_lh, stride_cb, stride_ch, stride_ib, stride_ih, stride_im,
     H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, K_PER_TOKEN: tl.constexpr, MASK_KIND: tl.constexpr,
     SMOOTH_Q: tl.constexpr, SMOOTH_V: tl.constexpr, PV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr,
-    EXACT_FP8_CAST: tl.constexpr, SPLIT_D: tl.constexpr,
+    EXACT_FP8_CAST: tl.constexpr, SPLIT_D: tl.constexpr, SPARSE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -173,7 +174,31 @@ def _attn_fwd_kernel(
 
     qb_row = QB + (pid_bh * (NQ_PAD // BLOCK_M) + start_m) * stride_qbm
     msk_base = MSK + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh
-    if CAUSAL:
+    if SPARSE:
+        # Only the listed key tiles (block_sparse.kernel_tiles: sorted, so only the last can be ragged). An
+        # empty q-tile computes tile 0 (entries past the count are 0) and discards it below.
+        cnt = tl.load(CNT + b * stride_cb + h * stride_ch + start_m)
+        idx_row = IDX + b.to(tl.int64) * stride_ib + h.to(tl.int64) * stride_ih + start_m * stride_im
+        n_iter = tl.maximum(cnt, 1)
+        n_whole = n_iter if CAUSAL else n_iter - 1  # causal: every tile checks the diagonal
+        start_n = tl.load(idx_row) * BLOCK_N
+        for i in range(0, n_whole):
+            # the next tile's index is read a step ahead (loop-carried), so no load feeds this step's addresses
+            start_next = tl.load(idx_row + i + 1, mask=i + 1 < n_iter, other=0) * BLOCK_N
+            m_i, r_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc,
+                kv_row0, v_row0, ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N, CHUNK_D, FAST,
+                CAUSAL, CAUSAL, K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+            start_n = start_next
+        if not CAUSAL:
+            m_i, r_i, l_i, acc0, acc1 = _attn_block(
+                q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc,
+                v_desc, kv_row0, v_row0, ks_base, qb_row, msk_base, stride_mm, stride_mn, N_Q, N_K, BLOCK_N,
+                CHUNK_D, FAST, True, CAUSAL, K_PER_TOKEN, MASK_KIND, SMOOTH_Q, PV_FP8, EXACT_FP8_CAST, SPLIT_D)
+        l_i = tl.where(cnt > 0, l_i, 0.0)  # zeros and lse = -inf, as a fully masked row
+        acc0 = tl.where(cnt > 0, acc0, 0.0)
+        acc1 = tl.where(cnt > 0, acc1, 0.0)
+    elif CAUSAL:
         for start_n in range(0, tl.minimum(N_K, (start_m + 1) * BLOCK_M), BLOCK_N):
             m_i, r_i, l_i, acc0, acc1 = _attn_block(
                 q, q_scale, m_i, r_i, l_i, acc0, acc1, start_n, offs_m, k_desc, v_desc, kv_row0, v_row0,
@@ -301,6 +326,7 @@ def sage_attention(
     mask: MaskSpec | None = None,
     config: SageConfig | None = None,
     return_lse: bool = False,
+    block_sparse=None,
 ) -> torch.Tensor | None:
     """Quantized attention with the Triton kernels, written into ``out``.
 
@@ -345,9 +371,11 @@ def sage_attention(
 
         lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
         try:
+            tiles = (kernel_tiles(block_sparse, block_q, block_k, Nq, Nk, key_lengths)
+                     if block_sparse is not None else None)
             gluon_attn.launch(qq, out, lse, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
                               block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
-                              permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None)
+                              permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None, tiles=tiles)
             return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
         except GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel
             if choice == "gluon":
@@ -388,17 +416,20 @@ def sage_attention(
     else:
         v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, d_pad), [block_k, chunk_d])
     grid = (triton.cdiv(Nq, block_q), B * H)
+    tiles = kernel_tiles(block_sparse, block_q, block_k, Nq, Nk) if block_sparse is not None else None
+    sparse_ptrs, sparse_strides = sparse_args(tiles, qq.k_scale)
     num_warps, num_stages, *maxnreg = launch_settings(block_q, block_k, d_pad, capability)
     extra = {"maxnreg": maxnreg[0]} if maxnreg else {}
     _attn_fwd_kernel[grid](
-        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse,
+        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse, *sparse_ptrs,
         q_bias.stride(2) if config.smooth_q else 0,
         *m_strides, *out.stride(), lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
+        *sparse_strides,
         H, H // Hkv, Nq, Nk, nq_pad, nk_pad, D, sm_scale * LOG2E,
         BLOCK_M=block_q, BLOCK_N=block_k, HEAD_DIM=d_pad,
         CAUSAL=is_causal, K_PER_TOKEN=config.k_granularity == "per_token", MASK_KIND=kind,
         SMOOTH_Q=config.smooth_q, SMOOTH_V=config.smooth_v, PV_FP8=config.pv_precision == "fp8",
-        RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128,
+        RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128, SPARSE=tiles is not None,
         num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=True, **extra,
     )
     return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None

@@ -15,13 +15,15 @@ from .api import (
     reset_stats,
     reset_steps,
     set_attention_override,
+    sparse_density,
     step_history,
     unpatch,
 )
 from .policy import PrecisionPolicy
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "patch_info", "reset_stats", "reset_steps",
-           "step_history", "set_attention_override", "attention_modules", "PrecisionPolicy", "SUPPORTED_MODELS"]
+           "step_history", "sparse_density", "set_attention_override", "attention_modules", "PrecisionPolicy",
+           "SUPPORTED_MODELS"]
 
 
 class _CallableModule(type(sys)):

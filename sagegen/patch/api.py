@@ -39,6 +39,7 @@ from ..config import DIFFUSION_CONFIG, SageConfig
 from . import linear_patch as _linear
 from . import processors as _proc
 from .policy import PrecisionPolicy, resolve_blocks
+from .sparse_policy import SparseState, resolve_sparse
 from .steps import StepTracker, pipeline_scheduler_source
 
 # Supported denoisers: class name -> family. Subclasses are recognised through their MRO.
@@ -64,7 +65,7 @@ class _PatchState:
 
 def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPolicy | None = None,
           backend: str = "auto", allow_generic: bool = False, fp32_dtype: torch.dtype = torch.bfloat16,
-          fuse_prologue: bool = True, linear: str | None = None, linear_policy=None):
+          fuse_prologue: bool = True, linear: str | None = None, linear_policy=None, sparse=None):
     """Route the attention of a diffusers pipeline's denoising transformer (or of a transformer) to sagegen.
 
     Args:
@@ -91,6 +92,10 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
             the emulation runs; on older GPUs ``config.fallback`` decides: error / emulation / bf16).
         linear_policy: a `sagegen.linear.LinearPolicy` (which layers stay bf16, granularity, outliers);
             ``None``: its defaults (first and last block, embedders and final projection in bf16).
+        sparse: block-sparse attention (off by default): a `sagegen.SparseConfig` or its text
+            (``"topk=0.5"``, ``"cdf=0.95"``, ``"sta"``, ``"calib=FILE"``; `sagegen.sparse.text`). Dense stay:
+            the first ``dense_steps`` (25%) of the steps, the ``dense_blocks`` (the first block),
+            cross-attention and calls under ``min_tokens`` keys. `sparse_density(obj)` reports what ran.
 
     Patching an already patched object again updates its config/policy/backend and wraps any processor that
     was replaced in the meantime; it never wraps twice. Returns ``obj``.
@@ -119,10 +124,16 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         raise ValueError("PrecisionPolicy.last_steps needs the number of denoising steps: patch the pipeline "
                          "(its scheduler knows it) or set PrecisionPolicy(num_steps=...)")
 
+    sparse_cfg = resolve_sparse(sparse)
+    if sparse_cfg is not None and sparse_cfg.dense_steps > 0 and pipe is None and policy.num_steps is None:
+        raise ValueError("sparse dense_steps needs the number of denoising steps: patch the pipeline (its "
+                         "scheduler knows it), set PrecisionPolicy(num_steps=...), or SparseConfig(dense_steps=0)")
+
     modules = attention_modules(transformer)
     if not modules:
         raise ValueError(f"{type(transformer).__name__} has no attention module with a processor to patch")
     full_names = resolve_blocks(policy, transformer, list(modules))
+    sparse_state = SparseState(sparse_cfg, family, transformer, list(modules)) if sparse_cfg else None
 
     state: _PatchState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
@@ -146,13 +157,34 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
     if state.tracker is not None:
         state.tracker.detach()
         state.tracker = None
-    if policy.uses_steps:
+    # sparse: steps counted for dense_steps, and with a pipeline always (the density table is per step)
+    if policy.uses_steps or (sparse_state is not None and (sparse_state.cfg.dense_steps > 0 or pipe is not None)):
         source = pipeline_scheduler_source(pipe) if pipe is not None else None
         state.tracker = StepTracker(session, policy, source)
         state.tracker.attach(transformer)
     _linear.apply(transformer, linear, linear_policy, fallback=config.fallback, backend=backend,
                   attention_names=list(modules))
+    _install_sparse(session, sparse_state, state.tracker, transformer)
     return obj
+
+
+def _install_sparse(session, sparse_state, tracker, transformer) -> None:
+    if session.sparse is not None:
+        session.sparse.detach()
+    session.sparse = sparse_state
+    if sparse_state is not None:
+        sparse_state.tracker = tracker
+        sparse_state.attach(transformer)
+
+
+def sparse_density(obj) -> dict:
+    """Realized block density of a patch with ``sparse=`` (per step and layer, per step, overall; one host
+    sync); {} when not patched sparse."""
+    transformer, _ = _resolve(obj)
+    state: _PatchState | None = getattr(transformer, _STATE_ATTR, None)
+    if state is None or state.session.sparse is None:
+        return {}
+    return state.session.sparse.summary()
 
 
 def unpatch(obj):
@@ -173,6 +205,7 @@ def unpatch(obj):
     if state.tracker is not None:
         state.tracker.detach()
     _linear.remove(transformer)
+    _install_sparse(state.session, None, None, transformer)
     object.__delattr__(transformer, _STATE_ATTR)
     return obj
 
@@ -190,7 +223,7 @@ def patched(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPo
     if previous is not None:
         s = previous.session
         saved = dict(config=s.config, policy=previous.policy, backend=s.backend, fp32_dtype=s.fp32_dtype,
-                     fuse_prologue=s.fuse_qk_prologue)
+                     fuse_prologue=s.fuse_qk_prologue, sparse=s.sparse.cfg if s.sparse is not None else None)
         saved["linear"], saved["linear_policy"] = _linear.current(transformer)
     patch(obj, config, policy=policy, **kwargs)
     try:
@@ -230,6 +263,8 @@ def patch_info(obj) -> dict:
         "full_precision_modules": sorted(s.full_precision_names),
         "stats": dict(s.stats),
     }
+    if s.sparse is not None:
+        info["sparse"] = s.sparse.cfg.to_dict()
     if state.tracker is not None:
         info["step"] = {"index": state.tracker.index, "total": state.tracker.total}
     info["linear"] = _linear.info(transformer)
@@ -255,6 +290,8 @@ def reset_stats(obj) -> None:
     state: _PatchState | None = getattr(transformer, _STATE_ATTR, None)
     if state is not None:
         state.session.stats.clear()
+        if state.session.sparse is not None:
+            state.session.sparse.records.clear()
         if state.tracker is not None:
             state.tracker.history.clear()
 

@@ -72,6 +72,8 @@ class PatchSession:
         self.step_full_precision = False  # set per transformer forward by the step tracker
         self.attention_override = None  # analysis hook: fn(q, k, v, attn_mask, is_causal, scale) -> out
         self.fuse_qk_prologue = True  # eager CogVideoX/Mochi/Flux/SD3: Q/K norm + rotary in one pass (fused.py)
+        self.sparse = None  # sparse_policy.SparseState when patched with sparse=...
+        self.current_name = ""  # the attention module whose processor is running (sparse policy, calibration)
         self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
         self._warned: set[str] = set()
 
@@ -108,8 +110,14 @@ class PatchSession:
             out = self.attention_override(q, k, v, bound["attn_mask"], bool(bound["is_causal"]), bound["scale"])
             return out if out.dtype == in_dtype else out.to(in_dtype)
         mask, rows = (bound["attn_mask"], None) if _compiling() else _simplify_mask(bound["attn_mask"], q.shape[2])
+        block_mask = None
+        if self.sparse is not None:
+            from .sparse_policy import block_mask_for
+
+            block_mask = block_mask_for(self, q, k, mask, bound["scale"])
         out = _api.sageattn(q, k, v, tensor_layout="HND", is_causal=bool(bound["is_causal"]),
-                            sm_scale=bound["scale"], attn_mask=mask, config=self.config, backend=self.backend)
+                            sm_scale=bound["scale"], attn_mask=mask, config=self.config, backend=self.backend,
+                            block_mask=block_mask)
         if rows is not None:
             out = out * rows  # query rows with no key to attend: zeros, as sageattn gives fully masked rows
         self.count("routed")
@@ -240,6 +248,7 @@ class SageProcessorBase:
 
     def _sage_call(self, attn, args, kwargs):
         session = self._sage_session
+        session.current_name = self._sage_name
         if _compiling() and session.family in EAGER_UNDER_COMPILE:
             return _eager_under_compile(self, attn, args, kwargs)
         if session.step_full_precision or self._sage_name in session.full_precision_names:

@@ -22,6 +22,7 @@ from .frames import (BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, VIEW_QUALITY, a
                      view_uri)
 from .summary import sample_metric_rows, summary_metrics
 from .video import write_side_by_side_mp4
+from .sparse_section import sparse_html
 
 TIMING_KEYS = ("total_s", "denoise_s", "decode_s")
 
@@ -141,6 +142,7 @@ def build_report(
         "attention": {k: v for k, v in (m.get("attention") or {}).items()},
         "environment": {**(m.get("versions") or {}), "gpu": m.get("gpu")},
         "command": shlex.join(str(x) for x in (m.get("command") or [])),
+        "sparse_html": sparse_html(m),
     }
     written["html"] = atomic_write_text(out / "report.html", H.render(doc))
     return written

@@ -189,6 +189,7 @@ def render(doc: dict) -> str:
     else:
         body.append(f'<p class="muted">Difference view: |sagegen − baseline| × {doc["gain"]:g} on the lossless images.</p>')
     body.extend(row_html(r, video) for r in doc["rows"])
+    body.append(doc.get("sparse_html", ""))  # block-sparse density per step and layer, when the run used it
     body.append('<section><h2>Run settings</h2><div class="grid">'
                 f'<div><h3>Model</h3>{kv_table(doc["model"])}</div>'
                 f'<div><h3>Settings</h3>{kv_table(doc["settings"])}</div>'

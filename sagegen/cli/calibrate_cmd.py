@@ -1,0 +1,127 @@
+"""``sagegen calibrate MODEL``: per-layer block-sparse thresholds from the user's own prompts and weights.
+
+One dense generation per prompt x seed (fewer steps are fine: ``--steps``); every attention call that would
+run sparse is also computed sparse at each candidate threshold, and each layer gets the sparsest one whose
+worst sparse-vs-dense attention error stays under ``--target`` (`sagegen.sparse.calibrate`). The result is a
+small JSON that `run` / `compare` take as ``--sparse calib=FILE``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Optional
+
+import typer
+
+from . import jobs
+from .errors import UsageProblem, cli_command
+
+CAL = "Calibration"
+Target = Annotated[float, typer.Option(min=1e-6, rich_help_panel=CAL,
+                                       help="Largest allowed relative L2 error of a layer's sparse attention "
+                                            "output against its dense output (worst call).")]
+Mode = Annotated[Literal["cdf", "topk"], typer.Option(case_sensitive=False, rich_help_panel=CAL,
+                                                      help="Predictor mode whose threshold is searched.")]
+Candidates = Annotated[Optional[str], typer.Option(metavar="LIST", rich_help_panel=CAL, show_default=False,
+                                                   help="Thresholds to try, comma-separated (default: cdf "
+                                                        "0.8,0.9,0.95,0.98,0.995; topk 0.1,0.2,0.3,0.5,0.7).")]
+Options = Annotated[Optional[str], typer.Option("--sparse-options", metavar="OPTS", rich_help_panel=CAL,
+                                                show_default=False,
+                                                help="Other --sparse options for the searched config, e.g. "
+                                                     "steps=0.25,blocks=0,sim=0.2.")]
+CalOut = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE", show_default=False,
+                                                help="Calibration JSON (default: calib-<model>.json).")]
+
+
+def _candidates(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UsageProblem(f"{text!r}: expected numbers in (0, 1] separated by commas", "--candidates") from None
+    if not values or not all(0 < v <= 1 for v in values):
+        raise UsageProblem(f"{text!r}: every threshold must be in (0, 1]", "--candidates")
+    return values
+
+
+@cli_command
+def calibrate_command(
+    model: jobs.Model,
+    prompt: jobs.Prompt = None,
+    prompts: jobs.Prompts = None,
+    max_prompts: jobs.MaxPrompts = None,
+    seed: jobs.Seed = None,
+    steps: jobs.Steps = None,
+    frames: jobs.Frames = None,
+    height: jobs.Height = None,
+    width: jobs.Width = None,
+    guidance: jobs.Guidance = None,
+    dtype: jobs.Dtype = "auto",
+    target: Target = 0.05,
+    mode: Mode = "cdf",
+    candidates: Candidates = None,
+    sparse_options: Options = None,
+    kernel: jobs.Kernel = None,
+    backend: jobs.Backend = "auto",
+    model_path: jobs.ModelPath = None,
+    random_weights: jobs.RandomWeights = False,
+    device: jobs.Device = "auto",
+    out: CalOut = None,
+) -> None:
+    """Search per-layer block-sparse thresholds keeping attention error under a target; write a JSON.
+
+    Example: sagegen calibrate hunyuanvideo --prompts t2v --max-prompts 2 --steps 10 --target 0.05 -o calib.json;
+    then sagegen compare hunyuanvideo --prompts t2v --sparse calib=calib.json and sagegen eval RUN_DIR.
+    """
+    from rich.console import Console
+
+    from .sparse_opt import parse as parse_sparse
+
+    cands = _candidates(candidates)
+    base = parse_sparse(f"{mode}=0.5" + (f",{sparse_options}" if sparse_options else ""))
+    job, warnings = jobs.build_job(
+        model=model, variants=["sage"], prompt=prompt, prompts=prompts, max_prompts=max_prompts, seed=seed,
+        steps=steps, frames=frames, height=height, width=width, guidance=guidance, negative_prompt=None,
+        dtype=dtype, device=device, model_path=model_path, random_weights=random_weights, offload="none",
+        vae_tiling=False, vae_slicing=False, compile=False, warmup=0, kernel=kernel, fp_blocks=None,
+        fp_first_steps=0, fp_last_steps=0, backend=backend, out=None)
+    path = out or Path(f"calib-{job.preset.name}.json")
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    for w in warnings:
+        err.print(f"warning: {w}", style="yellow", markup=False)
+
+    from .. import distributed
+    from ..generate import default_loader, generate_one
+    from ..sparse.calibrate import calibrate
+    from ..sparse.text import save_calibration
+
+    dev = distributed.device_for(job.device, distributed.info())
+    loaded = default_loader(job, dev)
+    err.print(f"calibrating {job.preset.name}: {len(job.samples)} sample(s), {job.settings['steps']} steps, "
+              f"{base.mode} thresholds, target error {target}", markup=False)
+
+    def generate():
+        for sample in job.samples:
+            generate_one(loaded, job.preset, job.settings, sample, dev)
+
+    result = calibrate(loaded.pipe, generate, target=target, base=base, candidates=cands, backend=job.backend,
+                       config=job.sage_config)
+    if not result["layers"]:
+        raise UsageProblem("no attention call was eligible for sparsity (all dense by policy: short sequences, "
+                           "dense steps or blocks); nothing to calibrate at this size", "--sparse-options")
+    details = {"model": job.preset.name, "target": target, "candidates": result["candidates"],
+               "seconds": result["seconds"], "settings": job.settings, "samples": len(job.samples),
+               "layers": result["layers"]}
+    save_calibration(path, result["config"], details)
+    console = Console(highlight=False, soft_wrap=True)
+    short = sum(not v["meets_target"] for v in result["layers"].values())
+    mean_density = sum(v["density"] for v in result["layers"].values()) / len(result["layers"])
+    console.print(f"{len(result['layers'])} layer(s) calibrated in {result['seconds']:.0f} s; mean density "
+                  f"{mean_density:.3f}" + (f"; {short} layer(s) miss the target even at the densest candidate"
+                                           if short else ""), markup=False)
+    console.print(f"Wrote {path}. Use it: sagegen compare {model} ... --sparse calib={path}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate_command)

@@ -1,0 +1,118 @@
+"""The training-free block-mask predictor (in the spirit of SpargeAttn; written from its paper's idea).
+
+For one attention call, per (batch, head, q-block):
+1. pooled Q and K per block (their means) and each block's self-similarity (`pool`);
+2. estimated block weights: softmax over key blocks of (mean(Q_i) · mean(K_j) · scale + log n_j), n_j the
+   live keys of block j -- what the block would weigh if its tokens all equalled their mean;
+3. kept key blocks: top-k (a fraction of the key blocks) or the fewest whose estimated weight reaches a
+   cumulative mass ("cdf");
+4. always kept: query blocks whose tokens disagree (self-similarity below the judge's threshold) are
+   computed densely, key blocks whose tokens disagree are kept for every query; text/condition tokens (keys
+   kept for everyone, their queries dense); the first key block (an attention sink); each query block's own
+   key block in self-attention; key blocks with no live key (key-padding mask) are dropped.
+
+Everything is tensor ops on the inputs' device with shapes known from the inputs: no host syncs, so it runs
+inside `sagegen.sageattn`'s custom op and `torch.compile(fullgraph=True)` traces the call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import pool as _pool
+from .blocks import BlockSparse, from_keep
+from .config import SparseConfig
+
+
+def block_range(start: int, stop: int, n: int, block: int, device) -> torch.Tensor:
+    """bool [NB]: the blocks of `block` tokens (out of n) that hold any token of [start, stop) (negative =
+    from the end)."""
+    nb = -(-n // block)
+    start, stop = (s + n if s < 0 else s for s in (start, stop))
+    start, stop = max(0, min(n, start)), max(0, min(n, stop))
+    first = torch.arange(nb, device=device) * block
+    return (first < stop) & (first + block > start) & (stop > start)
+
+
+def live_key_counts(n_k: int, block_kv: int, key_bias: torch.Tensor | None, batch: int, device) -> torch.Tensor:
+    """fp32 [B, NKB]: keys per key block that a key-padding bias [B, Nk] (-inf = masked) keeps."""
+    nkb = -(-n_k // block_kv)
+    live = torch.ones(batch, n_k, device=device) if key_bias is None else (key_bias > -math.inf).float()
+    live = torch.nn.functional.pad(live, (0, nkb * block_kv - n_k))
+    return live.view(live.shape[0], nkb, block_kv).sum(-1).expand(batch, nkb)
+
+
+def block_scores(q_mean: torch.Tensor, k_mean: torch.Tensor, sm_scale: float, live: torch.Tensor) -> torch.Tensor:
+    """Estimated block weights [B, Hq, NQB, NKB] (rows sum to 1) from pooled means (k_mean [B, Hkv, ...])."""
+    group = q_mean.shape[1] // k_mean.shape[1]
+    if group > 1:
+        k_mean = k_mean.repeat_interleave(group, dim=1)
+    s = (q_mean @ k_mean.transpose(-1, -2)) * sm_scale
+    s = s + torch.log(live)[:, None, None, :]  # log 0 = -inf: a block of masked keys gets no weight
+    return torch.softmax(s, dim=-1).nan_to_num_(0.0)  # every key masked: a zero row
+
+
+def select(p: torch.Tensor, mode: str, value: float) -> torch.Tensor:
+    """bool [.., NKB]: the key blocks kept by top-k (fraction `value`) or by cumulative mass `value`."""
+    nkb = p.shape[-1]
+    if mode == "topk":
+        k = max(1, min(nkb, math.ceil(value * nkb - 1e-9)))
+        idx = torch.topk(p, k, dim=-1).indices
+        return torch.zeros_like(p, dtype=torch.bool).scatter_(-1, idx, True)
+    sorted_p, order = torch.sort(p, dim=-1, descending=True)
+    before = torch.cumsum(sorted_p, dim=-1) - sorted_p  # mass of the blocks ranked above
+    keep_sorted = before < value
+    return torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+
+
+def predict_keep(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scale: float, block_q: int,
+                 block_kv: int, key_bias: torch.Tensor | None = None, value: float | None = None,
+                 stats=None) -> torch.Tensor:
+    """bool keep [B, Hq, NQB, NKB] for q [B, Hq, Nq, D], k [B, Hkv, Nk, D] (see the module doc).
+
+    stats: precomputed ((q_mean, q_sim), (k_mean, k_sim)) from `pool.pool_blocks`, else computed here."""
+    B, Hq, Nq, _ = q.shape
+    Nk = k.shape[2]
+    dev = q.device
+    if stats is None:
+        stats = (_pool.pool_blocks(q, block_q), _pool.pool_blocks(k, block_kv))
+    (q_mean, q_sim), (k_mean, k_sim) = stats
+    live = live_key_counts(Nk, block_kv, key_bias, B, dev)
+    p = block_scores(q_mean, k_mean, sm_scale, live)
+    keep = select(p, cfg.mode, cfg.value if value is None else value)
+    keep = keep | always_keep(cfg, q_sim, k_sim, Hq, Nq, Nk, block_q, block_kv, dev)
+    return keep & (live > 0)[:, None, None, :]
+
+
+def always_keep(cfg: SparseConfig, q_sim, k_sim, hq: int, n_q: int, n_k: int, block_q: int, block_kv: int,
+                device) -> torch.Tensor:
+    """bool, broadcastable to [B, Hq, NQB, NKB]: the always-keep rules (judge, text, first, diagonal)."""
+    nqb, nkb = -(-n_q // block_q), -(-n_k // block_kv)
+    rows = torch.zeros(nqb, dtype=torch.bool, device=device)
+    cols = torch.zeros(nkb, dtype=torch.bool, device=device)
+    if cfg.text is not None:
+        rows = rows | block_range(*cfg.text, n_q, block_q, device)
+        cols = cols | block_range(*cfg.text, n_k, block_kv, device)
+    if cfg.keep_first:
+        cols = cols | (torch.arange(nkb, device=device) == 0)
+    keep = rows[:, None] | cols[None, :]
+    if cfg.keep_diagonal and n_q == n_k:
+        # the key blocks that overlap the query block's own tokens
+        qi = torch.arange(nqb, device=device)[:, None]
+        kj = torch.arange(nkb, device=device)[None, :]
+        keep = keep | ((kj * block_kv < (qi + 1) * block_q) & ((kj + 1) * block_kv > qi * block_q))
+    if cfg.sim_threshold > 0:
+        group = hq // k_sim.shape[1]
+        ks = k_sim.repeat_interleave(group, dim=1) if group > 1 else k_sim
+        keep = keep | (q_sim < cfg.sim_threshold)[..., None] | (ks < cfg.sim_threshold)[:, :, None, :]
+    return keep
+
+
+def predict(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scale: float, block_q: int,
+            block_kv: int, key_bias: torch.Tensor | None = None, value: float | None = None) -> BlockSparse:
+    """The predicted `BlockSparse` of one call (q, k in [B, H, N, D])."""
+    keep = predict_keep(q, k, cfg, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv, key_bias=key_bias,
+                        value=value)
+    return from_keep(keep, block_q, block_kv)
