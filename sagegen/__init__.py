@@ -1,13 +1,64 @@
-"""sagegen: SageAttention2-style quantized attention in Triton for diffusion models."""
+"""sagegen: SageAttention2-style quantized attention in Triton for diffusion models.
 
-from .api import sageattn
-from .kernels.block_sparse import BlockSparse
-from .config import DIFFUSION_CONFIG, SUPPORTED_HEAD_DIMS, SageConfig
-# The diffusers patcher. Note: this binds `sagegen.patch` to the function; the package stays importable as
-# `sagegen.patch.<module>` (e.g. `from sagegen.patch.policy import PrecisionPolicy`).
-from .patch import PrecisionPolicy, is_patched, patch, patched, unpatch  # noqa: E402
+The public names are loaded on first use (PEP 562), so that `import sagegen.cli` (the `sagegen` command's
+help, version and usage errors) does not pay for importing torch, Triton and the patcher.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
+# public name -> the submodule that defines it
+_LAZY = {
+    "sageattn": ".api",
+    "BlockSparse": ".kernels.block_sparse",  # block-sparse masks for sageattn(block_mask=), docs/block-sparse.md
+    "SageConfig": ".config",
+    "DIFFUSION_CONFIG": ".config",
+    "SUPPORTED_HEAD_DIMS": ".config",
+    # The diffusers patcher. `sagegen.patch` is the function; the package stays importable as
+    # `sagegen.patch.<module>` (e.g. `from sagegen.patch.policy import PrecisionPolicy`), and when the package
+    # was imported first the module itself is callable (see sagegen/patch/__init__.py).
+    "patch": ".patch",
+    "unpatch": ".patch",
+    "patched": ".patch",
+    "is_patched": ".patch",
+    "PrecisionPolicy": ".patch",
+    "LinearPolicy": ".linear",  # FP8 linears: sagegen.patch(pipe, linear="fp8"), docs/fp8-linear.md
+    "patch_info": ".patch",
+    # diffusers' "sagegen" attention backend (docs/diffusers-backend.md). Nothing here imports diffusers.
+    "set_backend_config": ".patch.diffusers_backend",
+    "restore_backend_config": ".patch.diffusers_backend",
+    "backend_config": ".patch.diffusers_backend",
+    "get_backend_config": ".patch.diffusers_backend",
+    "backend_stats": ".patch.diffusers_backend",
+    "reset_backend_stats": ".patch.diffusers_backend",
+    "use_backend": ".patch.use_backend",
+}
+
 __all__ = ["sageattn", "BlockSparse", "SageConfig", "DIFFUSION_CONFIG", "SUPPORTED_HEAD_DIMS", "__version__"]
-__all__ += ["patch", "unpatch", "patched", "is_patched", "PrecisionPolicy"]
+__all__ += ["patch", "unpatch", "patched", "is_patched", "patch_info", "PrecisionPolicy", "LinearPolicy"]
+__all__ += ["set_backend_config", "restore_backend_config", "backend_config", "get_backend_config",
+            "backend_stats", "reset_backend_stats", "use_backend", "register_diffusers_backend",
+            "DiffusersBackendUnavailable"]
+
+# Registers "sagegen" in diffusers' attention registry now if diffusers' dispatcher is loaded, else when it is
+# (a one-shot import hook; this module imports neither torch nor diffusers).
+from .diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend  # noqa: E402
+from .diffusers_registry import install as _install_diffusers_backend  # noqa: E402
+
+_install_diffusers_backend()
+
+
+def __getattr__(name: str):
+    source = _LAZY.get(name)
+    if source is None:
+        raise AttributeError(f"module 'sagegen' has no attribute {name!r}")
+    value = getattr(importlib.import_module(source, __name__), name)
+    globals()[name] = value  # importing the subpackage bound `sagegen.patch` to it; the function wins
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -21,7 +21,7 @@ from . import distributed
 from .config import DIFFUSION_CONFIG, SageConfig
 from .manifest import RunDirConflict, _jsonable, build_manifest, merge_manifest  # noqa: F401 (re-exported)
 from .models.presets import Preset
-from .rundir import RunDir, runs_root
+from .rundir import DamagedFile, RunDir, runs_root
 
 VARIANTS = ("sdpa", "sage")
 class BadPolicy(ValueError):
@@ -53,6 +53,7 @@ class Job:
     sage_config: SageConfig = DIFFUSION_CONFIG  # frozen, so sharing the default is safe
     policy: Any = None        # sagegen.PrecisionPolicy (None: the patcher's default, all quantized)
     backend: str = "auto"     # sageattn backend for the patcher: auto | triton | reference
+    linear: str | None = None  # the sage variant's linears: None (bf16, as the model) or "fp8"
     device: str = "auto"
     offload: str = "none"
     compile: bool = False
@@ -64,6 +65,8 @@ class Job:
         key = {"model": self.preset.name, "settings": self.settings, "samples": [s.to_dict() for s in self.samples],
                "model_path": self.model_path, "sage": self.sage_config.to_dict(), "policy": _jsonable(self.policy),
                "backend": self.backend}
+        if self.linear is not None:  # only then: digests of earlier runs stay the same
+            key["linear"] = self.linear
         return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
     def resolve_out(self) -> Path:
@@ -223,6 +226,8 @@ def attention(pipe, variant: str, job: Job, setup: dict):
     patch, unpatch = _patcher()
     t0 = time.perf_counter()
     kwargs = {"backend": job.backend} if job.policy is None else {"policy": job.policy, "backend": job.backend}
+    if job.linear is not None:
+        kwargs["linear"] = job.linear
     try:
         patch(pipe, job.sage_config, **kwargs)
     except ValueError as e:  # e.g. a --fp-blocks entry that names no block of this model
@@ -234,7 +239,11 @@ def attention(pipe, variant: str, job: Job, setup: dict):
         with contextlib.suppress(Exception):  # how many attention calls sagegen ran, fell back, kept fp
             from .patch import patch_info
 
-            setup["attention_calls"] = dict(patch_info(pipe).get("stats", {}))
+            info = patch_info(pipe)
+            setup["attention_calls"] = dict(info.get("stats", {}))
+            if info.get("linear"):  # which layers ran FP8 (docs/fp8-linear.md)
+                setup["linear"] = {k: info["linear"][k] for k in ("fp8_layer_count", "fp8_calls", "fp8_layers",
+                                                                  "emulated", "note", "fp8_weight_bytes_added")}
         unpatch(pipe)
 
 
@@ -267,7 +276,11 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
     rd = RunDir(job.resolve_out())
     new = build_manifest(job, dist, device)
     if rd.exists():
-        merge_manifest(rd.manifest, new, rd.path)  # refuse a conflicting run before loading anything
+        try:
+            current = rd.manifest
+        except DamagedFile as e:  # like a different run in that folder: the user picks what to do (exit 2)
+            raise RunDirConflict(str(e)) from None
+        merge_manifest(current, new, rd.path)  # refuse a conflicting run before loading anything
     mine = distributed.shard(job.samples, dist)
     todo = {v: [s for s in mine if not rd.finished(v, s.id)] for v in job.variants}
     result = RunResult(rd.path, {v: 0 for v in job.variants}, {v: len(mine) - len(todo[v]) for v in job.variants},

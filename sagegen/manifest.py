@@ -20,7 +20,16 @@ class RunDirConflict(ValueError):
 
 
 def _jsonable(obj: Any) -> Any:
-    if obj is None or isinstance(obj, (str, int, float, bool, list, dict)):
+    """`obj` as it will read back from manifest.json: JSON types only (tuples become lists, keys strings).
+
+    Whatever is recorded or compared goes through here, so a value compares equal to its own reading back
+    (a policy's ``blocks=(0,)`` is recorded as ``[0]`` and then compared as ``[0]``).
+    """
+    return json_normal(_plain(obj))
+
+
+def _plain(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (str, int, float, bool, list, tuple, dict)):
         return obj
     for attr in ("to_dict", "as_dict"):
         if hasattr(obj, attr):
@@ -30,6 +39,11 @@ def _jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
         return dataclasses.asdict(obj)
     return str(obj)
+
+
+def json_normal(obj: Any) -> Any:
+    """The value JSON gives back for `obj` (a round trip; objects JSON cannot hold become strings)."""
+    return json.loads(json.dumps(obj, default=_plain))
 
 
 def versions() -> dict:
@@ -62,7 +76,7 @@ def build_manifest(job, dist, device) -> dict:
     """The manifest of `job` (a `sagegen.generate.Job`) run by process `dist` on `device`."""
     p = job.preset
     sage = "sage" in job.variants
-    return {
+    return json_normal({
         "schema": SCHEMA, "created": now_iso(), "command": list(job.command),
         "model": {"name": p.name, "family": p.family, "hub_id": p.hub_id, "kind": p.kind, "fps": p.fps,
                   "pipeline": p.pipeline, "model_path": job.model_path,
@@ -72,10 +86,11 @@ def build_manifest(job, dist, device) -> dict:
                     "compile": job.compile, "warmup": job.warmup, "world_size": dist.world_size},
         "attention": {"sage": job.sage_config.to_dict() if sage else None,
                       "policy": _jsonable(job.policy) if sage else None,
-                      "backend": job.backend if sage else None},
+                      "backend": job.backend if sage else None,
+                      "linear": getattr(job, "linear", None) if sage else None},
         "variants": list(job.variants), "samples": [s.to_dict() for s in job.samples],
         "timings": {}, "setup": {}, "versions": versions(), "gpu": gpu_info(device),
-    }
+    })
 
 
 def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
@@ -89,8 +104,10 @@ def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
 
 def merge_manifest(current: dict | None, new: dict, where: Path) -> dict:
     """The manifest after adding `new`'s run to `current`'s (RunDirConflict when they cannot share a folder)."""
+    new = json_normal(new)  # compare what will be read back, not the in-memory types
     if current is None:
         return new
+    current = json_normal(current)
     diffs: list[str] = []
     for key in FINGERPRINT_KEYS:
         a, b = current.get(key), new.get(key)
@@ -100,7 +117,7 @@ def merge_manifest(current: dict | None, new: dict, where: Path) -> dict:
         _diff(a, b, key, diffs)
     old_att, new_att = current.get("attention") or {}, new["attention"]
     if new_att.get("sage") is not None and old_att.get("sage") is not None:
-        keys = ("sage", "policy", "backend")
+        keys = ("sage", "policy", "backend", "linear")
         _diff({k: old_att.get(k) for k in keys}, {k: new_att.get(k) for k in keys}, "attention", diffs)
     if diffs:
         raise RunDirConflict(f"run directory {where} already holds a different run ({'; '.join(diffs[:4])}); "

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
+
+from .runfiles import (  # noqa: F401 (re-exported: the run directory's file helpers)
+    DamagedFile, WriteError, atomic_write_bytes, atomic_write_file, atomic_write_json,
+    atomic_write_text, is_intact, read_json, read_record, write_error,
+)
 
 SCHEMA = 1
 MANIFEST = "manifest.json"
@@ -41,60 +44,6 @@ RUNS_ENV = "SAGEGEN_RUNS"
 DEFAULT_RUNS_ROOT = "runs"
 
 
-# ----------------------------------------------------------------------------------------------- writes
-def _umask_mode() -> int:
-    """The mode a plainly created file gets (mkstemp's temporary files are 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write `data` to `path` atomically: a temporary file in the same folder, fsync, then `os.replace`."""
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-
-    return atomic_write_file(path, write)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write `obj` as indented UTF-8 JSON, atomically."""
-    return atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
-
-
-def atomic_write_file(path: str | os.PathLike, writer: Callable[[Path], None]) -> Path:
-    """Atomically create `path` with `writer(tmp_path)` (for encoders that want a file name, e.g. MP4).
-
-    The temporary name keeps `path`'s suffix so encoders that look at the extension still work.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    os.close(fd)
-    try:
-        writer(Path(tmp))
-        os.chmod(tmp, _umask_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def read_json(path: str | os.PathLike) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
@@ -103,8 +52,12 @@ def now_iso() -> str:
 def file_lock(path: str | os.PathLike) -> Iterator[None]:
     """An exclusive advisory lock (fcntl) on `path`, for read-modify-write of shared files."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(path, "a+")
+    except OSError as e:  # a read-only or full disk: name the file and what to do
+        raise write_error(path, e) from e
+    with f:
         try:
             import fcntl
         except ImportError:  # pragma: no cover - non-POSIX: no locking, writes are still atomic
@@ -173,10 +126,13 @@ class RunDir:
 
     @property
     def manifest(self) -> dict:
-        """The parsed manifest.json (read fresh on every access)."""
+        """The parsed manifest.json (read fresh on every access); DamagedFile when it is not a JSON object."""
         if not self.manifest_path.is_file():
             raise FileNotFoundError(f"{self.path} is not a sagegen run directory (no {MANIFEST})")
-        return read_json(self.manifest_path)
+        try:
+            return read_record(self.manifest_path)
+        except DamagedFile as e:
+            raise DamagedFile(f"{e}; delete {self.path} (or use another --out) to start this run over") from None
 
     @property
     def variants(self) -> list[str]:
@@ -184,15 +140,24 @@ class RunDir:
         return list(self.manifest.get("variants", []))
 
     def finished(self, variant: str, sample_id: str) -> bool:
-        """True when the sample's sample.json exists (it is written last)."""
-        return self.sample_json_path(variant, sample_id).is_file()
+        """True when the sample's sample.json exists (it is written last) and is intact. A damaged one
+        (not a JSON object) means unfinished, everywhere: generation redoes the sample, eval and report
+        leave it out and say so (`damaged_ids`), the manifest's timings do not list it."""
+        return is_intact(self.sample_json_path(variant, sample_id))
+
+    def damaged_ids(self, variant: str) -> list[str]:
+        """Samples of `variant` whose sample.json exists but is damaged (they count as unfinished)."""
+        vdir = self.variant_dir(variant)
+        if not vdir.is_dir():
+            return []
+        return sorted(p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}") if not is_intact(p))
 
     def sample_ids(self, variant: str) -> list[str]:
         """Ids of the finished samples of `variant`, in manifest order (then any others, sorted)."""
         vdir = self.variant_dir(variant)
         if not vdir.is_dir():
             return []
-        done = {p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}")}
+        done = {p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}") if is_intact(p)}
         order = []
         if self.exists():
             order = [s["id"] for s in self.manifest.get("samples", []) if s["id"] in done]
@@ -204,8 +169,9 @@ class RunDir:
         return [self.sample(variant, i) for i in self.sample_ids(variant)]
 
     def sample(self, variant: str, sample_id: str) -> dict:
-        """One sample's sample.json record (FileNotFoundError when it has not finished)."""
-        return read_json(self.sample_json_path(variant, sample_id))
+        """One sample's sample.json record (FileNotFoundError when it has not finished, DamagedFile when
+        its sample.json is damaged)."""
+        return read_record(self.sample_json_path(variant, sample_id))
 
     def frames(self, variant: str, sample_id: str) -> list[Path]:
         """The lossless PNG frames of a sample, in frame order."""
@@ -233,8 +199,8 @@ class RunDir:
         if not root.is_dir():
             return out
         for sj in sorted(root.glob(f"*/*/{SAMPLE_JSON}")):
-            with contextlib.suppress(OSError, ValueError):
-                rec = read_json(sj)
+            with contextlib.suppress(OSError, ValueError):  # damaged: unfinished, redone by the generator
+                rec = read_record(sj)
                 out.setdefault(sj.parent.parent.name, {})[sj.parent.name] = rec.get("timings", {})
         return out
 
@@ -306,18 +272,13 @@ def write_png_frames(folder: str | os.PathLike, frames) -> list[Path]:
 
 
 def write_mp4(path: str | os.PathLike, frames, *, fps: float) -> Path:
-    """Frames [F, H, W, 3] uint8 as an H.264 MP4 (yuv420p, for viewing; lossy), atomically."""
-    import imageio.v2 as imageio
+    """Frames [F, H, W, 3] uint8 as an H.264 MP4 (yuv420p, for viewing; lossy), atomically: moved into place
+    only when ffmpeg succeeded and the file decodes to every frame (``sagegen.encode.EncodeError`` names
+    the file otherwise). Odd sizes get a black row/column (yuv420p needs even ones; viewing copy only)."""
+    from sagegen.encode import encode_mp4_file
 
-    def _write(tmp: Path) -> None:
-        # yuv420p needs even sizes: macro_block_size=2 lets imageio resize odd ones (viewing copy only)
-        with imageio.get_writer(str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264",
-                                quality=8, pixelformat="yuv420p", macro_block_size=2,
-                                ffmpeg_log_level="error") as w_:
-            for f in frames:
-                w_.append_data(f)
-
-    return atomic_write_file(path, _write)
+    return atomic_write_file(path, lambda tmp: encode_mp4_file(frames, tmp, fps, crf=18, pad_to_even=True,
+                                                               final=path))
 
 
 # ----------------------------------------------------------------------------------------------- finding

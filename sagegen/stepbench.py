@@ -9,6 +9,8 @@ the pipeline batches guidance (CogVideoX, Mochi, SD3.5 large/medium), in up to f
   no_attention    patched, every routed attention call answered with zeros: a lower bound on the time of
                   everything but attention (so 1 - no_attention/stock bounds attention's share from below)
   stock_compiled / sagegen_compiled   the same under ``torch.compile`` (with --compile)
+  sagegen_fp8     (with --linear fp8) patched with FP8 linears too (``linear="fp8"``, --linear-policy JSON);
+                  sagegen_fp8_compiled with --compile as well
 
 Median of --repeats runs after --warmup runs, timed with CUDA events; peak memory per variant; the output
 difference (cosine, relative L1, max abs) of each variant against stock at the same inputs. Writes JSON with
@@ -71,6 +73,11 @@ def parse_args(argv=None):
                    help='JSON object of SageConfig fields overriding DIFFUSION_CONFIG, e.g. \'{"smooth_v": false}\'')
     p.add_argument("--backend", choices=("auto", "triton"), default="auto",
                    help="sageattn backend for the patched runs (auto: SDPA below the measured crossover)")
+    p.add_argument("--linear", choices=("fp8",), default=None,
+                   help="also time sagegen attention + FP8 linears (variant sagegen_fp8, and sagegen_fp8_compiled "
+                        "with --compile)")
+    p.add_argument("--linear-policy", default=None,
+                   help='JSON object of sagegen.linear.LinearPolicy fields, e.g. \'{"keep_blocks": [0]}\'')
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
     p.add_argument("--profile", action="store_true",
                    help="also one profiled step of each eager side: GPU time by kernel group (attention, "
@@ -89,6 +96,16 @@ def parse_args(argv=None):
             p.error(f"--sage-config is not valid JSON: {exc}")
         if not isinstance(args.sage_config, dict):
             p.error("--sage-config must be a JSON object of SageConfig fields")
+    if args.linear_policy:
+        from .linear import LinearPolicy
+
+        try:
+            fields = json.loads(args.linear_policy)
+            if not isinstance(fields, dict):
+                raise ValueError("not a JSON object")
+            args.linear_policy = LinearPolicy(**fields)
+        except (ValueError, TypeError) as exc:
+            p.error(f"--linear-policy: {exc}")
     return args
 
 
@@ -254,6 +271,15 @@ def main(argv=None) -> dict:
         record("no_attention", forward(model))
         set_attention_override(model, None)
     sagegen.unpatch(model)
+    linear_info = None
+    if args.linear:
+        sagegen.patch(model, config, backend=backend, linear=args.linear, linear_policy=args.linear_policy)
+        record("sagegen_fp8", forward(model))
+        info = patch_info(model)["linear"]
+        linear_info = {k: info[k] for k in ("policy", "emulated", "note", "fp8_layer_count", "fp8_calls",
+                                            "fp8_weight_bytes_added")}
+        linear_info["bf16_layer_count"] = len(info["bf16_layers"])
+        sagegen.unpatch(model)
     if args.compile:
         torch._dynamo.reset()
         record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend)))
@@ -262,6 +288,11 @@ def main(argv=None) -> dict:
         record("sagegen_compiled", forward(torch.compile(model, backend=args.compile_backend)))
         sagegen.unpatch(model)
         torch._dynamo.reset()
+        if args.linear:
+            sagegen.patch(model, config, backend=backend, linear=args.linear, linear_policy=args.linear_policy)
+            record("sagegen_fp8_compiled", forward(torch.compile(model, backend=args.compile_backend)))
+            sagegen.unpatch(model)
+            torch._dynamo.reset()
 
     stock = results["stock"]["median_s"]
     summary = {
@@ -274,6 +305,12 @@ def main(argv=None) -> dict:
             1.0 - results["no_attention"]["median_s"] / results["sagegen"]["median_s"])
     if args.compile:
         summary["speedup_compiled"] = results["stock_compiled"]["median_s"] / results["sagegen_compiled"]["median_s"]
+    if args.linear:
+        summary["speedup_fp8"] = stock / results["sagegen_fp8"]["median_s"]
+        summary["fp8_vs_attention_only"] = results["sagegen"]["median_s"] / results["sagegen_fp8"]["median_s"]
+        if args.compile:
+            summary["speedup_fp8_compiled"] = (results["stock_compiled"]["median_s"]
+                                               / results["sagegen_fp8_compiled"]["median_s"])
     cfg = dict(model.config)
     report = {
         "benchmark": "model_step", "model": args.model, "tiny": args.tiny, "arch_source": arch.source,
@@ -286,7 +323,7 @@ def main(argv=None) -> dict:
                    "heads": cfg.get("num_attention_heads"), "head_dim": cfg.get("attention_head_dim"),
                    "layers": cfg.get("num_layers"), "single_layers": cfg.get("num_single_layers"),
                    "shapes": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}},
-        "patch_stats": stats, "results": results, **summary,
+        "patch_stats": stats, "linear": linear_info, "results": results, **summary,
     }
     if profiles:
         report["profile"] = profiles
@@ -300,6 +337,10 @@ def main(argv=None) -> dict:
         json.dump(report, f, indent=2)
     os.replace(tmp, args.out)
     d = summary["diff_vs_stock"]["sagegen"]
+    if args.linear:
+        d8 = summary["diff_vs_stock"]["sagegen_fp8"]
+        print(f"attention + FP8 linears: speedup {summary['speedup_fp8']:.3f}x ({summary['fp8_vs_attention_only']:.3f}x "
+              f"over attention only); vs stock: cosine {d8['cosine']:.6f}, rel-L1 {d8['rel_l1']:.4f}")
     print(f"speedup {summary['speedup']:.3f}x; sagegen vs stock: cosine {d['cosine']:.6f}, rel-L1 {d['rel_l1']:.4f}; "
           f"wrote {args.out}")
     return report

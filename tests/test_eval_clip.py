@@ -116,3 +116,91 @@ def test_resolve_clip_specs(tmp_path, monkeypatch):
     src = resolve_clip("ViT-B-32/openai")
     assert src.checkpoint.endswith("open_clip_model.safetensors")
     assert src.force_quick_gelu and src.is_evalcrafter_model and src.label == "ViT-B-32/openai"
+
+
+def _fake_hf_cache_with(tmp_path, state: dict) -> None:
+    """The default NAME/TAG, ViT-B-32/openai, as huggingface_hub lays it out in an offline cache."""
+    from safetensors.torch import save_file
+
+    repo = tmp_path / "hf" / "models--timm--vit_base_patch32_clip_224.openai"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    snap = repo / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(snap / "open_clip_model.safetensors"))
+
+
+def test_name_tag_loads_from_an_offline_cache(tmp_path, monkeypatch, frames):
+    """Regression (issue 22, bug 3): every NAME/TAG failed in create_model_and_transforms with
+    "got multiple values for keyword argument 'force_preprocess_cfg'". The real default spec goes through
+    resolve_clip + load_clip; only ViT-B-32's size is shrunk (open_clip's registry entry swapped for the
+    tiny config) so the random weights stay a few MB."""
+    import open_clip
+    import open_clip.factory as factory
+
+    from sagegen.eval.standins import TINY_CLIP_CFG
+
+    monkeypatch.setitem(factory._MODEL_CONFIGS, "ViT-B-32", dict(TINY_CLIP_CFG, quick_gelu=False))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("SAGEGEN_CLIP_MODEL", raising=False)
+    torch.manual_seed(1)
+    ref = open_clip.create_model("ViT-B-32", force_quick_gelu=True)
+    _fake_hf_cache_with(tmp_path, ref.state_dict())
+
+    clip = C.load_clip(resolve_clip(None))  # the default: ViT-B-32/openai
+    assert clip.label == "ViT-B-32/openai" and clip.is_evalcrafter_model and clip.image_size == (32, 32)
+    # the cached random weights were loaded (not a fresh init), with the tag's QuickGELU
+    got = clip.model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in ref.state_dict().items())
+    assert clip.model.visual.transformer.resblocks[0].mlp.gelu.__class__.__name__ == "QuickGELU"
+    # the tag's preprocessing (OpenAI mean/std, bicubic, shortest-side resize + centre crop) is the one applied
+    shown = repr(clip.preprocess)
+    assert "interpolation=bicubic" in shown and "CenterCrop" in shown and "0.26862954" in shown
+    x = C.standard_input(clip, frames[:1])
+    assert x.shape == (1, 3, 32, 32) and x.min() < -1.0
+    ref.eval()
+    with torch.no_grad():
+        want = ref.encode_image(x)
+    want = want / want.norm(dim=-1, keepdim=True)
+    assert torch.allclose(clip.encode_images(x), want, atol=1e-5)
+    assert -1.0 <= C.clipsim(clip, frames, "a red ball", "evalcrafter") <= 1.0
+
+
+def test_without_opencv_the_evalcrafter_resize_is_labelled_approximate(tmp_path, monkeypatch):
+    from sagegen.eval.runner import EvalOptions, evaluate
+    from sagegen.eval.synthetic import make_synthetic_run
+
+    run = make_synthetic_run(tmp_path / "r", prompts=["a", "b"], frames=2, height=32, width=32)
+    clip_dir = write_tiny_clip(tmp_path / "clip")
+    monkeypatch.setattr(C, "has_exact_resize", lambda: False)
+    doc = evaluate(run, EvalOptions(metrics=["clipsim", "clipt"], clip_model=f"local-dir:{clip_dir}"),
+                   log=lambda s: None)
+    assert "approximated" in doc["metrics"]["clipsim"]["note"] and "opencv" in doc["metrics"]["clipsim"]["note"]
+    assert "approximated" not in doc["metrics"]["clipt"]["note"]  # CLIP-T's resize is float bilinear: no OpenCV
+    monkeypatch.setattr(C, "has_exact_resize", lambda: True)
+    doc = evaluate(run, EvalOptions(metrics=["clipsim"], clip_model=f"local-dir:{clip_dir}", clip_mode="standard"),
+                   log=lambda s: None)
+    assert "approximated" not in doc["metrics"]["clipsim"].get("note", "")
+
+
+def test_clipscore_names_its_convention_where_it_is_shown(tmp_path):
+    """metrics.json, the eval table and the report all say which CLIPScore this is (torchmetrics', not
+    Hessel's), since both go by the name."""
+    from rich.console import Console
+
+    from sagegen.eval.runner import EvalOptions, evaluate
+    from sagegen.eval.synthetic import make_synthetic_run
+    from sagegen.eval.table import metrics_table
+    from sagegen.report.builder import ReportOptions, build_report
+
+    run = make_synthetic_run(tmp_path / "r", prompts=["a", "b"], kind="image", height=32, width=32)
+    clip_dir = write_tiny_clip(tmp_path / "clip")
+    doc = evaluate(run, EvalOptions(metrics=["clipscore"], clip_model=f"local-dir:{clip_dir}"), log=lambda s: None)
+    note = doc["metrics"]["clipscore"]["note"]
+    assert "torchmetrics" in note and "100·max(cos, 0)" in note and "not Hessel" in note and "A photo depicts" in note
+    console = Console(width=400, record=True)
+    console.print(metrics_table(doc))
+    assert "torchmetrics' CLIPScore" in console.export_text()
+    html = build_report(run, ReportOptions(mp4=False, contact=False), log=lambda s: None)["html"].read_text()
+    assert "torchmetrics&#x27; CLIPScore" in html or "torchmetrics' CLIPScore" in html

@@ -86,18 +86,18 @@ def test_each_metric_records_the_settings_it_was_computed_with(tmp_path, weights
     sample_json = run / "samples" / "sage" / "p002-s0" / "sample.json"
     hidden = tmp_path / "sample.json"
     shutil.move(sample_json, hidden)  # p002 unfinished for the first call
-    evaluate(run, EvalOptions(metrics=["psnr", "fid"], n_boot=200, inception_weights=weights["inception"],
+    evaluate(run, EvalOptions(metrics=["psnr", "fid"], inception_weights=weights["inception"],
                               fid_frames_per_sample=2), **QUIET)
     shutil.move(hidden, sample_json)
-    doc = evaluate(run, EvalOptions(metrics=["ssim"], n_boot=300), **QUIET)
+    doc = evaluate(run, EvalOptions(metrics=["ssim"]), **QUIET)
     m = doc["metrics"]
     assert "bootstrap" not in doc  # a top-level n_boot would describe only the latest call
     assert [s["id"] for s in doc["samples"]] == ["p000-s0", "p001-s0", "p002-s0"]
-    assert m["psnr"]["bootstrap"]["n_boot"] == 200 and m["psnr"]["samples"] == ["p000-s0", "p001-s0"]
+    assert m["psnr"]["interval"]["method"] == "student-t" and m["psnr"]["samples"] == ["p000-s0", "p001-s0"]
     assert m["psnr"]["n_samples"] == 2
-    assert m["ssim"]["bootstrap"]["n_boot"] == 300 and m["ssim"]["n_samples"] == 3
+    assert m["ssim"]["interval"]["over"] == "samples" and m["ssim"]["n_samples"] == 3
     assert m["fid"]["samples"] == ["p000-s0", "p001-s0"] and m["fid"]["frames_per_sample"] == 2
-    assert "bootstrap" not in m["fid"] and m["fid"]["n"] == {"sdpa": 4, "sage": 4}
+    assert "interval" not in m["fid"] and m["fid"]["n"] == {"sdpa": 4, "sage": 4}
     assert all(e["evaluated"] for e in m.values())
 
 

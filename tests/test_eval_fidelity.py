@@ -1,4 +1,4 @@
-"""Known-answer tests for PSNR, SSIM, LPIPS and the bootstrap statistics."""
+"""Known-answer tests for PSNR, SSIM, LPIPS and the confidence intervals."""
 
 import math
 
@@ -84,21 +84,18 @@ def test_lpips_folder_layout_and_missing(tmp_path, monkeypatch):
         resolve_lpips(None)
 
 
-def test_bootstrap_constant_single_and_empty():
-    assert stats.bootstrap_mean_ci([2.5, 2.5, 2.5]) == {"mean": 2.5, "ci": [2.5, 2.5], "n": 3, "level": 0.95}
-    assert stats.bootstrap_mean_ci([7.0])["ci"] == [7.0, 7.0]
-    assert stats.bootstrap_mean_ci([])["mean"] is None
+def test_interval_constant_single_and_empty():
+    r = stats.mean_ci([2.5, 2.5, 2.5])
+    assert r["mean"] == 2.5 and r["ci"] == [2.5, 2.5] and r["n"] == 3
+    assert stats.mean_ci([7.0])["ci"] is None  # one value: its spread is unknown, so no interval
+    assert stats.mean_ci([])["mean"] is None
 
 
-def test_bootstrap_ci_matches_normal_theory():
-    rng = np.random.default_rng(4)
-    v = rng.normal(10.0, 2.0, 400)
-    r = stats.bootstrap_mean_ci(v, seed=1)
-    se = v.std(ddof=1) / math.sqrt(len(v))
-    assert r["mean"] == pytest.approx(v.mean())
-    assert r["ci"][0] < r["mean"] < r["ci"][1]
-    assert (r["ci"][1] - r["ci"][0]) == pytest.approx(2 * 1.96 * se, rel=0.15)
-    assert stats.bootstrap_mean_ci(v, seed=1) == r  # deterministic
+def test_interval_is_student_t():
+    v = [1.0, 2.0, 4.0, 8.0, 9.5]
+    r = stats.mean_ci(v)
+    half = 2.7764451051977987 * np.std(v, ddof=1) / math.sqrt(5)  # t(0.975, 4)
+    assert r["ci"] == pytest.approx([np.mean(v) - half, np.mean(v) + half])
 
 
 def test_paired_delta():

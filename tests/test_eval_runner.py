@@ -43,13 +43,14 @@ def test_parse_metrics():
     assert "clipscore" not in parse_metrics(["all"], "video") and "clipsim" not in parse_metrics(["all"], "image")
     with pytest.raises(BadOption, match="--metric: unknown metric 'psnrr'.*clipsim"):
         parse_metrics(["psnrr"])
-    with pytest.raises(BadOption, match="--metric is required"):
-        parse_metrics([])
+    # no --metric means every metric that applies (issue 22, bug 2: `sagegen eval RUN_DIR` exited 2)
+    assert parse_metrics([], "video") == parse_metrics(["all"], "video")
+    assert parse_metrics([""], "image") == parse_metrics(["all"], "image")
 
 
 def test_all_metrics_with_standins(run, weights):
     opts = EvalOptions(metrics=parse_metrics(["all"], "video"), clip_model=weights["clip"],
-                       inception_weights=weights["inception"], lpips_weights=weights["lpips"], n_boot=500)
+                       inception_weights=weights["inception"], lpips_weights=weights["lpips"])
     doc = evaluate(run, opts, log=lambda s: None)
     on_disk = json.loads((run / "metrics.json").read_text())
     assert on_disk == json.loads(json.dumps(doc))
@@ -145,3 +146,39 @@ def test_cli_errors_name_the_option(run, monkeypatch, tmp_path):
     assert r.exit_code == 2 and "manifest.json" in r.output
     r = CliRunner().invoke(app(), ["eval", str(run), "-m", "clipsim", "--clip-model", "ViT-Q-9/openai"])
     assert r.exit_code == 2 and "--clip-model" in r.output
+
+
+def test_eval_run_dir_alone_computes_what_it_can(run, monkeypatch, tmp_path):
+    """`sagegen eval RUN_DIR`, as compare's "Next:" line and report's note suggest: every metric it can,
+    the others named with their reason, exit 0."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf"))
+    for var in ("SAGEGEN_INCEPTION_WEIGHTS", "SAGEGEN_LPIPS_WEIGHTS", "SAGEGEN_CLIP_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr("sagegen.eval.weights._alexnet_from_torch_cache", lambda: None)
+    res = CliRunner().invoke(app(), ["eval", str(run)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())
+    assert "clipsim, clipt skipped: CLIP weights ViT-B-32/openai not found offline" in out
+    assert "fid, kid skipped: no Inception weights" in out and "lpips skipped" in out
+    assert "clipscore not applicable" in out
+    doc = json.loads((run / "metrics.json").read_text())
+    assert doc["metrics"]["psnr"]["status"] == "ok" and doc["metrics"]["ssim"]["status"] == "ok"
+    assert doc["last_eval"]["computed"] == ["psnr", "ssim"]
+    help_text = " ".join(CliRunner().invoke(app(), ["eval", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "[default: (all available)]" in help_text
+
+
+def test_eval_exits_1_when_nothing_could_be_computed(run, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf"))
+    monkeypatch.delenv("SAGEGEN_INCEPTION_WEIGHTS", raising=False)
+    monkeypatch.delenv("SAGEGEN_CLIP_MODEL", raising=False)
+    res = CliRunner().invoke(app(), ["eval", str(run), "-m", "fid,clipsim"], env={"COLUMNS": "200"})
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert "none of the requested metrics (fid, clipsim) could be computed" in out
+    assert "fid skipped: no Inception weights" in out
+    # an ok entry kept from an earlier call does not count as computed now
+    CliRunner().invoke(app(), ["eval", str(run), "-m", "psnr"])
+    monkeypatch.setattr("sagegen.eval.fidelity.psnr_frames", lambda a, b: 1 / 0)
+    res = CliRunner().invoke(app(), ["eval", str(run), "-m", "psnr,fid"], env={"COLUMNS": "200"})
+    assert res.exit_code == 1 and "psnr error: ZeroDivisionError" in " ".join(res.output.split())

@@ -24,7 +24,7 @@ from sagegen.report.video import probe_frames
 def video_run(tmp_path_factory):
     run = make_synthetic_run(tmp_path_factory.mktemp("runs") / "v", prompts=["a red <ball> & \"cube\"", "a boat"],
                              frames=6, height=40, width=58, sigma=3.0)  # odd width: MP4 must be padded even
-    evaluate(run, EvalOptions(metrics=["psnr", "ssim"], n_boot=200), log=lambda s: None)
+    evaluate(run, EvalOptions(metrics=["psnr", "ssim"]), log=lambda s: None)
     written = build_report(run, log=lambda s: None)
     return run, written
 
@@ -133,3 +133,27 @@ def test_cpu_runs_say_their_timings_are_not_speed(tmp_path):
     atomic_write_json(Path(run_path) / "manifest.json", dict(manifest, gpu={"name": "NVIDIA H200", "count": 1}))
     html = Path(build_report(run_path, options, log=lambda s: None)["html"]).read_text()
     assert "not speed measurements" not in html
+
+
+def test_report_suggests_an_eval_command_that_works(tmp_path, monkeypatch):
+    """report's "run `sagegen eval ...` first" note, typed as shown, computes metrics (issue 22, bug 2)."""
+    import shlex
+
+    from sagegen.cli import eval_cmd, report_cmd
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf"))
+    for var in ("SAGEGEN_INCEPTION_WEIGHTS", "SAGEGEN_LPIPS_WEIGHTS", "SAGEGEN_CLIP_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    run = make_synthetic_run(tmp_path / "r", prompts=["a", "b"], frames=3, height=32, width=32)
+    app = typer.Typer()
+    eval_cmd.register(app)
+    report_cmd.register(app)
+    res = CliRunner().invoke(app, ["report", str(run), "--no-mp4", "--no-contact-sheet"], env={"COLUMNS": "300"})
+    assert res.exit_code == 0, res.output
+    hint = re.search(r"run `sagegen (eval [^`]*)`", " ".join(res.output.split())).group(1)
+    assert hint == f"eval {run}"
+    html = (run / "report" / "report.html").read_text()
+    assert f"sagegen eval {run}" in html
+    res = CliRunner().invoke(app, shlex.split(hint), env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert (run / "metrics.json").is_file()

@@ -97,7 +97,7 @@ def evaluated(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("rep")
     run = make_synthetic_run(d / "r", prompts=["a", "b", "c"], frames=3, height=32, width=32)
-    evaluate(run, EvalOptions(metrics=["psnr", "fid", "kid"], n_boot=200,
+    evaluate(run, EvalOptions(metrics=["psnr", "fid", "kid"],
                               inception_weights=str(write_tiny_inception(d / "inc.pt"))), log=lambda s: None)
     return run
 
@@ -105,7 +105,7 @@ def evaluated(tmp_path_factory):
 def test_metric_rows_say_what_they_are(evaluated):
     html = build_report(evaluated, NO_FILES, log=lambda s: None)["html"].read_text()
     assert "<h3>Metrics</h3>" in html and "mean over samples, 95% bootstrap CI)" not in html
-    assert "mean over 3 sample(s), 95% bootstrap CI, 200 resamples" in html
+    assert "mean over 3 sample(s), 95% Student-t CI" in html
     assert "one value for the whole set: 9 images each (sdpa, sage)" in html and "{&#x27;sdpa" not in html
     assert "comparable to published FIDs: no" in html
     kid = re.search(r"<td>kid ↓</td>(.*?)</tr>", html).group(1)

@@ -15,7 +15,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from . import errors
+from . import errors, helpfmt
 
 # In the order `sagegen --help` lists them.
 COMMAND_MODULES = ("run_cmd", "compare_cmd", "eval_cmd", "report_cmd", "bench_cmd", "models_cmd", "env_cmd")
@@ -26,6 +26,17 @@ class SagegenGroup(TyperGroup):
 
     def list_commands(self, ctx):  # registration order, not alphabetical
         return list(self.commands)
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        helpfmt.tidy(params, ctx)
+        return params
+
+    def get_command(self, ctx, cmd_name):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            helpfmt.tidy(command.get_params(ctx), ctx)
+        return command
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         args = list(sys.argv[1:] if args is None else args)
@@ -55,17 +66,27 @@ app = typer.Typer(
     help="sagegen: SageAttention2-style quantized attention (INT8 Q·Kᵀ, FP8 P·V) for diffusers video and "
          "image models. Generate, compare against the stock attention, evaluate and report.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"sagegen {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors (also SAGEGEN_DEBUG=1); "
                                                       "accepted anywhere on the command line."),
+    version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_print_version,
+                                 help="Print sagegen's version and exit."),
 ) -> None:
     """sagegen command line."""
 

@@ -27,6 +27,7 @@ def compare_command(
     fp_first_steps: jobs.FpFirst = 0,
     fp_last_steps: jobs.FpLast = 0,
     backend: jobs.Backend = "auto",
+    linear: jobs.Linear = "none",
     model_path: jobs.ModelPath = None,
     random_weights: jobs.RandomWeights = False,
     device: jobs.Device = "auto",

@@ -75,7 +75,10 @@ def env_command(
     check_hub: Annotated[bool, typer.Option("--check-hub", help="Also test whether the Hugging Face hub "
                                                                 "answers (3 s at most).")] = False,
 ) -> None:
-    """Show GPUs, versions, and which kernel variant `auto` picks on each device, and why."""
+    """Show GPUs, versions, and which kernel variant `auto` picks on each device, and why.
+
+    Examples: sagegen env; sagegen env --check-hub; sagegen env --json > env.json
+    """
     from rich.console import Console
     from rich.table import Table
 

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-METRIC_HELP = "clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed)"
+METRIC_HELP = ("clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed). "
+               "Default: all available, i.e. every metric that applies to the run and whose weights are found; "
+               "the others are listed as skipped, with the reason.")
 MODE_NOTES = {
     "evalcrafter": "EvalCrafter-compatible (OpenAI ViT-B/32; frames squashed to 224x224, raw 0..255 pixels, "
     "no normalisation; cosine similarity; read from the lossless PNG frames, where EvalCrafter decodes the MP4)",
@@ -17,26 +19,30 @@ MODE_NOTES = {
 
 def eval_command(
     run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under $SAGEGEN_RUNS or runs/).")] = None,
-    metric: Annotated[list[str], typer.Option("--metric", "-m", help=METRIC_HELP)] = [],  # noqa: B006
+    metric: Annotated[list[str], typer.Option("--metric", "-m", metavar="NAME", help=METRIC_HELP, show_default="all available")] = [],  # noqa: B006
     clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained tag, from the local cache), [NAME:]PATH to a checkpoint, or local-dir:FOLDER. Default ViT-B-32/openai.")] = None,
     clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces EvalCrafter, as in the SageAttention2 paper) or standard.")] = "evalcrafter",
-    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
+    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt, pytorch-fid's pt_inception-2015-12-05-*.pth, or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
     reference: Annotated[Optional[Path], typer.Option(help="Folder of reference images: FID/KID of each variant against it as well.")] = None,
     lpips_weights: Annotated[Optional[str], typer.Option(help="LPIPS weights: combined .pth or a folder with alexnet-owt-*.pth and lpips' alex.pth (or $SAGEGEN_LPIPS_WEIGHTS).")] = None,
     fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID (evenly spaced; default all).")] = None,
-    bootstrap: Annotated[int, typer.Option(min=100, help="Bootstrap resamples for the confidence intervals.")] = 2000,
+    bootstrap: Annotated[Optional[int], typer.Option(hidden=True, help="Ignored: the intervals are Student-t now (kept so old scripts run).")] = None,
 ) -> None:
     """Evaluate a run: CLIP scores, FID/KID, PSNR/SSIM/LPIPS vs the baseline, into metrics.json.
 
-    Writes RUN_DIR/metrics.json (per sample and aggregate, sage − baseline deltas with bootstrap confidence
-    intervals) and prints a table. A metric whose weights are missing offline is skipped with a one-line
-    reason; the others still run.
+    Writes RUN_DIR/metrics.json (per sample and aggregate, sage − baseline deltas with 95% Student-t
+    confidence intervals over prompts) and prints a table. A metric whose weights are missing offline is skipped with a one-line
+    reason; the others still run. Exits 1 when none of the requested metrics could be computed.
+
+    Examples: sagegen eval runs/demo (every metric it can);
+    sagegen eval RUN_DIR --metric psnr,ssim,lpips;
+    sagegen eval RUN_DIR --metric fid --reference real_images/ --fid-frames 8
     """
     from rich.console import Console
 
     from sagegen.eval.clip import MODES
     from sagegen.eval.rundata import RunDirError, load_run, resolve_run_dir
-    from sagegen.eval.runner import EvalOptions, evaluate, parse_metrics
+    from sagegen.eval.runner import EvalOptions, evaluate, not_applicable, parse_metrics
     from sagegen.eval.table import metrics_table, skip_lines
     from sagegen.eval.weights import BadOption
 
@@ -58,8 +64,10 @@ def eval_command(
     if set(names) & {"clipsim", "clipt"}:
         console.print(f"CLIP mode: [bold]{clip_mode}[/] — {MODE_NOTES[clip_mode]}")
     opts = EvalOptions(metrics=names, clip_model=clip_model, clip_mode=clip_mode, inception_weights=inception_weights,
-                       lpips_weights=lpips_weights, reference=reference, fid_frames_per_sample=fid_frames,
-                       n_boot=bootstrap)
+                       lpips_weights=lpips_weights, reference=reference, fid_frames_per_sample=fid_frames)
+    if bootstrap is not None:
+        console.print("note: --bootstrap is ignored; the confidence intervals are Student-t over prompts",
+                      style="yellow", highlight=False)
     try:
         doc = evaluate(path, opts, log=lambda s: console.print(s, style="dim", highlight=False))
     except BadOption as e:
@@ -71,11 +79,18 @@ def eval_command(
     console.print(metrics_table(doc, names))
     for line in skip_lines(doc, names):
         console.print(line, style="yellow", highlight=False, soft_wrap=True)
+    if not any(str(x).strip(" ,") for x in metric) or any(str(x).strip().lower() == "all" for x in metric):
+        for m, why in not_applicable(kind).items():  # what "all" left out, so the list is complete
+            console.print(f"{m} not applicable: {why}", style="dim", highlight=False, soft_wrap=True)
     for m in names:
         w = doc["metrics"].get(m, {}).get("warning")
         if w:
             console.print(f"warning ({m}): {w}", style="yellow", highlight=False, soft_wrap=True)
     console.print(f"Wrote {path / 'metrics.json'}", highlight=False, soft_wrap=True)
+    if not (doc.get("last_eval") or {}).get("computed"):  # not a success: nothing the user asked for came out (reasons printed above)
+        console.print(f"[red]error:[/] none of the requested metrics ({', '.join(names)}) could be computed; "
+                      "see the reasons above (results of earlier calls in metrics.json are kept)", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -43,15 +43,15 @@ Device = Annotated[str, typer.Option(metavar="DEVICE", rich_help_panel=MEM, help
 ModelPath = Annotated[Optional[Path], typer.Option("--model-path", metavar="DIR", rich_help_panel=GEN, show_default=False,
                                                    help="A local diffusers pipeline folder to load instead of "
                                                         "the hub/cache.")]
-RandomWeights = Annotated[bool, typer.Option("--random-weights", rich_help_panel=GEN,
+RandomWeights = Annotated[bool, typer.Option("--random-weights/--no-random-weights", rich_help_panel=GEN,
                                              help="The preset's full-size architecture with random weights "
                                                   "(speed at real shapes, no download; outputs are noise).")]
 Offload = Annotated[Literal["none", "model", "sequential"],
                     typer.Option(case_sensitive=False, rich_help_panel=MEM, help="CPU offload of the pipeline.")]
-VaeTiling = Annotated[bool, typer.Option("--vae-tiling", rich_help_panel=MEM, help="Decode in tiles.")]
-VaeSlicing = Annotated[bool, typer.Option("--vae-slicing", rich_help_panel=MEM, help="Decode one video/image "
+VaeTiling = Annotated[bool, typer.Option("--vae-tiling/--no-vae-tiling", rich_help_panel=MEM, help="Decode in tiles.")]
+VaeSlicing = Annotated[bool, typer.Option("--vae-slicing/--no-vae-slicing", rich_help_panel=MEM, help="Decode one video/image "
                                                                                      "at a time.")]
-Compile = Annotated[bool, typer.Option("--compile", rich_help_panel=MEM, help="torch.compile the transformer.")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", rich_help_panel=MEM, help="torch.compile the transformer.")]
 Warmup = Annotated[int, typer.Option(min=0, rich_help_panel=MEM, help="Untimed warm-up calls per variant "
                                                                       "(JIT compilation, autotuning).")]
 Kernel = Annotated[Optional[list[str]], typer.Option("--kernel", "-k", metavar="KEY=VALUE", rich_help_panel=KER,
@@ -69,6 +69,10 @@ Backend = Annotated[Literal["auto", "triton", "reference"],
                     typer.Option(case_sensitive=False, rich_help_panel=KER,
                                  help="sagegen backend: auto (Triton on a supported GPU, else the emulation), "
                                       "triton or reference (the PyTorch emulation).")]
+Linear = Annotated[Literal["none", "fp8"],
+                   typer.Option(case_sensitive=False, rich_help_panel=KER,
+                                help="The sage variant's denoiser linears: none (as the model) or fp8 (FP8 GEMMs, "
+                                     "sm89+ GPU; emulated on the CPU; docs/fp8-linear.md).")]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUT, show_default=False,
                                              help="Run directory (default: runs/<model>-<settings hash>; "
                                                   "re-running resumes).")]
@@ -77,7 +81,8 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
-              vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out):
+              vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
+              linear="none"):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
     from ..generate import Job, make_samples
     from ..models.presets import check_shape, resolve
@@ -93,21 +98,25 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                            "--random-weights")
     if frames is not None and not preset.is_video:
         raise UsageProblem(f"{preset.name} makes images; --frames is for video models", "--frames")
+    # Checks that need no torch first, so that these mistakes are reported within a second.
+    prompts_list = load_prompts(prompt or [], prompts, max_prompts)
+    seeds = parse_seeds(seed or [])
+    config = kernel_config(kernel or [])
+    h, w = height or preset.height, width or preset.width
+    f = (frames or preset.frames) if preset.is_video else None
+    errors, warnings = check_shape(preset, height=h, width=w, frames=f)
+    if errors:
+        raise UsageProblem("; ".join(errors))
     on_gpu = _check_device(device)
     if offload != "none" and not on_gpu:
         raise UsageProblem("CPU offload needs a CUDA device; drop --offload or use --device cuda", "--offload")
     if backend == "triton" and not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
         raise UsageProblem("the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 to interpret them on the "
                            "CPU); use --backend auto or reference", "--backend")
-    prompts_list = load_prompts(prompt or [], prompts, max_prompts)
-    seeds = parse_seeds(seed or [])
-    config = kernel_config(kernel or [])
     policy = precision_policy(fp_blocks, fp_first_steps, fp_last_steps) if "sage" in variants else None
-    h, w = height or preset.height, width or preset.width
-    f = (frames or preset.frames) if preset.is_video else None
-    errors, warnings = check_shape(preset, height=h, width=w, frames=f)
-    if errors:
-        raise UsageProblem("; ".join(errors))
+    linear = None if linear.lower() == "none" else linear.lower()
+    if linear is not None and "sage" not in variants:
+        raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,
@@ -117,7 +126,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
-              command=command_line())
+              command=command_line(), linear=linear)
     return job, warnings
 
 

@@ -30,6 +30,8 @@ def models_command(
     """List the model presets: hub ids, recommended defaults, local weights.
 
     Weights: "built-in" (tiny models), "cached" (Hugging Face cache), "partial" or "not downloaded".
+
+    Examples: sagegen models; sagegen models --verbose; sagegen models --json
     """
     from rich.console import Console
     from rich.table import Table

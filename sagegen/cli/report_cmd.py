@@ -22,6 +22,9 @@ def report_command(
     Writes RUN_DIR/report/: a self-contained report.html (players in sync, amplified difference, metrics
     with deltas, per-frame PSNR, timings and speedup, settings), side_by_side/<id>.mp4 (PNG for image
     models) and contact_sheet.png.
+
+    Examples: sagegen report (the most recent run); sagegen report RUN_DIR --no-mp4;
+    sagegen report RUN_DIR --screenshot report.png
     """
     from rich.console import Console
 
@@ -42,8 +45,8 @@ def report_command(
         console.print(f"[red]error:[/] {e}")
         raise typer.Exit(2) from e
     if not (path / "metrics.json").is_file():
-        console.print("note: no metrics.json yet; run `sagegen eval` first for CLIP/FID/LPIPS numbers "
-                      "(the report computes PSNR itself)", style="yellow", highlight=False)
+        console.print(f"note: no metrics.json yet; run `sagegen eval {path}` first for CLIP/FID/LPIPS numbers "
+                      "(the report computes PSNR itself)", style="yellow", highlight=False, soft_wrap=True)
     if screenshot is not None:
         from sagegen.report.check import check_report
 

@@ -17,12 +17,16 @@ Two preprocessing modes:
     The model's own open_clip preprocessing (shortest-side resize, centre crop, /255, mean/std normalise);
     the same cosine similarities.
 
-CLIPScore (image models) always uses ``standard`` preprocessing and reports ``100 * max(cos, 0)``
-(torchmetrics' convention).
+CLIPScore (image models) always uses ``standard`` preprocessing and reports ``100 * max(cos, 0)`` with the prompt
+as given: torchmetrics' convention. It is *not* Hessel et al.'s original CLIP-S, ``2.5 * max(cos, 0)`` with
+"A photo depicts " prepended to the caption; the two scales differ by 40x plus the prompt change, so numbers
+from one cannot be compared with the other.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,11 +63,16 @@ class ClipModel:
 def load_clip(src: ClipSource) -> ClipModel:
     import open_clip
 
-    kwargs = {}
+    kwargs: dict = {}
     if src.force_quick_gelu:
         kwargs["force_quick_gelu"] = True
-    if src.preprocess_cfg:
-        kwargs["force_preprocess_cfg"] = dict(src.preprocess_cfg)
+    # The pretrained tag's preprocessing goes through create_model_and_transforms' own image_* arguments:
+    # it builds force_preprocess_cfg from them itself, so passing force_preprocess_cfg too is a TypeError.
+    accepted = inspect.signature(open_clip.create_model_and_transforms).parameters
+    for key in ("mean", "std", "interpolation", "resize_mode"):
+        if key in src.preprocess_cfg and f"image_{key}" in accepted:
+            value = src.preprocess_cfg[key]
+            kwargs[f"image_{key}"] = tuple(value) if isinstance(value, (list, tuple)) else value
     model, _, preprocess = open_clip.create_model_and_transforms(
         src.arch, pretrained=src.checkpoint, **kwargs
     )
@@ -77,15 +86,24 @@ def load_clip(src: ClipSource) -> ClipModel:
 # ------------------------------------------------------------------------------------------ preprocessing
 
 
+def has_exact_resize() -> bool:
+    """True when OpenCV is installed, so EvalCrafter's CLIPSIM resize is reproduced exactly."""
+    return importlib.util.find_spec("cv2") is not None
+
+
+APPROX_RESIZE_NOTE = ("OpenCV is not installed, so EvalCrafter's cv2.resize is approximated (off by 1 on about 11% "
+                      "of pixel values); pip install opencv-python-headless (in sagegen's eval extra) for the exact one")
+
+
 def resize_uint8_linear(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """OpenCV ``cv2.resize(frame, (w, h))`` with ``INTER_LINEAR`` on uint8 frames: half-pixel-centre
-    bilinear, no antialiasing, rounded back to uint8 (OpenCV's fixed-point rounding can differ by 1)."""
-    try:
-        import cv2  # exact when OpenCV is installed
+    bilinear, no antialiasing, rounded back to uint8. Exact with OpenCV installed (the ``eval`` extra);
+    without it, an approximation: float bilinear rounded to nearest, where OpenCV's fixed-point arithmetic
+    (11-bit weights) rounds differently, off by 1 on about 11% of pixel values."""
+    if has_exact_resize():
+        import cv2
 
         return np.stack([cv2.resize(f, (size[1], size[0]), interpolation=cv2.INTER_LINEAR) for f in frames])
-    except ImportError:
-        pass
     x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).double()
     y = F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=False)
     return y.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()

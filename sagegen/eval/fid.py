@@ -5,9 +5,12 @@ The feature extractor is loaded from a local file (see :func:`sagegen.eval.weigh
 * a TorchScript module, e.g. ``inception-2015-12-05.pt`` (the TF-Inception FID weights as TorchScript, used by
   StyleGAN and clean-fid): called on Nx3x299x299 float images in 0..255 as ``m(x, return_features=True)``
   (or ``m(x)`` when it takes no such argument); must return NxD features;
-* a torchvision Inception-v3 state dict (``inception_v3_google-*.pth``, or pytorch-fid's
-  ``pt_inception-*.pth`` with 1008 classes): run as torchvision's ``Inception3`` on images scaled to [-1, 1],
-  2048-d pool features. Numbers from these are *not* comparable to published FIDs, which use the TF weights.
+* pytorch-fid's ``pt_inception-2015-12-05-*.pth`` (a state dict with 1008 classes, no auxiliary logits: the TF
+  FID weights ported to PyTorch): run through the FID network of :mod:`sagegen.eval.fid_inception` (the TF
+  graph's pooling, as pytorch-fid does) on images scaled to [-1, 1], 2048-d pool features;
+* a torchvision Inception-v3 state dict (``inception_v3_google-*.pth``, ImageNet classifier): run as
+  torchvision's ``Inception3``. Numbers from these are *not* comparable to published FIDs, which use the TF
+  weights.
 
 Images are resized to 299x299 like clean-fid's "clean" mode: each channel separately as a float image (PIL
 mode "F", bicubic), clipped to 0..255 and never rounded back to uint8 (rounding adds its own artefacts).
@@ -25,6 +28,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 import torch
+
+from . import fid_inception
 
 INCEPTION_SIZE = 299
 INCEPTION_DIM = 2048  # pool features of the FID Inception
@@ -107,11 +112,30 @@ def load_inception(path: str | Path) -> FeatureExtractor:
         state = state["state_dict"]
     if not isinstance(state, dict) or "Mixed_7c.branch_pool.conv.weight" not in state:
         raise ValueError(f"--inception-weights {path}: state dict is not torchvision Inception-v3")
+    if fid_inception.is_fid_state_dict(state):
+        return _pytorch_fid_extractor(path, state)
     return FeatureExtractor(
         fn=_torchvision_inception(state), label=f"torchvision Inception3 {path.name}", comparable=False,
         comparability="torchvision Inception-v3 weights, not the TF FID weights published FIDs use",
         sha256=_sha256(path),
     )
+
+
+def _pytorch_fid_extractor(path: Path, state: dict) -> FeatureExtractor:
+    net = fid_inception.FIDInception(state)
+    sha = _sha256(path)
+    if sha.startswith(fid_inception.PYTORCH_FID_SHA256_PREFIX):
+        comparable, why = True, ("pytorch-fid's port of the TF FID Inception (sha256 starts with "
+                                 f"{fid_inception.PYTORCH_FID_SHA256_PREFIX}, as its release file name says), run "
+                                 "with the TF graph's pooling; images are resized clean-fid's way (bicubic per "
+                                 "channel), where pytorch-fid resizes bilinearly inside the network, so expect "
+                                 "small differences from pytorch-fid's own numbers")
+    else:
+        comparable, why = None, (f"unverified: {path.name} has the FID Inception's layout (1008 classes) and runs "
+                                 "through the FID network, but its sha256 is not that of pytorch-fid's "
+                                 f"pt_inception-2015-12-05-{fid_inception.PYTORCH_FID_SHA256_PREFIX}.pth")
+    return FeatureExtractor(fn=lambda x: net(x / 127.5 - 1.0), label=f"FID Inception (pytorch-fid) {path.name}",
+                            comparable=comparable, comparability=why, sha256=sha)
 
 
 def _sha256(path: Path) -> str:

@@ -1,6 +1,6 @@
 """Writing ``RUN/metrics.json``: merged with what earlier ``sagegen eval`` calls wrote, atomically.
 
-Each metric's entry carries the settings it was computed with (``evaluated``, ``samples``, ``bootstrap``, ...),
+Each metric's entry carries the settings it was computed with (``evaluated``, ``samples``, ``interval``, ...),
 because one file collects metrics from several calls; the top-level fields describe only the run directory
 as of the latest call. The schema is documented in docs/run-directory.md.
 """
@@ -34,7 +34,7 @@ def _read(path) -> dict:
 
 
 def write_metrics(run: Run, results: dict[str, dict], keep_if_ok: Iterable[str] = (),
-                  log: Callable[[str], None] = print) -> dict:
+                  log: Callable[[str], None] = print, call: dict | None = None) -> dict:
     """Merge ``results`` (metric -> entry) into the run's metrics.json and return the document.
 
     A metric named in ``keep_if_ok`` (skipped because its weights are missing now) does not replace an
@@ -53,6 +53,8 @@ def write_metrics(run: Run, results: dict[str, dict], keep_if_ok: Iterable[str] 
         "samples": [{"id": s.id, "prompt": s.prompt, "seed": s.seed, "frames": len(s.frame_paths(run.baseline))}
                     for s in run.samples],
     })
+    if call is not None:  # what the latest call asked for and what it computed (its exit code follows this)
+        doc["last_eval"] = call
     metrics = doc.setdefault("metrics", {})
     keep = set(keep_if_ok)
     for m, entry in results.items():

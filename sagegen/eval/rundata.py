@@ -82,8 +82,8 @@ def load_run(run_dir: str | os.PathLike, log=None) -> Run:
         manifest = rd.manifest
     except FileNotFoundError as e:
         raise RunDirError(f"{path}: manifest.json not found (not a sagegen run directory)") from e
-    except ValueError as e:
-        raise RunDirError(f"{path}/manifest.json is not valid JSON: {e}") from e
+    except ValueError as e:  # DamagedFile: not JSON, or JSON but not an object
+        raise RunDirError(str(e)) from e
     variants = list(manifest.get("variants") or [])
     if len(variants) < 2:
         raise RunDirError(
@@ -103,6 +103,11 @@ def load_run(run_dir: str | os.PathLike, log=None) -> Run:
             samples.append(s)
         else:
             unfinished.append(sid)
+    damaged = [f"{v}/{sid}" for v in variants for sid in rd.damaged_ids(v)]
+    if damaged and log:
+        log(f"note: {len(damaged)} damaged sample.json file(s) (not valid JSON) count as unfinished and are left out; "
+            f"running the same `sagegen run`/`compare` command again redoes them: {', '.join(damaged[:5])}"
+            + (" ..." if len(damaged) > 5 else ""))
     if unfinished and log:
         log(f"note: {len(unfinished)} sample(s) not finished in every variant are left out: {', '.join(unfinished[:5])}"
             + (" ..." if len(unfinished) > 5 else ""))

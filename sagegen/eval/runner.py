@@ -23,7 +23,7 @@ IMAGE_ONLY = ("clipscore",)
 INFO = {  # higher_is_better, unit, description
     "clipsim": (True, "cos", "CLIP similarity of each frame to the prompt, averaged over frames"),
     "clipt": (True, "cos", "CLIP similarity of consecutive frames, averaged"),
-    "clipscore": (True, "100·cos", "CLIPScore: 100·max(cos(image, prompt), 0)"),
+    "clipscore": (True, "100·cos", "CLIPScore: 100·max(cos(image, prompt), 0) with the prompt as given"),
     "fid": (False, "", "Fréchet Inception Distance of the candidate set to the baseline set (and reference)"),
     "kid": (False, "", "Kernel Inception Distance (unbiased MMD², cubic kernel)"),
     "psnr": (True, "dB", "PSNR vs the baseline frame (lossless PNGs), mean over frames"),
@@ -33,8 +33,16 @@ INFO = {  # higher_is_better, unit, description
 }
 
 
+CLIPSCORE_CONVENTION = ("torchmetrics' CLIPScore, 100·max(cos, 0) with the prompt as given; not Hessel et al.'s "
+                        "2.5·max(cos, 0) with \"A photo depicts\" prepended")
+
+
 def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
-    """``--metric`` values (repeatable, comma-separated allowed, ``all``) -> ordered metric names."""
+    """``--metric`` values (repeatable, comma-separated allowed, ``all``) -> ordered metric names.
+    No value means ``all``: every metric that applies to the run's kind of model."""
+    names = list(names)
+    if not any(str(n).strip(" ,") for n in names):
+        names = ["all"]
     want: list[str] = []
     for raw in names:
         for n in str(raw).split(","):
@@ -47,9 +55,12 @@ def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
                 want.append(n)
             else:
                 raise BadOption(f"--metric: unknown metric {raw!r}; choose from {', '.join(METRICS)}, or all")
-    if not want:
-        raise BadOption(f"--metric is required: one or more of {', '.join(METRICS)}, or all")
     return list(dict.fromkeys(want))
+
+
+def not_applicable(kind: str | None) -> dict[str, str]:
+    """Metrics that ``all`` leaves out for this kind of model, with the reason."""
+    return {m: why for m in METRICS if (why := _not_applicable(m, kind))}
 
 
 def _not_applicable(metric: str, kind: str | None) -> str | None:
@@ -69,7 +80,6 @@ class EvalOptions:
     lpips_weights: str | None = None
     reference: Path | None = None
     fid_frames_per_sample: int | None = None  # None: every frame
-    n_boot: int = stats.N_BOOT
     loaders: dict[str, Callable[[], Any]] = field(default_factory=dict)  # tests inject stand-ins here
 
 
@@ -194,7 +204,9 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
     stamp = now_iso()
     for entry in results.values():
         entry["evaluated"] = stamp
-    return write_metrics(run, results, keep_if_ok=weights_missing, log=log)
+    call = {"evaluated": stamp, "requested": list(results),
+            "computed": [m for m, e in results.items() if e.get("status") == "ok"]}
+    return write_metrics(run, results, keep_if_ok=weights_missing, log=log, call=call)
 
 
 def _set_entry(metric: str, run: Run, feats: dict, reference, extractor, failed: dict, opts: EvalOptions) -> dict:
@@ -220,8 +232,10 @@ def _per_sample_entry(metric: str, run: Run, per: dict, errors: dict[str, dict[s
     out = _aggregate(metric, run, per, opts)
     used = {sid for by_sid in per.values() for sid in by_sid}
     ids = [s.id for s in run.samples if s.id in used]
+    prompts = {s.prompt for s in run.samples if s.id in used}
     out.update({"samples": ids, "n_samples": len(ids),
-                "bootstrap": {"n_boot": opts.n_boot, "level": stats.CI_LEVEL, "over": "samples"}})
+                "interval": {"method": stats.METHOD, "level": stats.CI_LEVEL,
+                             "over": "prompts" if len(prompts) < len(ids) else "samples"}})
     if flat:
         out["sample_errors"] = errors
         shown = "; ".join(f"{sid} ({v}): {msg}" for sid, v, msg in flat[:3])
@@ -235,14 +249,23 @@ def _series(values: list[float]) -> dict:
 
 
 def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
+    from . import clip as clipmod
+
     hib, unit, desc = INFO[metric]
     meta: dict[str, Any] = {"higher_is_better": hib, "unit": unit, "description": desc}
     if metric in CLIP_METRICS and "clip" in models:
         meta["model"] = models["clip"].label
         mode = "standard" if metric == "clipscore" else opts.clip_mode
         meta["mode"] = mode
+        notes = []
         if mode == "evalcrafter" and not models["clip"].is_evalcrafter_model:
-            meta["note"] = "EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to EvalCrafter"
+            notes.append("EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to EvalCrafter")
+        if metric == "clipsim" and mode == "evalcrafter" and not clipmod.has_exact_resize():
+            notes.append(clipmod.APPROX_RESIZE_NOTE)
+        if metric == "clipscore":  # two conventions share the name; say which one this number follows
+            notes.append(CLIPSCORE_CONVENTION)
+        if notes:
+            meta["note"] = "; ".join(notes)
     if metric == "psnr":
         meta["psnr_cap_db"] = 100.0
     return meta
@@ -251,9 +274,10 @@ def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
 def _aggregate(metric: str, run: Run, per: dict[str, dict[str, dict]], opts: EvalOptions) -> dict:
     paired = metric in PAIRED_METRICS
     out: dict[str, Any] = {"status": "ok", "kind": "paired" if paired else "per_variant", "per_sample": per}
+    prompt = {s.id: s.prompt for s in run.samples}  # seeds of one prompt are one cluster, not independent
     agg = {}
     for v, samples in per.items():
-        agg[v] = stats.bootstrap_mean_ci([e["value"] for e in samples.values()], n_boot=opts.n_boot)
+        agg[v] = stats.mean_ci([e["value"] for e in samples.values()], groups=[prompt[i] for i in samples])
     out["aggregate"] = agg
     if not paired:
         deltas = {}
@@ -261,7 +285,7 @@ def _aggregate(metric: str, run: Run, per: dict[str, dict[str, dict]], opts: Eva
         for c in run.candidates:
             ids = [sid for sid in per.get(c, {}) if sid in base]
             deltas[c] = stats.paired_delta_ci(
-                [per[c][i]["value"] for i in ids], [base[i]["value"] for i in ids], n_boot=opts.n_boot
+                [per[c][i]["value"] for i in ids], [base[i]["value"] for i in ids], groups=[prompt[i] for i in ids]
             )
         out["delta"] = deltas
     return out

@@ -1,5 +1,5 @@
 """FID and KID entries of metrics.json: one number per pair of image sets (all frames of a variant), so no
-per-sample values and no bootstrap CI; KID carries its std over random subsets where there are several."""
+per-sample values and no confidence interval; KID carries its std over random subsets where there are several."""
 
 from __future__ import annotations
 

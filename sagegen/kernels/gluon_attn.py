@@ -287,7 +287,7 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 PERMUTE_V = True
 # Q quantized inside the kernel (no separate Q pass); False only to measure the difference.
 QUANT_Q_IN_KERNEL = True
-# (ring slots, register cap) per padded head dim; bench/tune_gluon.py measures the alternatives.
+# (ring slots, register cap) per padded head dim; bench/probes/tune_gluon.py measures the alternatives.
 LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
 
 

@@ -233,7 +233,7 @@ def _attn_fwd_kernel(
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
 
 
-# Launch settings per (block_m, block_n, head_dim); tuned on an H200 (bench/tune_attention.py), and
+# Launch settings per (block_m, block_n, head_dim); tuned on an H200 (bench/probes/tune_attention.py), and
 # overridable for tuning runs.
 LAUNCH_OVERRIDES: dict[tuple[int, int, int], tuple] = {}
 

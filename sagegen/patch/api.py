@@ -36,6 +36,7 @@ import dataclasses
 import torch
 
 from ..config import DIFFUSION_CONFIG, SageConfig
+from . import linear_patch as _linear
 from . import processors as _proc
 from .policy import PrecisionPolicy, resolve_blocks
 from .steps import StepTracker, pipeline_scheduler_source
@@ -63,7 +64,7 @@ class _PatchState:
 
 def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPolicy | None = None,
           backend: str = "auto", allow_generic: bool = False, fp32_dtype: torch.dtype = torch.bfloat16,
-          fuse_prologue: bool = True):
+          fuse_prologue: bool = True, linear: str | None = None, linear_policy=None):
     """Route the attention of a diffusers pipeline's denoising transformer (or of a transformer) to sagegen.
 
     Args:
@@ -85,6 +86,11 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
             SD3/SD3.5 processors as one Triton pass writing straight into (joint) Q/K/V buffers
             (`sagegen.patch.fused`; counted as ``fused_qk_prologue`` in `patch_info`). False: diffusers' own
             code runs around attention (the same values up to rounding order).
+        linear: ``None`` (default): the denoiser's ``nn.Linear`` layers are left alone. ``"fp8"``: they run
+            as FP8 GEMMs (`sagegen.patch.linear_patch`, docs/fp8-linear.md); needs an sm89+ GPU (on the CPU
+            the emulation runs; on older GPUs ``config.fallback`` decides: error / emulation / bf16).
+        linear_policy: a `sagegen.linear.LinearPolicy` (which layers stay bf16, granularity, outliers);
+            ``None``: its defaults (first and last block, embedders and final projection in bf16).
 
     Patching an already patched object again updates its config/policy/backend and wraps any processor that
     was replaced in the meantime; it never wraps twice. Returns ``obj``.
@@ -108,6 +114,7 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         raise TypeError(f"fuse_prologue must be True or False, got {fuse_prologue!r}")
     if fp32_dtype not in _FP32_DTYPES:
         raise ValueError(f"fp32_dtype={fp32_dtype!r} is not supported; use torch.bfloat16 or torch.float16")
+    _linear.check_mode(linear, linear_policy)
     if policy.last_steps and pipe is None and policy.num_steps is None:
         raise ValueError("PrecisionPolicy.last_steps needs the number of denoising steps: patch the pipeline "
                          "(its scheduler knows it) or set PrecisionPolicy(num_steps=...)")
@@ -143,6 +150,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         source = pipeline_scheduler_source(pipe) if pipe is not None else None
         state.tracker = StepTracker(session, policy, source)
         state.tracker.attach(transformer)
+    _linear.apply(transformer, linear, linear_policy, fallback=config.fallback, backend=backend,
+                  attention_names=list(modules))
     return obj
 
 
@@ -163,6 +172,7 @@ def unpatch(obj):
             _set_processor(module, original)
     if state.tracker is not None:
         state.tracker.detach()
+    _linear.remove(transformer)
     object.__delattr__(transformer, _STATE_ATTR)
     return obj
 
@@ -181,6 +191,7 @@ def patched(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPo
         s = previous.session
         saved = dict(config=s.config, policy=previous.policy, backend=s.backend, fp32_dtype=s.fp32_dtype,
                      fuse_prologue=s.fuse_qk_prologue)
+        saved["linear"], saved["linear_policy"] = _linear.current(transformer)
     patch(obj, config, policy=policy, **kwargs)
     try:
         yield obj
@@ -221,6 +232,7 @@ def patch_info(obj) -> dict:
     }
     if state.tracker is not None:
         info["step"] = {"index": state.tracker.index, "total": state.tracker.total}
+    info["linear"] = _linear.info(transformer)
     return info
 
 

@@ -11,7 +11,7 @@ covers both kinds of processor diffusers has:
   from diffusers 0.35 on), whose default ``native`` backend ends in ``F.scaled_dot_product_attention``.
 
 One exception, eager CogVideoX, Mochi, Flux and SD3: their processors run with the Q/K norms and rotary
-embeddings fused into one Triton pass writing (joint) Q/K/V buffers (`fused.call`; Mochi's per-sample loop
+embeddings fused into one Triton pass writing (joint) Q/K/V buffers (`fused_route.call`; Mochi's per-sample loop
 becomes one masked call), falling back to the mechanism above for anything they do not reproduce exactly.
 
 Nothing module-global is replaced: torch-function modes are thread-local and live only for the duration of
@@ -52,7 +52,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import api as _api
 from ..config import SUPPORTED_HEAD_DIMS, SageConfig
-from . import fused as _fused
+from . import fused_route as _fused
 from .rebind import rebind
 
 _SDPA = F.scaled_dot_product_attention

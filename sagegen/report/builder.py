@@ -14,7 +14,7 @@ import numpy as np
 
 from sagegen.eval.fidelity import psnr_frames
 from sagegen.eval.rundata import Run, Sample, load_frames, load_run
-from sagegen.rundir import atomic_write_text
+from sagegen.rundir import atomic_write_text, write_error
 
 from . import html as H
 from .contact import write_contact_sheet
@@ -88,7 +88,10 @@ def build_report(
     opts = opts or ReportOptions()
     run = load_run(run_dir, log=log)
     out = run.path / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # read-only or full disk: name the folder and what to do
+        raise write_error(out, e) from e
     mpath = run.path / "metrics.json"
     mdoc = None
     if mpath.is_file():

@@ -1,6 +1,7 @@
 """The metric tables of report.html, from metrics.json: the summary over the run and one table per sample.
 
-Per-sample metrics (CLIP, PSNR, SSIM, LPIPS) are means over samples with a bootstrap CI; FID/KID are one
+Per-sample metrics (CLIP, PSNR, SSIM, LPIPS) are means over samples with a Student-t CI
+(over prompts when prompts have several seeds); FID/KID are one
 number for the whole set of frames. Each row says which it is, with the settings stored in its own entry
 (samples, resamples), because metrics.json can hold metrics computed by different ``sagegen eval`` calls.
 """
@@ -16,9 +17,18 @@ from sagegen.eval.table import set_cell, skip_lines
 from . import html as H
 
 DIGITS = {"psnr": 2, "clipscore": 2, "fid": 3, "kid": 5}
-EXPLAIN = ('<p class="muted">Per-sample metrics: mean over samples, with a bootstrap confidence interval over '
-           "samples. FID and KID: one value for the whole set of frames, so no interval (KID ± its std over "
+EXPLAIN = ('<p class="muted">Per-sample metrics: mean over samples, with a Student-t confidence interval '
+           "(samples that share a prompt count as one unit). FID and KID: one value for the whole set of frames, so no interval (KID ± its std over "
            "random subsets, where there is more than one subset).</p>")
+
+
+def _interval_note(ent: dict) -> str:
+    iv = ent.get("interval")
+    if iv is None:  # metrics.json written before the Student-t intervals
+        return _bootstrap_note(ent)
+    n = ent.get("n_samples")
+    over = " over prompts" if iv.get("over") == "prompts" else ""
+    return f"mean over {n} sample(s), {iv.get('level', 0.95):.0%} Student-t CI{over}"
 
 
 def _bootstrap_note(ent: dict) -> str:
@@ -42,7 +52,7 @@ def _set_notes(ent: dict) -> list[str]:
 def summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
     """(HTML of the summary table, lines for metrics that were skipped or failed)."""
     if not mdoc:
-        return '<p class="muted">No metrics.json yet: run <code>sagegen eval RUN_DIR --metric all</code>.</p>', []
+        return f'<p class="muted">No metrics.json yet: run <code>sagegen eval {H.e(str(run.path))}</code>.</p>', []
     head = ["metric", H.e(f"{run.baseline} (baseline)")]
     for c in run.candidates:
         head += [H.e(c), H.e(f"Δ {c} − {run.baseline}")]
@@ -61,13 +71,13 @@ def summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
             row.append('<span class="muted">reference</span>')
             for c in run.candidates:
                 row += [H.e(fmt_ci(ent["aggregate"].get(c), d)), "—"]
-            notes.insert(0, _bootstrap_note(ent))
+            notes.insert(0, _interval_note(ent))
         elif ent["kind"] == "per_variant":
             row.append(H.e(fmt_ci(ent["aggregate"].get(run.baseline), d)))
             for c in run.candidates:
                 dl = (ent.get("delta") or {}).get(c) or {}
                 row += [H.e(fmt_ci(ent["aggregate"].get(c), d)), H.signed(dl.get("mean"), d, hib, dl.get("ci"))]
-            notes.insert(0, _bootstrap_note(ent))
+            notes.insert(0, _interval_note(ent))
         else:
             vr = (ent.get("vs_reference") or {}).get(run.baseline)
             row.append(f"{H._fmt(vr.get('value'), d)} vs ref" if vr else '<span class="muted">reference set</span>')

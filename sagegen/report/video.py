@@ -2,62 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from sagegen.encode import encode_mp4_file, ffmpeg_exe  # noqa: F401 (ffmpeg_exe re-exported)
+from sagegen.rundir import atomic_write_file
+
 from .frames import BASELINE_LABEL, CANDIDATE_LABEL, even, side_by_side
 
 
-def ffmpeg_exe() -> str:
-    import imageio_ffmpeg
-
-    return imageio_ffmpeg.get_ffmpeg_exe()
-
-
 def encode_mp4(frames: Iterable[np.ndarray], path: str | Path, fps: float, crf: int = 18) -> Path:
-    """Encode uint8 HxWx3 frames (all the same, even size) as H.264 yuv420p MP4, atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frames = iter(frames)
-    first = next(frames)
-    h, w = first.shape[:2]
-    if h % 2 or w % 2:
-        raise ValueError(f"H.264 yuv420p needs even frame sizes, got {w}x{h}")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".mp4", dir=path.parent)
-    os.close(fd)
-    cmd = [
-        ffmpeg_exe(), "-y", "-loglevel", "error",
-        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", f"{w}x{h}", "-r", f"{fps:g}", "-i", "-",
-        "-an", "-c:v", "libx264", "-preset", "medium", "-crf", str(crf), "-pix_fmt", "yuv420p",
-        "-movflags", "+faststart", tmp,
-    ]
-    try:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(np.ascontiguousarray(first).tobytes())
-            for f in frames:
-                if f.shape[:2] != (h, w):
-                    raise ValueError(f"frame size changed from {w}x{h} to {f.shape[1]}x{f.shape[0]}")
-                proc.stdin.write(np.ascontiguousarray(f).tobytes())
-        finally:
-            proc.stdin.close()
-        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        if proc.wait() != 0:
-            raise RuntimeError(f"ffmpeg failed: {err.strip()[-500:]}")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a shared report should be readable like any file
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    """Encode uint8 HxWx3 frames (all the same, even size) as H.264 yuv420p MP4, atomically: the file is
+    moved into place only once ffmpeg succeeded and it decodes to every frame (EncodeError otherwise)."""
+    return atomic_write_file(path, lambda tmp: encode_mp4_file(frames, tmp, fps, crf=crf, final=path))
 
 
 def side_by_side_frames(

@@ -8,7 +8,7 @@ memory) three CTAs share an SM. Outputs compared bit for bit with the kernel's. 
     mkdir -p abbase && git show 17d5f88:sagegen/kernels/gluon_attn.py \
       | sed 's/return head_dim >= 128 and block_n == 64/return head_dim >= 128 and (block_n == 64 or SPLIT_128)/' \
       > abbase/gluon_split.py && echo "SPLIT_128 = True" >> abbase/gluon_split.py
-    python bench/probe_split_pv128.py --module abbase/gluon_split.py [--out probe.json]
+    python bench/probes/probe_split_pv128.py --module abbase/gluon_split.py [--out probe.json]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 from probe_util import bench_ms, environment, hopper_call, module_from_source, write_json  # noqa: E402
 from sagegen.kernels import gluon_attn  # noqa: E402

@@ -1,7 +1,7 @@
 """A/B one module-level switch of sagegen's kernels in the same run: accuracy against an fp64 reference, then
 full-call TFLOP/s at the benchmark shapes, alternating A and B (A, B, A) so drift shows. JSON to --out.
 
-    python bench/ab_kernel_flag.py gluon_attn.ROWSUM_MMA --out $OUT/ab.json
+    python bench/probes/ab_kernel_flag.py gluon_attn.ROWSUM_MMA --out $OUT/ab.json
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import sagegen  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # bench/, for bench_attention
 from bench_attention import quant_only  # noqa: E402  (the separate pass as the full call runs it)
 
 SHAPES = [(4, 32, 4096, 128), (4, 32, 8192, 128), (4, 32, 16384, 128), (1, 24, 32768, 128),

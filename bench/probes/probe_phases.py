@@ -4,7 +4,7 @@ SM clock (%clock) at five points of every steady-state iteration and stores them
 Q·Kᵀ(j+1)), accumulator update + ring refill. The clock reads cost a little themselves; read the split, not
 the totals.
 
-    python bench/probe_phases.py [--shape 4 32 8192 128] [--out probe.json]
+    python bench/probes/probe_phases.py [--shape 4 32 8192 128] [--out probe.json]
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import sagegen  # noqa: E402
 from sagegen.kernels import gluon_attn, triton_quant  # noqa: E402
 

@@ -3,7 +3,7 @@ contraction in the prologue kernel (`triton_qk_prologue.FP_FUSION`). Eager PyTor
 separately; a contracted a*b + c*d rounds once less. Prints the fraction of differing bf16 elements per case;
 JSON to --out.
 
-    python bench/probe_prologue_rounding.py --out $OUT/prologue-rounding.json
+    python bench/probes/probe_prologue_rounding.py --out $OUT/prologue-rounding.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from sagegen.kernels import triton_qk_prologue as pro  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Sweep the Hopper Gluon kernel's launch settings (ring slots, register cap) on the GPU, next to SDPA's
 default and the portable Triton kernel in the same run (full call, bf16). Prints a table; JSON to --out.
 
-    python bench/tune_gluon.py --out $OUT/tune-gluon.json
+    python bench/probes/tune_gluon.py --out $OUT/tune-gluon.json
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import sagegen  # noqa: E402
 from sagegen.kernels import gluon_attn, triton_quant  # noqa: E402
 

@@ -10,7 +10,7 @@ If the kernel with the items is slower than the kernel alone by much less than t
 pass into the kernel (items of head h done by CTAs of an earlier head, with per-head ready counters) would
 pay; otherwise it cannot.
 
-    python bench/probe_fused_pass.py [--out probe.json]
+    python bench/probes/probe_fused_pass.py [--out probe.json]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402,F401
 from probe_util import bench_ms, environment, kernel_source, module_from_source, write_json  # noqa: E402

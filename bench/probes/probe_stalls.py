@@ -2,7 +2,7 @@
 Triton's profiler (proton, `backend="cupti", mode="pcsampling"`): the warp stall reasons of the attention kernel
 alone (and of the K/V quantization launch), in total and per source line. No Nsight needed.
 
-    python bench/probe_stalls.py [--shape 4 32 8192 128] [--out stalls.json]
+    python bench/probes/probe_stalls.py [--shape 4 32 8192 128] [--out stalls.json]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 from probe_util import environment, write_json  # noqa: E402

@@ -3,7 +3,7 @@
 transpose needs no shared memory and the stores are 8 bytes; K with 16-byte loads), timed next to
 `triton_quant`'s K/V launch on the same statistics, outputs compared bit for bit.
 
-    python bench/probe_kv_layout.py [--out probe.json]
+    python bench/probes/probe_kv_layout.py [--out probe.json]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 from sagegen.kernels import triton_quant  # noqa: E402

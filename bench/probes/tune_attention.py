@@ -1,7 +1,7 @@
 """Sweep tile sizes and launch settings of the attention kernel on the GPU (full call, bf16), next to SDPA's
 default in the same run. Prints a table; writes JSON to --out.
 
-    python bench/tune_attention.py --out $OUT/tune.json
+    python bench/probes/tune_attention.py --out $OUT/tune.json
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import sagegen  # noqa: E402
 from sagegen.kernels import triton_attn  # noqa: E402
 

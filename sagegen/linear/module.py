@@ -1,0 +1,146 @@
+"""`FP8Linear`: an ``nn.Linear`` whose product runs in FP8 (quantized weight, activations quantized per call).
+
+The original ``nn.Linear`` stays inside (``.linear``, untouched) so that unpatching puts the very same object
+back; its ``weight``/``bias``/``in_features``/``out_features`` are forwarded, since diffusers' processors read
+them (dtype checks, fused-QKV shapes). Memory: the FP8 copy of the weight is added to the bf16 one (+50% for
+the patched layers' weights); nothing is freed.
+
+Outliers (``outliers=``):
+- ``"off"``: plain FP8 (the activation's largest value sets the scale of its row or 1x128 block).
+- ``"smooth"``: SmoothQuant-style migration. On the first eager call the per-channel amax of the input
+  (``a_j``) and of the weight's columns (``w_j``) give ``s_j = sqrt(a_j / w_j)``; the activation is multiplied by
+  ``1/s`` inside the quantization kernel and the weight is re-quantized as ``W * s``. Exact in real arithmetic.
+- ``"split"``: on the first eager call, channels whose amax exceeds ``outlier_ratio`` x the median channel
+  amax (at most ``max_outliers``) are taken out of the FP8 product (a 0 in the kernel's channel multiplier)
+  and multiplied in the activation's own precision by the matching weight columns (a second, thin GEMM).
+Both calibrate once, from the first call that is not being traced by ``torch.compile`` (run one eager step
+before compiling; a layer compiled before calibrating stays plain FP8 in that graph).
+
+Calls with fewer than ``min_rows`` tokens (modulation and embedding projections of one timestep vector) run
+the original bf16 linear: FP8 does not pay there.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import numerics
+from .ops import blockwise_weight_scale_for_gemm, fp8_linear
+
+OUTLIER_MODES = ("off", "smooth", "split")
+
+
+class FP8Linear(torch.nn.Module):
+    def __init__(self, linear: torch.nn.Linear, *, act_granularity: str = "per_token",
+                 weight_granularity: str = "per_channel", outliers: str = "off", emulate: bool = False,
+                 min_rows: int = 64, outlier_ratio: float = 8.0, max_outliers: int = 64, park: bool = False):
+        super().__init__()
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"FP8Linear wraps an nn.Linear, got {type(linear).__name__}")
+        if outliers not in OUTLIER_MODES:
+            raise ValueError(f"outliers={outliers!r} is not supported; use one of {OUTLIER_MODES}")
+        if act_granularity not in numerics.ACT_GRANULARITIES:
+            raise ValueError(f"act_granularity={act_granularity!r}; use one of {numerics.ACT_GRANULARITIES}")
+        if weight_granularity not in numerics.WEIGHT_GRANULARITIES:
+            raise ValueError(f"weight_granularity={weight_granularity!r}; use one of "
+                             f"{numerics.WEIGHT_GRANULARITIES}")
+        if park:  # kept outside the module tree, so that moving the model does not bring it back
+            self.__dict__["linear"] = linear
+        else:
+            self.linear = linear
+        self.parked = park
+        self.act_granularity, self.weight_granularity = act_granularity, weight_granularity
+        self.outliers, self.emulate, self.min_rows = outliers, emulate, min_rows
+        self.outlier_ratio, self.max_outliers = outlier_ratio, max_outliers
+        self.calibrated = outliers == "off"
+        self.fp8_calls = 0  # eager calls that ran the FP8 product (not counted under torch.compile)
+        with torch.no_grad():
+            w_q, w_s = numerics.quantize_weight(linear.weight.detach(), weight_granularity)
+        self.register_buffer("w_q", w_q, persistent=False)
+        self.register_buffer("w_scale", w_s, persistent=False)
+        self.register_buffer("w_scale_gemm", _gemm_layout(w_s, weight_granularity), persistent=False)
+        self.register_buffer("col_scale", None, persistent=False)
+        self.register_buffer("outlier_idx", None, persistent=False)
+        self.register_buffer("w_outlier", None, persistent=False)
+        # parked: the bias is needed where the GEMM runs, so it gets its own copy (the weight's FP8 copy is here)
+        self.register_buffer("bias_copy", linear.bias.detach().clone() if park and linear.bias is not None
+                             else None, persistent=False)
+
+    # diffusers' processors read these from the projection modules
+    @property
+    def weight(self) -> torch.nn.Parameter:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> torch.nn.Parameter | None:
+        return self.linear.bias
+
+    @property
+    def in_features(self) -> int:
+        return self.linear.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, act={self.act_granularity}, "
+                f"weight={self.weight_granularity}, outliers={self.outliers}"
+                + (f" ({len(self.outlier_idx)} split)" if self.outlier_idx is not None else ""))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        bias = self.bias_copy if self.parked else self.linear.bias
+        if x2.shape[0] < self.min_rows or x.dtype != self.weight.dtype:
+            if self.parked:  # the bf16 weight is on the CPU: the dequantized FP8 weight, in x's dtype
+                w = numerics.dequantize_weight(self.w_q, self.w_scale).to(x.dtype)
+                return F.linear(x, w, None if bias is None else bias.to(x.dtype))
+            return F.linear(x, self.linear.weight, bias)
+        if not self.calibrated and not torch.compiler.is_compiling():
+            self.calibrate(x2)
+        on_gpu = x2.is_cuda and not self.emulate
+        y = fp8_linear(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, bias,
+                       self.col_scale, self.act_granularity, self.emulate)
+        if self.w_outlier is not None:
+            y = y + x2.index_select(1, self.outlier_idx) @ self.w_outlier.t()
+        if not torch.compiler.is_compiling():
+            self.fp8_calls += 1
+        return y.reshape(*lead, y.shape[-1])
+
+    @torch.no_grad()
+    def calibrate(self, x2: torch.Tensor) -> None:
+        """Set up outlier handling from one input (see the module doc). Idempotent once done."""
+        if self.calibrated:
+            return
+        weight = self.linear.weight.detach().to(x2.device)  # (from the CPU when parked)
+        a = x2.detach().float().abs().amax(dim=0)                             # [K] activation channel amax
+        if self.outliers == "smooth":
+            w = weight.float().abs().amax(dim=0)                                # [K] weight column amax
+            s = torch.sqrt(a.clamp_min(1e-5) / w.clamp_min(1e-5)).clamp(1e-2, 1e2)
+            w_q, w_s = numerics.quantize_weight(weight.float() * s, self.weight_granularity)
+            self.w_q, self.w_scale, self.col_scale = w_q, w_s, (1.0 / s).contiguous()
+            self.w_scale_gemm = _gemm_layout(w_s, self.weight_granularity)
+        else:  # split
+            idx = outlier_channels(a, self.outlier_ratio, self.max_outliers)
+            if idx.numel():
+                mask = torch.ones_like(a)
+                mask[idx] = 0.0
+                self.col_scale, self.outlier_idx = mask, idx
+                self.w_outlier = weight.index_select(1, idx).contiguous()
+        self.calibrated = True
+
+
+def _gemm_layout(w_s: torch.Tensor, granularity: str) -> torch.Tensor:
+    """The weight scales as the GPU GEMM reads them (the 128x128 recipe wants a padded column-major layout)."""
+    return w_s if granularity == "per_channel" else blockwise_weight_scale_for_gemm(w_s)
+
+
+def outlier_channels(channel_amax: torch.Tensor, ratio: float, limit: int) -> torch.Tensor:
+    """Indices (sorted) of the channels whose amax is above ``ratio`` x the median, the largest ``limit`` of them."""
+    threshold = ratio * channel_amax.median().clamp_min(1e-12)
+    candidates = (channel_amax > threshold).nonzero().flatten()
+    if candidates.numel() > limit:
+        candidates = candidates[channel_amax[candidates].topk(limit).indices]
+    return candidates.sort().values

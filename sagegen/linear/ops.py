@@ -1,0 +1,126 @@
+"""The FP8 linear as a torch.library custom op (``sagegen::fp8_linear``), so ``torch.compile`` keeps it whole.
+
+On a CUDA GPU with FP8 tensor cores (sm89+): the activation is quantized by the Triton kernel
+(`sagegen.kernels.fp8_quant`) and multiplied by cuBLASLt:
+- per-token activations x per-channel weights: ``torch._scaled_mm`` with row-wise scales
+  (``scale_a`` [M, 1], ``scale_b`` [1, N], fp32), bias fused;
+- 1x128-block activations x 128x128-block weights: ``torch.nn.functional.scaled_mm`` with block-wise scaling
+  recipes, where this torch/cuBLAS supports it (`blockwise_supported` probes it once per device).
+Elsewhere (CPU, or ``emulate=True``): `numerics.fp8_linear_reference`, the same quantized values in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import numerics
+
+FP8_MIN_CAPABILITY = (8, 9)
+_FUSE_BIAS = True
+
+
+def fp8_capable(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` can run FP8 GEMMs, and why not."""
+    if device.type != "cuda":
+        return False, f"device {device} is not a CUDA GPU"
+    cap = torch.cuda.get_device_capability(device)
+    if cap < FP8_MIN_CAPABILITY:
+        return False, (f"{torch.cuda.get_device_name(device)} (sm{cap[0]}{cap[1]}) has no FP8 tensor cores; "
+                       "FP8 GEMMs need sm89+ (Ada, Hopper, Blackwell)")
+    return True, ""
+
+
+def _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype):
+    # cuBLASLt wants B column-major: w_q is [N, K] row-major, so w_q.t() is [K, N] column-major.
+    # A bias is fused only for bf16 outputs with row-wise scales; otherwise it is added after.
+    # Row-wise scaling produces bf16 (the only output type cuBLASLt/CUTLASS offer for it); other activation
+    # dtypes get the bf16 result cast back.
+    global _FUSE_BIAS
+    fused = _FUSE_BIAS and bias is not None and bias.dtype == torch.bfloat16
+    try:
+        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), bias=bias if fused else None,
+                             out_dtype=torch.bfloat16)
+    except RuntimeError:
+        if not fused:
+            raise
+        _FUSE_BIAS, fused = False, False  # this torch/cuBLAS does not fuse a bias with row-wise scales
+        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), out_dtype=torch.bfloat16)
+    if bias is not None and not fused:
+        y = y + bias.to(y.dtype)
+    return y.to(out_dtype)
+
+
+def blockwise_weight_scale_for_gemm(w_s: torch.Tensor) -> torch.Tensor:
+    """The [ceil(N/128), ceil(K/128)] weight scales in the layout cuBLASLt's 128x128 recipe reads:
+    [round_up(K/128, 4), N/128], column-major (the K blocks padded to a multiple of 4)."""
+    nb, kb = w_s.shape
+    padded = torch.ones((nb, -(-kb // 4) * 4), dtype=torch.float32, device=w_s.device)
+    padded[:, :kb] = w_s
+    return padded.t()
+
+
+def _gemm_blockwise(xq, xs, w_q, w_s, bias, out_dtype):
+    import torch.nn.functional as F
+    from torch.nn.functional import ScalingType
+
+    if w_s.is_contiguous() and w_s.shape[0] == -(-w_q.shape[0] // 128):  # the natural layout: convert
+        w_s = blockwise_weight_scale_for_gemm(w_s)
+    y = F.scaled_mm(xq, w_q.t(), scale_a=xs, scale_recipe_a=ScalingType.BlockWise1x128, scale_b=w_s,
+                    scale_recipe_b=ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.to(out_dtype)
+
+
+def _gpu_forward(x, w_q, w_s, bias, act_granularity, col_scale):
+    from ..kernels.fp8_quant import quantize_fp8_rows
+
+    out_dtype = x.dtype
+    if act_granularity == "per_token":
+        xq, xs = quantize_fp8_rows(x, "per_token", col_scale)
+        return _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype)
+    xq, xs = quantize_fp8_rows(x, "per_block", col_scale, scales_k_major=True)
+    return _gemm_blockwise(xq, xs, w_q, w_s, bias, out_dtype)
+
+
+@functools.cache
+def blockwise_supported(device_index: int) -> tuple[bool, str]:
+    """Whether 1x128 x 128x128 block-scaled FP8 GEMMs run on this GPU with this torch, checked against the
+    emulation on a small product (once per device)."""
+    device = torch.device("cuda", device_index)
+    ok, why = fp8_capable(device)
+    if not ok:
+        return False, why
+    try:
+        import torch.nn.functional as F
+
+        if not hasattr(F, "scaled_mm"):
+            return False, f"torch {torch.__version__} has no torch.nn.functional.scaled_mm"
+        g = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(250, 384, generator=g).to(device, torch.bfloat16)  # M not a multiple of 4
+        w = torch.randn(256, 384, generator=g).to(device, torch.bfloat16)
+        w_q, w_s = numerics.quantize_weight(w, "per_block")
+        got = _gpu_forward(x, w_q, w_s, None, "per_block", None).float()
+        want = numerics.fp8_linear_reference(x, w_q, w_s, None, "per_block").float()
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        if not err < 1e-2:
+            return False, f"block-scaled scaled_mm disagrees with the emulation (max rel. error {err:.3g})"
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - any failure means: not available here
+        return False, f"block-scaled scaled_mm failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+
+
+@torch.library.custom_op("sagegen::fp8_linear", mutates_args=())
+def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+               col_scale: torch.Tensor | None, act_granularity: str, emulate: bool) -> torch.Tensor:
+    """``x`` [M, K] (fp16/bf16/fp32) times the FP8 weight ``w_q`` [N, K] (scales ``w_scale``) -> [M, N] in x's dtype."""
+    if emulate or x.device.type != "cuda":
+        return numerics.fp8_linear_reference(x, w_q, w_scale, bias, act_granularity, col_scale)
+    return _gpu_forward(x, w_q, w_scale, bias, act_granularity, col_scale)
+
+
+@fp8_linear.register_fake
+def _(x, w_q, w_scale, bias, col_scale, act_granularity, emulate):
+    return x.new_empty((x.shape[0], w_q.shape[0]))

@@ -1,0 +1,79 @@
+"""What the fused prologues of `fused` (CogVideoX, Mochi) and `fused_joint` (SD3/SD3.5, Flux, HunyuanVideo)
+share: argument binding, the checks that decide whether a fused call may run, and the joint-buffer attention
+call. A module of its own so that neither family module imports the other."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import torch
+
+from ..api import triton_interpret
+from .rebind import native_active
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _arguments(original, cls_path: str, attn, args, kwargs):
+    """The call's arguments by name when ``original`` is exactly diffusers' class ``cls_path`` (whose code
+    path the fused call mirrors; a subclass may differ); None otherwise."""
+    module, _, name = cls_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+    if type(original) is not cls:
+        return None
+    try:
+        return inspect.signature(cls.__call__).bind(original, attn, *args, **kwargs).arguments
+    except TypeError:
+        return None
+
+
+def _native_dispatch(original) -> bool:
+    """Whether a processor that calls diffusers' ``dispatch_attention_fn`` would run the native (SDPA) backend,
+    the only one the patch routes: with another backend chosen, the fused call steps aside too."""
+    return (getattr(original, "_attention_backend", None) is None
+            and getattr(original, "_parallel_config", None) is None and native_active())
+
+
+def _kernel_can_run(weight, hidden_states) -> bool:
+    """Half-precision weights of a plain linear projection, on a GPU (or under the Triton interpreter)."""
+    return (isinstance(weight, torch.Tensor) and weight.dtype in _HALF
+            and (hidden_states.is_cuda or triton_interpret()))
+
+
+def _rope_pair(rope, *shape: int):
+    """(cos, sin), each of the given shape: [n_rot, head_dim] as apply_rotary_emb(use_real=True) takes them,
+    or Mochi's [n_rot, heads, head_dim / 2]; None; or False."""
+    if rope is None:
+        return None
+    if (isinstance(rope, (tuple, list)) and len(rope) == 2 and all(isinstance(t, torch.Tensor) for t in rope)
+            and all(tuple(t.shape) == shape for t in rope)):
+        return rope[0], rope[1]
+    return False
+
+
+def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, **kernel_options) -> torch.Tensor:
+    """One attention call over joint [B, tokens, H, D] Q/K/V buffers filled from ``parts``, each
+    ((q, k, v) projections [B, n, H·D], its token slice, (norm_q, norm_k), rotary tables or None): Q and K
+    normalised (and rotated) straight into place by `rms_norm_rope(**kernel_options)`, V copied (so no
+    concatenations). Returns the attention output [B, tokens, H·D]."""
+    from ..kernels.triton_qk_prologue import rms_norm_rope
+
+    first = parts[0][0][0]
+    total = sum(p[0][0].shape[1] for p in parts)
+    joint = [torch.empty(first.shape[0], total, heads, head_dim, dtype=first.dtype, device=first.device)
+             for _ in range(3)]
+    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
+    for (q, k, v), rows, (norm_q, norm_k), table in parts:
+        for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
+            src = src.unflatten(-1, (heads, head_dim))
+            if norm is None and table is None:
+                dst[:, rows] = src
+            else:
+                rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), **kernel_options)
+        joint[2][:, rows] = v.unflatten(-1, (heads, head_dim))
+    out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False})
+    return out.transpose(1, 2).flatten(2, 3).to(first.dtype)

@@ -1,0 +1,123 @@
+"""FP8 linears on the GPU: the Triton quantizer against the emulation (bit for bit), the cuBLASLt products
+(row-wise and, where supported, block-wise) against the emulation, a patched step against stock, and
+torch.compile (inductor) of a patched model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sagegen
+from conftest import gpu
+from helpers import cosine, rel_l1
+from sagegen.kernels.fp8_quant import quantize_fp8_rows
+from sagegen.linear import FP8Linear, LinearPolicy, fp8_capable, fp8_linear, fp8_linear_reference, quantize_weight
+from sagegen.linear.numerics import quantize_activations
+from sagegen.linear.ops import blockwise_supported
+from sagegen.models import arch as archs
+from sagegen.patch import patch_info
+
+pytestmark = gpu
+
+
+def _need_fp8():
+    ok, why = fp8_capable(torch.device("cuda"))
+    if not ok:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("granularity", ["per_token", "per_block"])
+@pytest.mark.parametrize("shape", [(1, 64), (333, 300), (5000, 3072), (4099, 15360)])
+def test_quantizer_matches_the_emulation_bit_for_bit_on_gpu(seed, granularity, shape):
+    M, K = shape
+    x = (torch.randn(M, K, device="cuda") * torch.logspace(-3, 2, K, device="cuda")).to(torch.bfloat16)
+    x[M // 2] = 0
+    col = torch.rand(K, device="cuda") * 2
+    for col_scale in (None, col):
+        q, s = quantize_fp8_rows(x, granularity, col_scale, scales_k_major=granularity == "per_block")
+        q_ref, s_ref = quantize_activations(x, granularity, col_scale)
+        assert torch.equal(s, s_ref)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("act, weight", [("per_token", "per_channel"), ("per_block", "per_block")])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cublas_fp8_product_matches_the_emulation(seed, act, weight, bias):
+    _need_fp8()
+    if act == "per_block":
+        ok, why = blockwise_supported(torch.cuda.current_device())
+        if not ok:
+            pytest.skip(why)
+    x = torch.randn(4100, 3072, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1536, 3072, device="cuda") / 3072 ** 0.5
+    b = torch.randn(1536, device="cuda", dtype=torch.bfloat16) if bias else None
+    w_q, w_s = quantize_weight(w, weight)
+    got = fp8_linear(x, w_q, w_s, b, None, act, False)
+    want = fp8_linear_reference(x, w_q, w_s, b, act)
+    assert got.dtype == torch.bfloat16 and got.shape == (4100, 1536)
+    # the same quantized operands; only the accumulation order and the final bf16 rounding differ
+    assert rel_l1(got, want) < 4e-3 and cosine(got, want) > 0.99999
+    ref = x.double() @ w.double().t() + (b.double() if bias else 0)
+    assert cosine(got, ref) > 0.998
+
+
+def test_split_outliers_on_gpu(seed):
+    _need_fp8()
+    x = torch.randn(512, 1024, device="cuda")
+    w = torch.randn(256, 1024, device="cuda") / 32
+    x[:, [3, 700]] *= 3e5
+    w[:, [3, 700]] /= 3e5
+    lin = torch.nn.Linear(1024, 256, bias=False, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    x = x.to(torch.bfloat16)
+    ref = x.double() @ lin.weight.double().t()
+    plain = rel_l1(FP8Linear(lin, min_rows=1)(x), ref)
+    split = rel_l1(FP8Linear(lin, min_rows=1, outliers="split")(x), ref)
+    smooth = rel_l1(FP8Linear(lin, min_rows=1, outliers="smooth")(x), ref)
+    assert plain > 0.3 and split < 0.08 and smooth < 0.08, (plain, split, smooth)
+
+
+@pytest.mark.parametrize("name", ["flux.1-dev", "cogvideox-5b", "hunyuanvideo", "sd3.5-medium"])
+def test_patched_step_with_fp8_linears_is_close_to_stock(name):
+    _need_fp8()
+    arch = archs.get_arch(name)
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,
+                                    config_overrides=archs.smoke_overrides(name))
+    size = dict(height=256, width=256)
+    if arch.frames:
+        size["frames"] = 9
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda", seed=1, **size)
+    with torch.inference_mode():
+        stock = model(**inputs)[0]
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        out = model(**inputs)[0]
+        info = patch_info(model)["linear"]
+        assert info["fp8_calls"] > 0 and not info["emulated"]
+        assert cosine(out, stock) > 0.99 and rel_l1(out, stock) < 0.15
+        compiled = torch.compile(model, fullgraph=name != "mochi-1")(**inputs)[0]
+        assert cosine(compiled, out) > 0.999
+    sagegen.unpatch(model)
+    torch._dynamo.reset()
+
+
+def test_bf16_copies_on_the_cpu_free_gpu_memory_and_unpatch_restores_the_bits():
+    _need_fp8()
+    name = "flux.1-dev"
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,
+                                    config_overrides=dict(archs.smoke_overrides(name), num_layers=3))
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda", seed=1, height=256, width=256)
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1, bf16_copies="cpu"))
+    info = patch_info(model)["linear"]
+    freed = base - torch.cuda.memory_allocated()
+    # bf16 (2 bytes) out, FP8 (1 byte) in: about half the moved bytes are freed
+    assert freed > 0.4 * info["bf16_bytes_moved_to_cpu"], (freed, info["bf16_bytes_moved_to_cpu"])
+    with torch.inference_mode():
+        out = model(**inputs)[0]
+    assert torch.isfinite(out).all() and patch_info(model)["linear"]["fp8_calls"] > 0
+    sagegen.unpatch(model)
+    state = model.state_dict()
+    assert all(state[k].is_cuda and torch.equal(state[k], params[k]) for k in params)
