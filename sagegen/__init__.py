@@ -13,10 +13,10 @@ __version__ = "0.1.0"
 # public name -> the submodule that defines it
 _LAZY = {
     "sageattn": ".api",
+    "BlockSparse": ".kernels.block_sparse",  # block-sparse masks for sageattn(block_mask=), docs/block-sparse.md
     "SageConfig": ".config",
     "DIFFUSION_CONFIG": ".config",
     "SUPPORTED_HEAD_DIMS": ".config",
-    "BlockSparse": ".kernels.block_sparse",
     # block-sparse attention: predicted / static masks (sagegen.sparse; importing it registers its custom op)
     "SparseConfig": ".sparse",
     # The diffusers patcher. `sagegen.patch` is the function; the package stays importable as

@@ -85,8 +85,8 @@ def _produce_item(K, V, KMean, VInv, K8, KSc, VQ, VMin, VMax, pid_bh, b, h, item
         gl.store(VMax + out, gl.max(gl.where(ok, v, float("-inf")), axis=1))
 '''
 
-SIG_OLD = "    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse,\n"
-SIG_NEW = ("    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse,\n"
+SIG_OLD = "    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse, CNT, IDX,\n"
+SIG_NEW = ("    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse, CNT, IDX,\n"
            "    PK, PV, PKM, PVI, PK8, PKS, PVQ, PMIN, PMAX, stride_pkb, stride_pkh, stride_pkn, stride_pkd,\n"
            "    stride_pvb, stride_pvh, stride_pvn, stride_pvd, PRODUCE: gl.constexpr,\n")
 EPI_END = "              SMOOTH_V, RETURN_LSE, s_layout, o_layout)\n"
@@ -118,11 +118,14 @@ def launch(mod, qq, q, k, v, out, items, produce: bool):
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     mod._attn_fwd_sm90[grid](
         k_desc, k_desc, v_desc, q, qq.k_scale, qq.k_scale, qq.v_scale, qq.v_scale, qq.k_scale, out, qq.k_scale,
+        qq.k_scale, qq.k_scale,  # no block-sparse lists
         k, v, qq.k_mean, items["v_inv"], items["k8"], items["k_scale"], items["vq"], items["vmin"], items["vmax"],
         *k.stride(), *v.stride(), produce,
-        *q.stride(), *out.stride(), 0, 0, h, 1, n, n, triton.cdiv(n, 64) * 64, nk_pad, d, d**-0.5 * 1.4426950408889634,
+        *q.stride(), *out.stride(), 0, 0, 0, 0, 0, 0, 0, h, 1, n, n, triton.cdiv(n, 64) * 64, nk_pad, d,
+        d**-0.5 * 1.4426950408889634,
         BLOCK_M=64, BLOCK_N=128, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=False, SMOOTH_V=False, RETURN_LSE=False,
-        PERMUTED_V=True, QUANT_Q=True, PAD_D=False, q_layout=q_l, num_warps=4, enable_fp_fusion=True, **extra,
+        PERMUTED_V=True, QUANT_Q=True, PAD_D=False, SPARSE=False, q_layout=q_l, num_warps=4, enable_fp_fusion=True,
+        **extra,
     )
 
 

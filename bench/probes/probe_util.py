@@ -13,7 +13,9 @@ import torch
 
 def kernel_source(module) -> str:
     """A sagegen kernel module's source, importable from outside the package."""
-    return open(module.__file__).read().replace("from .spec import", "from sagegen.kernels.spec import")
+    src = open(module.__file__).read()
+    return src.replace("from .spec import", "from sagegen.kernels.spec import").replace(
+        "from .block_sparse import", "from sagegen.kernels.block_sparse import")
 
 
 def module_from_source(src: str, name: str):
