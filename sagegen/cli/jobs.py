@@ -128,6 +128,12 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                 "dtype": preset.dtype if dtype == "auto" else dtype,
                 "max_sequence_length": preset.max_sequence_length,
                 "vae_tiling": vae_tiling, "vae_slicing": vae_slicing, "random_weights": random_weights}
+    if random_weights and not on_gpu:
+        from .estimate import cpu_warning
+
+        warning = cpu_warning(preset, settings, len(prompts_list) * len(seeds), len(variants))
+        if warning:
+            warnings.append(warning)
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
