@@ -106,8 +106,10 @@ def cli_command(fn):
         except PASS_THROUGH:
             raise
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the CLI's last line of defence
-            if debug_enabled():
-                raise
+            if debug_enabled():  # the traceback too, but the same one-line error and exit code
+                import traceback
+
+                traceback.print_exc()
             raise typer.Exit(handle(exc)) from None
 
     return wrapper
