@@ -1,5 +1,6 @@
 """Checks of a `run`/`compare` plan made before any model loads, each a `UsageProblem` (exit 2) naming the
-option: the plan's size, the run directory (`--out`), the precision policy against the preset's blocks."""
+option (the plan's size, the run directory `--out`, the precision policy against the preset's blocks), and
+adjustments the user is told about (the frame count the VAE makes, options the stock attention ignores)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,38 @@ def check_policy_blocks(preset, blocks, *, model_path) -> None:
     if bad:
         raise UsageProblem(f"block index {', '.join(map(str, bad))} is out of range: {preset.name} has {n} "
                            f"blocks (indices 0..{n - 1}, or -{n}..-1 from the end)", "--fp-blocks")
+
+
+def fitted_frames(preset, frames: int | None) -> tuple[int | None, str | None]:
+    """The frame count to generate and record, and a note when --frames was adjusted to it.
+
+    The video VAEs make ``k * frame_step + 1`` frames; the pipelines round other counts down silently. Passing
+    the rounded count makes the manifest record what comes out. The preset's own default is left as its
+    authors give it (Mochi's 84, which decodes to 79, is documented in its preset notes)."""
+    if not preset.is_video:
+        return None, None
+    if frames is None or frames < 1:
+        return (frames or preset.frames), None
+    step = preset.frame_step
+    if step <= 1 or (frames - 1) % step == 0 or frames == preset.frames:
+        return frames, None
+    fitted = (frames - 1) // step * step + 1
+    return fitted, (f"--frames {frames}: {preset.name}'s VAE makes {step}k+1 frames, so {fitted} frames are "
+                    f"generated and recorded (use --frames {fitted} or {fitted + step} to choose exactly)")
+
+
+# Options that only the sage variant reads (and their defaults).
+SAGE_ONLY = {"kernel": ("--kernel", None), "fp_blocks": ("--fp-blocks", None),
+             "fp_first_steps": ("--fp-first-steps", 0), "fp_last_steps": ("--fp-last-steps", 0),
+             "backend": ("--backend", "auto")}
+
+
+def ignored_with_stock(variants, **given) -> list[str]:
+    """A warning naming the sagegen-only options given to a run of the stock attention alone."""
+    if "sage" in variants:
+        return []
+    named = [flag for key, (flag, default) in SAGE_ONLY.items() if given.get(key) not in (default, [], "")]
+    if not named:
+        return []
+    return [f"{', '.join(named)} {'has' if len(named) == 1 else 'have'} no effect with --attention sdpa (the "
+            "stock attention runs, not sagegen's); ignored"]

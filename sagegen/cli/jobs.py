@@ -106,10 +106,13 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     seeds = parse_seeds(seed or [])
     config = kernel_config(kernel or [])
     h, w = height or preset.height, width or preset.width
-    f = (frames or preset.frames) if preset.is_video else None
+    f, frame_note = checks.fitted_frames(preset, frames)
     errors, warnings = check_shape(preset, height=h, width=w, frames=f)
     if errors:
         raise UsageProblem("; ".join(errors))
+    warnings += [frame_note] if frame_note else []
+    warnings += checks.ignored_with_stock(variants, kernel=kernel, fp_blocks=fp_blocks, backend=backend,
+                                          fp_first_steps=fp_first_steps, fp_last_steps=fp_last_steps)
     on_gpu = _check_device(device)
     if offload != "none" and not on_gpu:
         raise UsageProblem("CPU offload needs a CUDA device; drop --offload or use --device cuda", "--offload")
