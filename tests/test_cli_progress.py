@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
