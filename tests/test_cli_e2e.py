@@ -10,7 +10,7 @@ from sagegen.cli.app import app
 from sagegen.rundir import RunDir, latest_run
 
 runner = CliRunner()
-FAMILIES = {"tiny-cogvideox": 9, "tiny-hunyuanvideo": 9, "tiny-mochi": 13, "tiny-flux": 1, "tiny-sd3": 1}
+FAMILIES = {"tiny-cogvideox": 9, "tiny-hunyuanvideo": 9, "tiny-mochi": 7, "tiny-flux": 1, "tiny-sd3": 1}
 
 
 @pytest.fixture(autouse=True)

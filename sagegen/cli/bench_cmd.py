@@ -10,34 +10,58 @@ import typer
 
 from .errors import UsageProblem, cli_command
 
+NO_GPU = ("sagegen bench times the GPU kernels, and no CUDA GPU is visible to PyTorch here (see `sagegen env`); "
+          "run it on a machine with an NVIDIA GPU, or add --tiny for the CPU smoke test of the same code path")
+
+
+def bench_architecture(model: str) -> str:
+    """The stepbench architecture for a model name, accepting every name and alias that `run` accepts."""
+    from ..models import arch
+    from ..models.presets import resolve
+
+    preset = resolve(model)  # UnknownModel (exit 2) with "did you mean"
+    if preset.name in arch.ARCHS:
+        return preset.name
+    full = [p for p in arch.ARCHS if arch.ARCHS[p].family == preset.family]
+    hint = f" (the full-size {preset.family} architectures: {', '.join(full)}; --tiny shrinks them)" if full else ""
+    raise UsageProblem(f"{preset.name} has no full-size architecture to benchmark{hint}; choose one of "
+                       f"{', '.join(arch.ARCHS)}", "MODEL")
+
 
 def bench_command(
     ctx: typer.Context,
-    model: str = typer.Argument(..., metavar="MODEL", help="architecture: a preset name such as cogvideox-5b, "
-                                                           "hunyuanvideo, mochi-1, flux.1-dev, sd3.5-large"),
+    model: str = typer.Argument(..., metavar="MODEL", help="architecture: a preset name or alias as for `run`, "
+                                                           "such as cogvideox, cogvideox-5b, hunyuanvideo, "
+                                                           "mochi, flux.1-dev, sd3.5-large"),
 ) -> None:
     """Time one denoising step at the model's default resolution (random weights, nothing downloaded).
 
-    Stock attention vs sagegen in the same run after warm-up, an attention-free run (Amdahl), peak memory and the output difference; JSON with device, versions and date.
+    Stock attention vs sagegen in the same run after warm-up, an attention-free run (Amdahl), peak memory and the output difference; JSON with device, versions and date. Needs a CUDA GPU (--tiny: a CPU smoke test).
 
     Options passed to the benchmark: --compile, --repeats N, --warmup N, --batch N, --height, --width, --frames, --dtype bf16|fp16, --sage-config JSON, --backend auto|triton, --linear fp8 (also attention + FP8 linears; --linear-policy JSON), --profile (GPU time by kernel group), --no-zero-attention, --tiny, --out FILE.
 
-    Example: sagegen bench cogvideox-5b --random-weights --compile
+    Examples: sagegen bench cogvideox-5b --compile; sagegen bench flux --tiny --out /tmp/smoke.json
     """
-    from ..models import arch
+    name = bench_architecture(model)
+    extra = list(ctx.args)
+    if "--tiny" not in extra:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageProblem(NO_GPU)
+    args = [name, *extra]
+    if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        args += ["--out", os.path.join(os.environ.get("SAGEGEN_RUNS", "runs"), "bench", f"{name}-{stamp}.json")]
     from .. import stepbench
 
-    if model not in arch.ARCHS:
-        raise UsageProblem(f"unknown MODEL {model!r}; choose one of {', '.join(arch.ARCHS)}")
-    args = [model, *ctx.args]
-    if "--out" not in ctx.args:
-        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        args += ["--out", os.path.join(os.environ.get("SAGEGEN_RUNS", "runs"), "bench", f"{model}-{stamp}.json")]
     try:
         stepbench.main(args)
-    except SystemExit as exc:  # argparse's usage errors
-        if exc.code:
-            raise UsageProblem(f"bad benchmark option in {' '.join(ctx.args)!r} (see `sagegen bench --help`)")
+    except SystemExit as exc:
+        if isinstance(exc.code, str):  # a message from the benchmark itself
+            raise UsageProblem(exc.code) from None
+        if exc.code:  # argparse has printed the usage and the error (exit 2, as for every usage error)
+            raise typer.Exit(2) from None
 
 
 def register(app: typer.Typer) -> None:

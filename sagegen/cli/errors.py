@@ -53,8 +53,9 @@ def usage_error_types() -> tuple[type, ...]:
     from ..generate import BadPolicy, RunDirConflict
     from ..models.loading import BadModelPath
     from ..models.presets import UnknownModel
+    from ..runlock import RunDirBusy
 
-    return (UsageProblem, UnknownModel, BadModelPath, RunDirConflict, BadPolicy)
+    return (UsageProblem, UnknownModel, BadModelPath, RunDirConflict, BadPolicy, RunDirBusy)
 
 
 def one_line(text: str) -> str:
@@ -82,7 +83,9 @@ def handle(exc: BaseException) -> int:
         print_error("interrupted; finished samples are kept, and running the same command again resumes")
         return 130
     if isinstance(exc, usage_error_types()):
-        print_error(str(exc))
+        from ..generate import BadPolicy
+
+        print_error(("--fp-blocks: " if isinstance(exc, BadPolicy) else "") + str(exc))
         return 2
     if type(exc).__name__ == "OutOfMemoryError":
         print_error(f"{describe(exc)}; reduce memory with --offload model, --vae-tiling, fewer --frames or a "
@@ -103,8 +106,10 @@ def cli_command(fn):
         except PASS_THROUGH:
             raise
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the CLI's last line of defence
-            if debug_enabled():
-                raise
+            if debug_enabled():  # the traceback too, but the same one-line error and exit code
+                import traceback
+
+                traceback.print_exc()
             raise typer.Exit(handle(exc)) from None
 
     return wrapper

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Literal, Optional
@@ -9,7 +10,8 @@ from typing import Annotated, Literal, Optional
 import typer
 
 from .errors import UsageProblem
-from .options import (command_line, kernel_config, load_prompts, parse_seeds, precision_policy)
+from . import checks
+from .options import command_line, count_seeds, kernel_config, load_prompts, parse_seeds, precision_policy
 
 GEN = "Generation"
 MEM = "Memory and speed"
@@ -100,6 +102,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem(f"{preset.name} makes images; --frames is for video models", "--frames")
     # Checks that need no torch first, so that these mistakes are reported within a second.
     prompts_list = load_prompts(prompt or [], prompts, max_prompts)
+    checks.check_plan_size(len(prompts_list), count_seeds(seed or []))  # before building the plan
     seeds = parse_seeds(seed or [])
     config = kernel_config(kernel or [])
     from .sparse_opt import parse as parse_sparse
@@ -108,10 +111,13 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     if sparse_cfg is not None and "sage" not in variants:
         raise UsageProblem("--sparse applies to sagegen's attention; drop it or use --attention sage", "--sparse")
     h, w = height or preset.height, width or preset.width
-    f = (frames or preset.frames) if preset.is_video else None
+    f, frame_note = checks.fitted_frames(preset, frames)
     errors, warnings = check_shape(preset, height=h, width=w, frames=f)
     if errors:
         raise UsageProblem("; ".join(errors))
+    warnings += [frame_note] if frame_note else []
+    warnings += checks.ignored_with_stock(variants, kernel=kernel, fp_blocks=fp_blocks, backend=backend,
+                                          fp_first_steps=fp_first_steps, fp_last_steps=fp_last_steps)
     on_gpu = _check_device(device)
     if offload != "none" and not on_gpu:
         raise UsageProblem("CPU offload needs a CUDA device; drop --offload or use --device cuda", "--offload")
@@ -122,16 +128,25 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     linear = None if linear.lower() == "none" else linear.lower()
     if linear is not None and "sage" not in variants:
         raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
+    if policy is not None:
+        checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,
                 "dtype": preset.dtype if dtype == "auto" else dtype,
                 "max_sequence_length": preset.max_sequence_length,
                 "vae_tiling": vae_tiling, "vae_slicing": vae_slicing, "random_weights": random_weights}
+    if random_weights and not on_gpu:
+        from .estimate import cpu_warning
+
+        warning = cpu_warning(preset, settings, len(prompts_list) * len(seeds), len(variants))
+        if warning:
+            warnings.append(warning)
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
               command=command_line(), linear=linear, sparse=sparse_cfg)
+    checks.check_out_dir(job.resolve_out(), "--out" if out is not None else "--out (default: under $SAGEGEN_RUNS or runs/)")
     return job, warnings
 
 
@@ -158,25 +173,70 @@ def _check_device(device: str) -> bool:
 
 
 def execute(job, *, quiet: bool, title: str):
-    """Run the job with progress bars; print the outcome on rank 0. Returns the RunResult."""
+    """Run the job with progress output; print the outcome on rank 0. Returns the RunResult.
+
+    Rank 0 holds the run directory's lock (`sagegen.runlock`) while it runs. A run directory that this call
+    created and that holds no finished sample when it fails is removed again, so that a failed first attempt
+    leaves no manifest-only folder behind."""
     from rich.console import Console
 
-    from .. import distributed
+    from .. import distributed, runlock
     from ..generate import run_job
-    from .progress import RichReporter
+    from .progress import make_reporter
 
     dist = distributed.info()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     run_dir = job.resolve_out()
+    created = _first_missing(run_dir)  # the top folder this run creates (None: run_dir exists)
     if dist.is_main:
         s = job.settings
         size = f"{s['width']}x{s['height']}" + (f", {s['frames']} frames" if s["frames"] else "")
         err.print(f"[bold]{title}[/] {job.preset.name}: {len(job.samples)} sample(s) x {'+'.join(job.variants)}, "
                   f"{size}, {s['steps']} steps, guidance {s['guidance']}, {s['dtype']} -> {run_dir}")
+    lock = runlock.hold(run_dir, job.command) if dist.is_main else contextlib.nullcontext()
     distributed.init(dist)
     try:
-        with RichReporter(err, enabled=not quiet, rank=dist.rank) as reporter:
-            result = run_job(job, reporter, dist=dist)
+        with lock, make_reporter(err, quiet=quiet, rank=dist.rank) as reporter:
+            try:
+                result = run_job(job, reporter, dist=dist)
+            except BaseException:
+                if created is not None and dist.is_main:
+                    remove_if_unfinished(run_dir, created)
+                raise
     finally:
         distributed.shutdown(dist)
     return result
+
+
+def _first_missing(path: Path) -> Path | None:
+    path = Path(path).absolute()
+    if path.exists():
+        return None
+    while not path.parent.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def remove_if_unfinished(run_dir: Path, top: Path | None = None) -> None:
+    """Remove `run_dir` if it holds nothing but run bookkeeping (no sample.json anywhere), and the empty
+    folders above it up to `top` (the first one this run created)."""
+    import shutil
+
+    from ..rundir import SAMPLE_JSON
+
+    if not run_dir.is_dir() or any(run_dir.rglob(SAMPLE_JSON)):
+        return
+    keep = {"manifest.json", ".manifest.lock", ".sagegen-run.lock", "samples"}
+    if any(p.name not in keep for p in run_dir.iterdir()):
+        return  # something else lives there: leave it alone
+    shutil.rmtree(run_dir, ignore_errors=True)
+    here = Path(run_dir).absolute().parent
+    if top is None:
+        return
+    top = Path(top).absolute()
+    while here != here.parent and (here == top or top in here.parents):
+        try:
+            here.rmdir()  # only when empty
+        except OSError:
+            return
+        here = here.parent

@@ -73,9 +73,9 @@ def load_prompts(prompt: Sequence[str], prompts: str | None, max_prompts: int | 
     return out
 
 
-def parse_seeds(values: Sequence[str]) -> list[int]:
-    """Seeds from repeated --seed values, each ``7``, ``0,1,2`` or ``0-3`` (inclusive); default [0]."""
-    seeds: list[int] = []
+def _seed_ranges(values: Sequence[str]) -> list[tuple[int, int]]:
+    """The inclusive (first, last) ranges that repeated --seed values name, without expanding them."""
+    ranges: list[tuple[int, int]] = []
     for value in values or ["0"]:
         for token in str(value).replace(" ", "").split(","):
             if not token:
@@ -86,16 +86,31 @@ def parse_seeds(values: Sequence[str]) -> list[int]:
                     lo, hi = int(a), int(b)
                     if hi < lo:
                         raise ValueError
-                    seeds.extend(range(lo, hi + 1))
                 else:
-                    seeds.append(int(token))
+                    lo = hi = int(token)
             except ValueError:
                 raise UsageProblem(f"{token!r} is not a seed; use integers >= 0 such as 7, 0,1,2 or 0-3",
                                    "--seed") from None
-    if any(s < 0 or s >= 2**63 for s in seeds):
-        raise UsageProblem("seeds must be integers from 0 to 2**63-1, such as 7, 0,1,2 or 0-3", "--seed")
-    if not seeds:
+            if lo < 0 or hi >= 2**63:
+                raise UsageProblem("seeds must be integers from 0 to 2**63-1, such as 7, 0,1,2 or 0-3", "--seed")
+            ranges.append((lo, hi))
+    if not ranges:
         raise UsageProblem("no seed given; use e.g. --seed 0 or --seed 0-3", "--seed")
+    return ranges
+
+
+def count_seeds(values: Sequence[str]) -> int:
+    """How many seeds --seed names (repeats counted), computed without building the list."""
+    return sum(hi - lo + 1 for lo, hi in _seed_ranges(values))
+
+
+def parse_seeds(values: Sequence[str]) -> list[int]:
+    """Seeds from repeated --seed values, each ``7``, ``0,1,2`` or ``0-3`` (inclusive); default [0].
+
+    Check `count_seeds` against a limit first: ``0-100000000`` expands to a hundred million ints."""
+    seeds: list[int] = []
+    for lo, hi in _seed_ranges(values):
+        seeds.extend(range(lo, hi + 1))
     return list(dict.fromkeys(seeds))
 
 

@@ -222,6 +222,18 @@ def place(pipe, device, *, offload: str = "none", vae_tiling: bool = False, vae_
     return notes
 
 
+def ignore_known_warnings() -> None:
+    """Silence warnings of diffusers' own code that say nothing to a sagegen user (narrow filters).
+
+    MochiTransformer3DModel computes its rotary frequencies under ``torch.autocast(device, torch.float32)``
+    with inputs it has already cast to float32; on a CPU torch then warns that float32 is no autocast dtype
+    and disables autocast, which changes nothing for that computation."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"In (CPU|CUDA) autocast, but the target dtype is not supported",
+                            category=UserWarning, module=r"diffusers\.models\.transformers\.transformer_mochi")
+
+
 @contextlib.contextmanager
 def _quiet_libraries():
     """diffusers/transformers chatter (dtype-cast notices, progress bars) off while loading; errors stay."""
@@ -244,6 +256,7 @@ def load(preset: Preset, *, dtype: str, device, model_path=None, random_weights:
     t0 = time.perf_counter()
     tdtype = torch_dtype(dtype)
     overrides = None
+    ignore_known_warnings()
     with _quiet_libraries():
         if random_weights:
             from .random_weights import build_random_pipeline

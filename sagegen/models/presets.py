@@ -141,7 +141,7 @@ _add(Preset("tiny-hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline"
             height=32, width=32, frames=9, fps=24, steps=4, guidance=6.0, dtype="bfloat16", frame_step=4,
             aliases=("tiny-hunyuan",), source=_TINY_SRC))
 _add(Preset("tiny-mochi", "mochi", "video", "MochiPipeline", None,
-            height=32, width=32, frames=13, fps=30, steps=4, guidance=4.5, dtype="bfloat16", frame_step=6,
+            height=32, width=32, frames=7, fps=30, steps=4, guidance=4.5, dtype="bfloat16", frame_step=6,
             source=_TINY_SRC))
 _add(Preset("tiny-flux", "flux", "image", "FluxPipeline", None,
             height=64, width=64, steps=4, guidance=3.5, dtype="bfloat16", source=_TINY_SRC))

@@ -1,0 +1,59 @@
+"""A rough time estimate for a full-size model run on the CPU (``--random-weights`` without a GPU), so that
+the user is warned before waiting hours: the transformer's matmul work at this CPU's measured float32 matmul
+rate (bfloat16 and the attention emulation are slower, the machine's load may differ: an order of magnitude)."""
+
+from __future__ import annotations
+
+import time
+
+
+def step_flops(preset, settings: dict) -> float | None:
+    """Multiply-add work of one denoising step of the full-size transformer (linear layers and attention,
+    ignoring norms, embeddings and the VAE), or None when the architecture is not known."""
+    from ..models.arch import ARCHS, tokens_per_sample
+
+    arch = ARCHS.get(preset.name)
+    if arch is None:
+        return None
+    cfg = arch.config
+    d = cfg["num_attention_heads"] * cfg["attention_head_dim"]
+    layers = cfg.get("num_layers", 0) + cfg.get("num_single_layers", 0)
+    t = tokens_per_sample(preset.name, height=settings["height"], width=settings["width"],
+                          frames=settings.get("frames"))
+    batch = arch.batch if settings.get("guidance", 0) > 1 or arch.batch == 1 else 1
+    # per block: q, k, v, o (4 d^2) and a 4x MLP (8 d^2) per token; attention 2 T^2 d for QK^T and for PV
+    return float(batch * layers * (2 * 12 * d * d * t + 4 * t * t * d))
+
+
+def cpu_flops_per_s(seconds: float = 0.1) -> float:
+    """This CPU's float32 matmul rate, measured for about `seconds` (an optimistic rate for bfloat16)."""
+    import torch
+
+    a = torch.randn(512, 512)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ a
+        n += 1
+    return n * 2 * 512**3 / (time.perf_counter() - t0)
+
+
+def _human(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def cpu_warning(preset, settings: dict, n_samples: int, n_variants: int) -> str | None:
+    """The warning for a full-size random-weights run on the CPU, with a lower bound of its duration."""
+    flops = step_flops(preset, settings)
+    if flops is None:
+        return None
+    rate = cpu_flops_per_s()
+    per_sample = flops * settings["steps"] / rate
+    total = per_sample * n_samples * n_variants
+    return (f"--random-weights builds the full-size {preset.name} and no GPU is in use: the transformer alone "
+            f"needs about {_human(per_sample)} per sample on this CPU ({flops * settings['steps']:.1e} FLOPs at "
+            f"{rate / 1e9:.0f} GFLOP/s measured just now), {_human(total)} for this run, plus the VAE and the "
+            "model load. Use a GPU "
+            "(--device cuda) or a tiny-* preset for a quick check; Ctrl-C stops it.")

@@ -1,0 +1,52 @@
+"""Issue 22, bug 5: `sagegen bench` without a GPU says so; aliases as for `run`; usage errors exit 2."""
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cli_fakes import isolated  # noqa: F401 (fixture)
+from sagegen.cli.app import app
+from sagegen.cli.bench_cmd import bench_architecture
+
+runner = CliRunner()
+
+
+def _error(result) -> str:
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("Error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+@pytest.mark.parametrize("debug", [[], ["--debug"]])
+def test_no_gpu_gives_the_real_reason(debug):
+    r = runner.invoke(app, ["bench", "cogvideox-5b", "--compile", *debug])  # the help's own example
+    line = _error(r)
+    assert r.exit_code == 2 and "no CUDA GPU" in line and "--tiny" in line and "bad benchmark option" not in r.output
+
+
+@pytest.mark.parametrize("name,arch", [("cogvideox", "cogvideox-2b"), ("CogVideoX-5b", "cogvideox-5b"),
+                                       ("flux", "flux.1-schnell"), ("mochi", "mochi-1"), ("hunyuan", "hunyuanvideo"),
+                                       ("THUDM/CogVideoX-5b", "cogvideox-5b"), ("sd3.5", "sd3.5-large")])
+def test_run_aliases_are_accepted(name, arch):
+    assert bench_architecture(name) == arch
+
+
+def test_unknown_and_tiny_models_are_usage_errors():
+    r = runner.invoke(app, ["bench", "cogvidx"])
+    assert r.exit_code == 2 and "did you mean" in _error(r)
+    r = runner.invoke(app, ["bench", "tiny-flux"])
+    assert r.exit_code == 2 and "flux.1-dev" in _error(r) and "--tiny" in _error(r)
+
+
+def test_bad_benchmark_option_exits_2_with_argparse_message(tmp_path):
+    r = runner.invoke(app, ["bench", "cogvideox", "--tiny", "--repeats", "zero", "--out", str(tmp_path / "x.json")])
+    assert r.exit_code == 2 and "--repeats" in r.output
+
+
+def test_tiny_smoke_through_the_cli(tmp_path):
+    out = tmp_path / "b.json"
+    r = runner.invoke(app, ["bench", "flux", "--tiny", "--warmup", "0", "--repeats", "1", "--no-zero-attention",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.is_file()
