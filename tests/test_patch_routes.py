@@ -13,8 +13,8 @@ import sagegen
 from sagegen.models.tiny import build_tiny_transformer
 from sagegen.patch import attention_modules, patch_info, reset_stats, set_attention_override, step_history
 from sagegen.patch import backend_route
-from tests.dispatch_models import DISPATCH_MODELS, tiny_wan
-from tests.helpers import rel_l1
+from dispatch_models import DISPATCH_MODELS, tiny_wan
+from helpers import rel_l1
 
 ad = pytest.importorskip("diffusers.models.attention_dispatch")
 QUANT_TOL = 0.03  # rel. L1 of a whole tiny model's output vs stock (measured 4e-4 .. 6.4e-3)

@@ -30,7 +30,7 @@ def dispatches(processor) -> bool:
 def backend_member():
     """diffusers' ``"sagegen"`` backend member, registering it if needed; None where this diffusers cannot
     register it (the patch then takes the SDPA route for these modules)."""
-    from .diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend
+    from ..diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend
 
     try:
         return register_diffusers_backend()
