@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 import sagegen
 from sagegen import diffusers_registry
-from tests.dispatch_models import tiny_flux, tiny_qwenimage, tiny_wan
-from tests.helpers import rel_l1
+from dispatch_models import tiny_flux, tiny_qwenimage, tiny_wan
+from helpers import rel_l1
 
 ad = pytest.importorskip("diffusers.models.attention_dispatch")
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +86,22 @@ def test_every_mask_form_matches_sdpa_and_the_emulation(form, seed):
     # dropping the mask would be far off: the comparison can fail
     assert rel_l1(_dispatch(q, k, v), _sdpa(q, k, v, mask)) > 2.5 * QUANT_TOL
     assert sagegen.backend_stats() == {"routed": 2}
+
+
+def test_square_padding_mask_is_reduced_and_empty_query_rows_are_zero(seed):
+    """A [B, 1, S_q, S_kv] mask that is (valid query) x (valid key) runs as a key-padding mask; query rows with
+    no key give zeros (SDPA: NaN)."""
+    b, h, s, d = 2, 2, 40, 64
+    q, k, v = _nhd(b, s, h, d), _nhd(b, s, h, d), _nhd(b, s, h, d)
+    valid = torch.ones(b, s, dtype=torch.bool)
+    valid[0, 30:] = False
+    mask = valid[:, None, :, None] & valid[:, None, None, :]
+    out = _dispatch(q, k, v, attn_mask=mask)
+    assert torch.equal(out[0, 30:], torch.zeros_like(out[0, 30:]))
+    expected = _emulation(q, k, v, valid[:, None, None, :])
+    assert torch.equal(out[0, :30], expected[0, :30]) and torch.equal(out[1], expected[1])
+    ref = _sdpa(q, k, v, mask)
+    assert rel_l1(out[0, :30], ref[0, :30]) < QUANT_TOL and rel_l1(out[1], ref[1]) < QUANT_TOL
 
 
 def test_scale_causal_and_gqa_are_honoured(seed):
@@ -229,7 +245,7 @@ def test_an_unsupported_diffusers_gets_a_clear_error():
 
 # -- subprocesses: import order, DIFFUSERS_ATTN_CHECKS, DIFFUSERS_ATTN_BACKEND ---------------------------------
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1", **env}
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "TRITON_INTERPRET": "1", **env}
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=600)
 
@@ -263,17 +279,21 @@ print("early-ok")
 def test_works_with_diffusers_attn_checks_and_env_backend_cannot_name_it():
     code = """
 import torch, sagegen
-from tests.dispatch_models import tiny_wan
+from dispatch_models import tiny_wan
 from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 assert _AttentionBackendRegistry._checks_enabled
 model, inputs = tiny_wan()
 with torch.no_grad(), sagegen.use_backend(model):
     model(**inputs)
 print("stats", sagegen.backend_stats())
+sagegen.patch(model)  # the patch's route hands the dispatcher one more keyword (its settings)
+with torch.no_grad():
+    model(**inputs)
+print("patched", sagegen.patch_info(model)["stats"]["routed"])
 """
     r = _python(code, DIFFUSERS_ATTN_CHECKS="1")
     assert r.returncode == 0, r.stderr
-    assert "stats {'routed': 4}" in r.stdout
+    assert "stats {'routed': 4}" in r.stdout and "patched 4" in r.stdout
     assert "Removing unsupported arguments" not in r.stderr  # the dispatcher dropped nothing
     r = _python("import sagegen, diffusers.models.attention_dispatch", DIFFUSERS_ATTN_BACKEND="sagegen")
     assert r.returncode != 0 and "sagegen" in r.stderr  # read at diffusers' import, before the name exists

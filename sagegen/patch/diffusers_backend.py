@@ -46,12 +46,14 @@ _HALF = (torch.float16, torch.bfloat16)
 class BackendSettings:
     """What the ``"sagegen"`` diffusers backend runs: the numerics (`SageConfig`), `sageattn`'s ``backend``,
     the dtype fp32 inputs are cast to, and whether the call keeps full precision (PyTorch SDPA; set by
-    ``sagegen.patch`` for the modules and steps a `PrecisionPolicy` names)."""
+    ``sagegen.patch`` for the modules and steps a `PrecisionPolicy` names). A patch also passes its own
+    counters (``stats``), which count its calls besides the process-wide `backend_stats`."""
 
     config: SageConfig = DIFFUSION_CONFIG
     backend: str = "auto"
     fp32_dtype: torch.dtype = torch.bfloat16
     full_precision: bool = False
+    stats: Counter | None = dataclasses.field(default=None, compare=False, repr=False)  # a patch's counters
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, SageConfig):
@@ -117,9 +119,11 @@ def reset_backend_stats() -> None:
     _stats.clear()
 
 
-def _count(key: str) -> None:
+def _count(key: str, settings: BackendSettings | None = None) -> None:
     if not torch.compiler.is_compiling():  # dynamo would guard on the counts and recompile every call
         _stats[key] += 1
+        if settings is not None and settings.stats is not None:
+            settings.stats[key] += 1
 
 
 def _as_config(config) -> SageConfig:
@@ -173,9 +177,11 @@ def local_attention(query, key, value, *, attn_mask=None, dropout_p=0.0, is_caus
                  scale=scale, enable_gqa=enable_gqa)
     reason = _unsupported(bound)
     if reason is not None or settings.full_precision:
-        _count("full_precision" if reason is None else "fallback")
-        if reason is not None:
-            _count(f"fallback:{reason}")
+        if reason is None:
+            _count("full_precision")  # a patch counts its own full-precision calls (full_precision_calls)
+        else:
+            _count("fallback", settings)
+            _count(f"fallback:{reason}", settings)
         return exact_attention(q_h, k_h, v_h, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
     in_dtype = query.dtype
     q, k, v = query, key, value
@@ -191,7 +197,7 @@ def local_attention(query, key, value, *, attn_mask=None, dropout_p=0.0, is_caus
     result = _api.sageattn(q, k, v, tensor_layout="NHD", is_causal=bool(is_causal), sm_scale=scale,
                            attn_mask=attn_mask, return_lse=return_lse, config=settings.config,
                            backend=settings.backend)
-    _count("routed")
+    _count("routed", settings)
     out, lse = result if return_lse else (result, None)
     if rows is not None:
         out = out * rows  # query rows with no key: zeros, as sageattn gives fully masked rows
@@ -248,7 +254,7 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
             "diffusers asked the 'sagegen' attention backend for context parallelism (enable_parallelism), but "
             "this sagegen build has no sagegen.parallel module; run without enable_parallelism or update "
             "sagegen") from exc
-    _count("context_parallel")
+    _count("context_parallel", settings)
 
     def local(q, k, v, *, attn_mask=None, scale=None, return_lse=False):
         return local_attention(q, k, v, attn_mask=attn_mask, scale=scale, return_lse=return_lse,

@@ -75,6 +75,9 @@ class PatchSession:
         self.sparse = None  # sparse_policy.SparseState when patched with sparse=...
         self.current_name = ""  # the attention module whose processor is running (sparse policy, calibration)
         self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
+        # the backend route's settings (quantized, full precision), rebuilt by `sagegen.patch` (backend_route)
+        self.backend_settings = None
+        self.backend_settings_full = None
         self._warned: set[str] = set()
 
     def count(self, key: str, n: int = 1) -> None:
@@ -236,11 +239,13 @@ def _eager_under_compile(processor, attn, args, kwargs):
 class SageProcessorBase:
     """Wraps one attention module's original processor. Created by `sagegen.patch`; see the module doc."""
 
-    def __init__(self, original, name: str, session: PatchSession):
+    def __init__(self, original, name: str, session: PatchSession, backend_fns=None):
         object.__setattr__(self, "_sage_original", original)
         object.__setattr__(self, "_sage_name", name)
         object.__setattr__(self, "_sage_session", session)
         object.__setattr__(self, "_sage_rebound", rebind(original, session))
+        # the backend route (`backend_route`): (quantized, full-precision) copies of the processor's __call__
+        object.__setattr__(self, "_sage_backend_fns", backend_fns)
 
     @property
     def original(self):
@@ -249,6 +254,14 @@ class SageProcessorBase:
     def _sage_call(self, attn, args, kwargs):
         session = self._sage_session
         session.current_name = self._sage_name
+        backend_fns = self._sage_backend_fns
+        if backend_fns is not None:  # diffusers' dispatcher, "sagegen" backend with this patch's settings
+            full = session.step_full_precision or self._sage_name in session.full_precision_names
+            if full:
+                session.count("full_precision_calls")
+            out = backend_fns[1 if full else 0](self._sage_original, attn, *args, **kwargs)
+            session.count("processor_calls")
+            return out
         if _compiling() and session.family in EAGER_UNDER_COMPILE:
             return _eager_under_compile(self, attn, args, kwargs)
         if session.step_full_precision or self._sage_name in session.full_precision_names:
@@ -299,9 +312,9 @@ class SageModuleProcessorBase(SageProcessorBase, torch.nn.Module):
     """The wrapper for processors that are `nn.Module`s (IP-Adapter): the original stays a registered submodule
     (as ``processor.wrapped``), so `.to()` and state dicts still see its weights while patched."""
 
-    def __init__(self, original, name: str, session: PatchSession):
+    def __init__(self, original, name: str, session: PatchSession, backend_fns=None):
         torch.nn.Module.__init__(self)
-        SageProcessorBase.__init__(self, original, name, session)
+        SageProcessorBase.__init__(self, original, name, session, backend_fns)
         torch.nn.Module.__setattr__(self, "wrapped", original)
 
     def __getattr__(self, item):
@@ -347,8 +360,8 @@ def wrapper_class(original_cls: type) -> type:
     return cls
 
 
-def wrap(original, name: str, session: PatchSession):
-    return wrapper_class(type(original))(original, name, session)
+def wrap(original, name: str, session: PatchSession, backend_fns=None):
+    return wrapper_class(type(original))(original, name, session, backend_fns)
 
 
 def is_wrapper(processor) -> bool:

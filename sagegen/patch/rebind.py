@@ -24,21 +24,40 @@ def rebind(original, session):
     a break ran plain SDPA). Calling through a substitute function is ordinary Python that dynamo inlines.
     The copy has no ``__name__``, so dynamo reads the globals from the copy rather than from the module.
     """
-    fn = inspect.getattr_static(type(original), "__call__", None)
-    fn = getattr(fn, "__func__", fn)
-    if not isinstance(fn, types.FunctionType):
+    fn = call_function(original)
+    if fn is None:
         return None
-    scope = dict(fn.__globals__)
-    replaced = False
-    if scope.get("F") is F:
-        scope["F"] = _routed_functional(session)
-        replaced = True
-    dispatch = scope.get("dispatch_attention_fn")
+    replacements = {}
+    if fn.__globals__.get("F") is F:
+        replacements["F"] = _routed_functional(session)
+    dispatch = fn.__globals__.get("dispatch_attention_fn")
     if callable(dispatch):
-        scope["dispatch_attention_fn"] = _routed_dispatch(session, dispatch)
-        replaced = True
-    if not replaced:
-        return None
+        replacements["dispatch_attention_fn"] = _routed_dispatch(session, dispatch)
+    return with_globals(fn, replacements) if replacements else None
+
+
+def call_function(processor) -> types.FunctionType | None:
+    """The plain function behind ``type(processor).__call__``, or None."""
+    fn = inspect.getattr_static(type(processor), "__call__", None)
+    fn = getattr(fn, "__func__", fn)
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
+def names_global(fn: types.FunctionType, name: str) -> bool:
+    """Whether ``fn``'s code (or code nested in it) reads the global ``name``."""
+    stack = [fn.__code__]
+    while stack:
+        code = stack.pop()
+        if name in code.co_names:
+            return True
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return False
+
+
+def with_globals(fn: types.FunctionType, replacements: dict) -> types.FunctionType:
+    """``fn`` re-created over a copy of its globals with ``replacements`` applied."""
+    scope = dict(fn.__globals__)
+    scope.update(replacements)
     scope.pop("__name__", None)
     new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__

@@ -29,9 +29,14 @@ from .processors import PatchSession
 
 
 class StepTracker:
-    def __init__(self, session: PatchSession, policy: PrecisionPolicy,
+    """One step counter for a pipeline's denoisers. With several (Wan2.2-A14B's two experts) they share it,
+    so a step is counted once whichever denoiser runs it, and every denoiser's session learns the step's
+    precision."""
+
+    def __init__(self, session: PatchSession | list[PatchSession], policy: PrecisionPolicy,
                  scheduler_source: Callable[[], object] | None = None):
-        self.session = session
+        self.sessions = list(session) if isinstance(session, (list, tuple)) else [session]
+        self.session = self.sessions[0]
         self.policy = policy
         self.scheduler_source = scheduler_source
         self.index = -1
@@ -39,21 +44,22 @@ class StepTracker:
         self.history: list[tuple[int, bool]] = []  # (step index, full precision) per transformer call
         self._last_t: float | None = None
         self._timesteps_ref = None
-        self._handle = None
-        self._timestep_pos: int | None = None
+        self._handles = []
 
     # -- installation ---------------------------------------------------------------------------------------
     def attach(self, transformer: torch.nn.Module) -> None:
         params = [p for p in inspect.signature(type(transformer).forward).parameters.values()][1:]
         names = [p.name for p in params]
-        self._timestep_pos = names.index("timestep") if "timestep" in names else None
-        self._handle = transformer.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
+        position = names.index("timestep") if "timestep" in names else None
+        hook = lambda module, args, kwargs: self._pre_hook(module, args, kwargs, position)  # noqa: E731
+        self._handles.append(transformer.register_forward_pre_hook(hook, with_kwargs=True))
 
     def detach(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-        self.session.step_full_precision = False
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for session in self.sessions:
+            session.step_full_precision = False
 
     def reset(self) -> None:
         self.index = -1
@@ -61,12 +67,13 @@ class StepTracker:
         self.total = self.policy.num_steps
 
     # -- per call -------------------------------------------------------------------------------------------
-    def _pre_hook(self, module, args, kwargs):
+    def _pre_hook(self, module, args, kwargs, timestep_pos):
         t = kwargs.get("timestep")
-        if t is None and self._timestep_pos is not None and len(args) > self._timestep_pos:
-            t = args[self._timestep_pos]
+        if t is None and timestep_pos is not None and len(args) > timestep_pos:
+            t = args[timestep_pos]
         if t is None:
-            self.session.step_full_precision = False
+            for session in self.sessions:
+                session.step_full_precision = False
             return None
         self.observe(t)
         return None
@@ -81,7 +88,8 @@ class StepTracker:
                 self.index = 0
             self._last_t = value
         full = self.policy.step_is_full_precision(self.index, self.total)
-        self.session.step_full_precision = full
+        for session in self.sessions:
+            session.step_full_precision = full
         self.history.append((self.index, full))
         return full
 

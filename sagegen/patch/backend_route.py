@@ -1,0 +1,76 @@
+"""The patcher's *backend route*: attention modules whose processor calls diffusers' ``dispatch_attention_fn``
+run diffusers' ``"sagegen"`` backend, configured per patched transformer.
+
+Per module, never through diffusers' process-global default: `patch` sets the original processor's
+``_attention_backend`` to the ``"sagegen"`` member (remembering the old value for `unpatch`), and the wrapper
+calls a copy of the processor's ``__call__`` whose ``dispatch_attention_fn`` adds this patch's
+`BackendSettings` (config, kernel backend, fp32 dtype, full precision or not, the patch's counters) to the
+call's ``attention_kwargs``. diffusers' own dispatcher then runs as usual (checks, context parallelism) and
+hands the settings to `diffusers_backend.sagegen_attention` as the keyword ``_sagegen_settings``. A copy with a
+closure, rather than state set around the call, keeps the route stateless, so ``torch.compile`` traces it in
+one graph; a `PrecisionPolicy` picks between two such copies (quantized, full precision) per call.
+"""
+
+from __future__ import annotations
+
+from .diffusers_backend import BackendSettings
+from .rebind import call_function, names_global, with_globals
+
+DISPATCH = "dispatch_attention_fn"
+
+
+def dispatches(processor) -> bool:
+    """Whether the processor's ``__call__`` calls diffusers' ``dispatch_attention_fn`` and carries a per-module
+    backend (``_attention_backend``), i.e. can take the backend route."""
+    fn = call_function(processor)
+    return (fn is not None and hasattr(processor, "_attention_backend") and names_global(fn, DISPATCH)
+            and callable(fn.__globals__.get(DISPATCH)))
+
+
+def backend_member():
+    """diffusers' ``"sagegen"`` backend member, registering it if needed; None where this diffusers cannot
+    register it (the patch then takes the SDPA route for these modules)."""
+    from ..diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend
+
+    try:
+        return register_diffusers_backend()
+    except (DiffusersBackendUnavailable, ImportError):
+        return None
+
+
+def settings_for(session, full_precision: bool) -> BackendSettings:
+    return BackendSettings(config=session.config, backend=session.backend, fp32_dtype=session.fp32_dtype,
+                           full_precision=full_precision, stats=session.stats)
+
+
+def rebind_backend(original, session, member, full_precision: bool):
+    """A copy of the processor's ``__call__`` whose dispatcher calls run the ``"sagegen"`` backend with the
+    session's settings (read per call, so a re-patch with another config takes effect)."""
+    fn = call_function(original)
+    dispatch = fn.__globals__[DISPATCH]
+    attr = "backend_settings_full" if full_precision else "backend_settings"
+
+    def dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                              enable_gqa=False, attention_kwargs=None, *, backend=None, parallel_config=None):
+        # A backend chosen for this module after patching (set_attention_backend("flash")) is left alone.
+        if backend is None or backend == member:
+            override = session.attention_override
+            if override is not None and parallel_config is None and not full_precision:
+                return _overridden(session, override, query, key, value, attn_mask, is_causal, scale)
+            attention_kwargs = {**(attention_kwargs or {}), "_sagegen_settings": getattr(session, attr)}
+            backend = member
+        return dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs,
+                        backend=backend, parallel_config=parallel_config)
+
+    return with_globals(fn, {DISPATCH: dispatch_attention_fn})
+
+
+def _overridden(session, override, query, key, value, attn_mask, is_causal, scale):
+    """`set_attention_override` on the backend route: the override takes [B, H, N, D] tensors."""
+    from .diffusers_backend import key_padding_4d
+
+    session.count("overridden")
+    attn_mask = key_padding_4d(attn_mask, query, key)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out = override(q, k, v, attn_mask, bool(is_causal), scale)
+    return out.transpose(1, 2).to(query.dtype)
