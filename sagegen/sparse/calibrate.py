@@ -42,8 +42,7 @@ def calibrate(pipe, generate: Callable[[], object], *, target: float = 0.05, bas
         raise ValueError(f"target must be a positive number (relative L2 error), got {target!r}")
 
     sagegen.patch(pipe, config, backend=backend, sparse=base.replace(layer_values={}))
-    transformer, _ = patch_api._resolve(pipe)
-    session = getattr(transformer, patch_api._STATE_ATTR).session
+    session = next(iter(patch_api._states(pipe).values())).session  # the first denoiser's patch
     state = session.sparse
     stats: dict[str, dict[float, list]] = {}
 
