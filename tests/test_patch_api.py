@@ -174,7 +174,7 @@ def test_unknown_model_errors_and_generic_path():
     model = TinyGeneric()
     with pytest.raises(ValueError, match="does not know TinyGeneric.*FluxTransformer2DModel.*allow_generic"):
         sagegen.patch(model)
-    assert set(SUPPORTED_MODELS.values()) == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3"}
+    assert set(SUPPORTED_MODELS.values()) == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan"}
     x = torch.randn(2, 10, 128)
     with torch.no_grad():
         reference = model(x)

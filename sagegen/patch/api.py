@@ -49,6 +49,7 @@ SUPPORTED_MODELS = {
     "MochiTransformer3DModel": "mochi",
     "FluxTransformer2DModel": "flux",
     "SD3Transformer2DModel": "sd3",
+    "WanTransformer3DModel": "wan",
 }
 _STATE_ATTR = "_sagegen_patch"
 _BACKENDS = ("auto", "triton", "reference")
@@ -69,7 +70,7 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
     """Route the attention of a diffusers pipeline's denoising transformer (or of a transformer) to sagegen.
 
     Args:
-        obj: a diffusers pipeline with a ``transformer`` (CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5) or
+        obj: a diffusers pipeline with a ``transformer`` (CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5, Wan) or
             such a transformer model itself. Patched in place and returned.
         config: a `SageConfig`, or a dict of fields overriding ``sagegen.DIFFUSION_CONFIG`` (V-smoothing on and
             the rest of the SageAttention2 numerics). ``None``: ``DIFFUSION_CONFIG``.
@@ -83,10 +84,11 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         allow_generic: patch a transformer class that is not in ``SUPPORTED_MODELS`` too, by the same generic
             route (every processor's SDPA call goes to sagegen). Off by default: unknown models raise.
         fp32_dtype: the dtype q/k/v of an fp32 model are cast to for the kernel (bf16 or fp16).
-        fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux and
-            SD3/SD3.5 processors as one Triton pass writing straight into (joint) Q/K/V buffers
-            (`sagegen.patch.fused`; counted as ``fused_qk_prologue`` in `patch_info`). False: diffusers' own
-            code runs around attention (the same values up to rounding order).
+        fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux,
+            SD3/SD3.5, HunyuanVideo and Wan processors as one Triton pass writing straight into (joint) Q/K/V
+            buffers (`sagegen.patch.fused`, `fused_joint`, `fused_wan`; counted as ``fused_qk_prologue`` in
+            `patch_info`). False: diffusers' own code runs around attention (the same values up to rounding
+            order).
         linear: ``None`` (default): the denoiser's ``nn.Linear`` layers are left alone. ``"fp8"``: they run
             as FP8 GEMMs (`sagegen.patch.linear_patch`, docs/fp8-linear.md); needs an sm89+ GPU (on the CPU
             the emulation runs; on older GPUs ``config.fallback`` decides: error / emulation / bf16).

@@ -1,0 +1,120 @@
+"""Tiny random-weight pipelines of the newer diffusers video families, built fully offline (see `tiny`).
+
+``build_tiny_video_pipeline(kind)`` returns a real diffusers pipeline whose every component is built here:
+* ``wan2.1``: ``WanPipeline`` (Wan2.1-T2V layout: one transformer, 16-channel VAE, 8× spatial / 4× temporal);
+* ``wan2.2-a14b``: ``WanPipeline`` with ``transformer`` and ``transformer_2`` (the high- and low-noise
+  experts, switched at ``boundary_ratio`` 0.875 as Wan2.2-T2V-A14B);
+* ``wan2.2-ti2v``: ``WanPipeline(expand_timesteps=True)`` with Wan2.2-TI2V-5B's 48-channel residual VAE
+  (16× spatial) and per-token timesteps.
+
+The transformers keep what sagegen cares about: head dim 64 (a kernel size), Wan's real attention processor
+(Q/K RMSNorm across heads, pairwise rotary embeddings, cross-attention to the 512 text tokens the processor
+expects). Text encoders are tiny UMT5 encoders over the in-memory T5 tokenizer (`_tiny_tokenizers`).
+Sizes follow diffusers' own pipeline tests (tests/pipelines/wan), with head dim 64 instead of 12.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _tiny_tokenizers as tok
+from .tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
+
+TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v")
+
+# Call arguments for a run of seconds on a CPU. Wan's VAE: 4× temporal (frames 4k+1), 8× spatial (16× for
+# TI2V's); the transformer patches 2×2, so 32 px → 2×2 tokens per latent frame (TI2V: 64 px → 2×2).
+TINY_VIDEO_CALL_DEFAULTS: dict[str, dict] = {
+    "wan2.1": dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=5.0),
+    "wan2.2-a14b": dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=4.0,
+                        guidance_scale_2=3.0),
+    "wan2.2-ti2v": dict(height=64, width=64, num_frames=9, num_inference_steps=4, guidance_scale=5.0),
+}
+
+TEXT_TOKENS = {"wan": 512}  # Wan's processor hard-codes 512 text tokens (image context = the rest)
+_T5_DIM = 32
+
+
+def _check_kind(kind: str) -> str:
+    if not isinstance(kind, str) or kind.lower() not in TINY_VIDEO_KINDS:
+        raise ValueError(f"kind={kind!r} is not a tiny video pipeline; choose one of {TINY_VIDEO_KINDS}")
+    return kind.lower()
+
+
+def tiny_wan_config(*, in_channels: int = 16) -> dict:
+    """A 2-layer WanTransformer3DModel config: 2 heads of dim 64, Wan's qk norm and cross-attention norm."""
+    return dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=HEAD_DIM, in_channels=in_channels,
+                out_channels=in_channels, text_dim=_T5_DIM, freq_dim=256, ffn_dim=64, num_layers=2,
+                cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32)
+
+
+def build_tiny_wan_transformer(*, seed: int = 0, dtype: torch.dtype = torch.float32,
+                               in_channels: int = 16) -> torch.nn.Module:
+    """Only a tiny Wan denoiser (random variance-preserving weights, deterministic in ``seed``)."""
+    from diffusers import WanTransformer3DModel
+
+    with _seeded(seed * 1000 + 1):
+        model = WanTransformer3DModel(**tiny_wan_config(in_channels=in_channels))
+        _variance_preserving_init(model)
+    return _cast(model, dtype).eval()
+
+
+def _umt5(tokenizer, seed: int):
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    config = UMT5Config(vocab_size=len(tokenizer), d_model=_T5_DIM, d_kv=16, d_ff=2 * _T5_DIM, num_layers=2,
+                        num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=32,
+                        feed_forward_proj="gated-gelu", dropout_rate=0.0, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id)
+    with _seeded(seed):
+        return UMT5EncoderModel(config).eval()
+
+
+def _wan_vae(seed: int, *, ti2v: bool):
+    from diffusers import AutoencoderKLWan
+
+    with _seeded(seed):
+        if ti2v:  # Wan2.2's 48-channel residual VAE: 2×2 patchify inside, 16× spatial in all
+            return AutoencoderKLWan(base_dim=3, z_dim=48, in_channels=12, out_channels=12, is_residual=True,
+                                    patch_size=2, latents_mean=[0.0] * 48, latents_std=[1.0] * 48,
+                                    dim_mult=[1, 1, 1, 1], num_res_blocks=1, scale_factor_spatial=16,
+                                    scale_factor_temporal=4, temperal_downsample=[False, True, True]).eval()
+        return AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                                temperal_downsample=[False, True, True]).eval()
+
+
+def _wan(kind: str, seed: int):
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    tokenizer = tok.t5_tokenizer(512)
+    ti2v = kind == "wan2.2-ti2v"
+    channels = 48 if ti2v else 16
+    extra = {}
+    if kind == "wan2.2-a14b":  # the low-noise expert: a second transformer of the same shape
+        extra = dict(transformer_2=build_tiny_wan_transformer(seed=seed + 7, in_channels=channels),
+                     boundary_ratio=0.875)
+    if ti2v:
+        extra = dict(expand_timesteps=True)
+    # shift 5.0 for 480p (3.0 for 720p) per the Wan2.1 card; flow prediction as the real scheduler config
+    return WanPipeline(tokenizer=tokenizer, text_encoder=_umt5(tokenizer, seed * 1000 + 3),
+                       vae=_wan_vae(seed * 1000 + 2, ti2v=ti2v), scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+                       transformer=build_tiny_wan_transformer(seed=seed, in_channels=channels), **extra)
+
+
+def build_tiny_video_pipeline(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """A complete tiny random-weight pipeline of ``kind`` (one of `TINY_VIDEO_KINDS`), on the CPU.
+
+    Deterministic in ``seed``; ``dtype`` applies to every component. Call it with
+    ``**TINY_VIDEO_CALL_DEFAULTS[kind]`` for a run of seconds on a CPU.
+    """
+    kind = _check_kind(kind)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype={dtype!r} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
+    pipe = _wan(kind, seed)
+    if dtype != torch.float32:
+        for component in pipe.components.values():
+            if isinstance(component, torch.nn.Module):
+                _cast(component, dtype)
+    return pipe
