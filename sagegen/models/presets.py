@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3")
+FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan")
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,33 @@ _add(Preset("sd3.5-medium", "sd3", "image", "StableDiffusion3Pipeline", "stabili
             source="stabilityai/stable-diffusion-3.5-medium model card diffusers example (40 steps, "
                    "guidance_scale=4.5, bfloat16)"))
 
+# --- Wan 2.1 / 2.2 -----------------------------------------------------------------------------------------
+# Sizes: multiples of 16 (8x VAE x 2x2 patches; TI2V-5B's VAE is 16x, so 32); frames 4k+1. The pipeline pads
+# the UMT5 prompt to 512 tokens (WanPipeline max_sequence_length=512) and runs CFG as two transformer calls.
+_WAN_DOC = ("diffusers WanPipeline (pipelines/wan/pipeline_wan.py, 0.42.1): call defaults 480x832, 81 frames, "
+            "50 steps, guidance_scale=5.0; its example loads Wan2.1-T2V-14B at 720x1280, 81 frames, guidance 5.0, "
+            "bf16 transformer with an fp32 VAE, flow_shift 5.0 for 720p / 3.0 for 480p, exported at 16 fps")
+_add(Preset("wan2.1-t2v-1.3b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+            height=480, width=832, frames=81, fps=16, steps=50, guidance=5.0, dtype="bfloat16", frame_step=4,
+            max_sequence_length=512, aliases=("wan", "wan2.1", "wan2.1-1.3b"),
+            source=_WAN_DOC + "; Wan2.1-T2V-1.3B model card: 480p (832x480) only"))
+_add(Preset("wan2.1-t2v-14b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.1-T2V-14B-Diffusers",
+            height=720, width=1280, frames=81, fps=16, steps=50, guidance=5.0, dtype="bfloat16", frame_step=4,
+            max_sequence_length=512, aliases=("wan2.1-14b",), source=_WAN_DOC))
+_add(Preset("wan2.2-t2v-a14b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+            height=720, width=1280, frames=81, fps=16, steps=40, guidance=4.0, dtype="bfloat16", frame_step=4,
+            max_sequence_length=512, aliases=("wan2.2", "wan2.2-a14b"), call_kwargs={"guidance_scale_2": 3.0},
+            source="diffusers Wan docs, Wan2.2 T2V example (Wan-AI/Wan2.2-T2V-A14B-Diffusers: 720x1280, 81 "
+                   "frames, 40 steps, guidance_scale=4.0 for the high-noise expert, guidance_scale_2=3.0 for the "
+                   "low-noise one; boundary_ratio 0.875 from the repo's model_index.json); 16 fps as its "
+                   "export_to_video example",
+            notes="two 14B experts (transformer, transformer_2): ~57 GB of bf16 weights"))
+_add(Preset("wan2.2-ti2v-5b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+            height=704, width=1280, frames=121, fps=24, steps=50, guidance=5.0, dtype="bfloat16", frame_step=4,
+            size_multiple=32, max_sequence_length=512, aliases=("wan2.2-5b",),
+            source="Wan2.2-TI2V-5B model card and diffusers Wan docs (720p = 1280x704, 121 frames at 24 fps, "
+                   "50 steps, guidance_scale=5.0; 16x VAE with expand_timesteps)"))
+
 # --- built-in tiny random-weight pipelines (sagegen.models.tiny) -------------------------------------------
 # Sizes are small enough for a CPU in seconds; frame/size constraints follow the tiny VAEs.
 _TINY_SRC = "built-in tiny pipeline with random weights (sagegen.models.tiny), for tests and demos"
@@ -148,6 +175,16 @@ _add(Preset("tiny-flux", "flux", "image", "FluxPipeline", None,
 _add(Preset("tiny-sd3", "sd3", "image", "StableDiffusion3Pipeline", None,
             height=64, width=64, steps=4, guidance=4.5, dtype="bfloat16", aliases=("tiny-sd3.5",),
             source=_TINY_SRC))
+# (sagegen.models.tiny_video; the name after "tiny-" is its kind)
+_TINY_VIDEO_SRC = "built-in tiny pipeline with random weights (sagegen.models.tiny_video), for tests and demos"
+_add(Preset("tiny-wan2.1", "wan", "video", "WanPipeline", None, height=32, width=32, frames=9, fps=16, steps=4,
+            guidance=5.0, dtype="bfloat16", frame_step=4, aliases=("tiny-wan",), source=_TINY_VIDEO_SRC))
+_add(Preset("tiny-wan2.2-a14b", "wan", "video", "WanPipeline", None, height=32, width=32, frames=9, fps=16,
+            steps=4, guidance=4.0, dtype="bfloat16", frame_step=4, call_kwargs={"guidance_scale_2": 3.0},
+            source=_TINY_VIDEO_SRC + " (two experts, as Wan2.2-T2V-A14B)"))
+_add(Preset("tiny-wan2.2-ti2v", "wan", "video", "WanPipeline", None, height=64, width=64, frames=9, fps=24,
+            steps=4, guidance=5.0, dtype="bfloat16", frame_step=4, size_multiple=32,
+            source=_TINY_VIDEO_SRC + " (48-channel 16x VAE, per-token timesteps, as Wan2.2-TI2V-5B)"))
 
 
 def _key(name: str) -> str:
