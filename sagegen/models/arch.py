@@ -183,8 +183,10 @@ def smoke_overrides(name: str) -> dict:
     overrides = {"num_layers": 1, "num_attention_heads": heads}
     if arch.family in ("hunyuanvideo", "flux"):
         overrides["num_single_layers"] = 1
-    if arch.family == "hunyuanvideo":
+    if arch.family in ("hunyuanvideo", "hunyuanvideo15"):
         overrides["num_refiner_layers"] = 1
+    if arch.family == "ltx":  # its cross-attention reads the caption projected to the model width
+        overrides["cross_attention_dim"] = heads * arch.config["attention_head_dim"]
     if arch.family == "sd3":
         overrides["caption_projection_dim"] = heads * arch.config["attention_head_dim"]
         if arch.config.get("dual_attention_layers"):
@@ -201,6 +203,8 @@ def tokens_per_sample(name: str, *, height: int | None = None, width: int | None
     arch = get_arch(name)
     h, w, f = height or arch.height, width or arch.width, frames or arch.frames
     text = 0 if arch.family in arch_video.CROSS_ATTENTION_TEXT else arch.text_tokens  # (cross-attention: apart)
+    if arch.family == "hunyuanvideo15":
+        text += arch_video._HV15_EXTRA_TEXT
     return _latent_tokens(arch.family, arch.config, h, w, f) + text
 
 
@@ -275,7 +279,8 @@ def example_inputs(name_or_model, *, batch: int | None = None, height: int | Non
 
     if family in arch_video.INPUT_BUILDERS:
         kw = arch_video.INPUT_BUILDERS[family](config, batch=batch, height=height, width=width, frames=frames,
-                                               text_tokens=text_tokens, randn=randn, device=device, dtype=dtype)
+                                               text_tokens=text_tokens, randn=randn, device=device, dtype=dtype,
+                                               text_mask=text_mask)
     elif family == "cogvideox":
         kw = dict(hidden_states=randn(batch, lf, config["in_channels"], lh, lw),
                   encoder_hidden_states=randn(batch, text_tokens, config["text_embed_dim"]),
