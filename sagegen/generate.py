@@ -142,9 +142,11 @@ def _syncer(device) -> Callable[[], None]:
 
 def call_kwargs(preset: Preset, settings: dict, prompt: str) -> dict:
     """The pipeline-call arguments for one sample (without generator/output_type)."""
-    kw: dict[str, Any] = {"prompt": prompt, "num_inference_steps": settings["steps"],
-                          "guidance_scale": settings["guidance"], "height": settings["height"],
+    kw: dict[str, Any] = {"prompt": prompt, "num_inference_steps": settings["steps"], "height": settings["height"],
                           "width": settings["width"]}
+    guidance_arg = getattr(preset, "guidance_arg", "guidance_scale")  # Qwen-Image: true_cfg_scale; None: guider
+    if guidance_arg:
+        kw[guidance_arg] = settings["guidance"]
     if preset.is_video:
         kw["num_frames"] = settings["frames"]
     if settings.get("negative_prompt"):

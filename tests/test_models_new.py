@@ -1,4 +1,4 @@
-"""The newer model families (Wan 2.1 / 2.2) on CPU: presets and full-size architectures, the tiny offline
+"""The newer model families (Wan 2.1 / 2.2; LTX-Video, Qwen-Image, HunyuanVideo-1.5 presets) on CPU: presets and full-size architectures, the tiny offline
 pipelines end to end, and per model class the patch's route, output vs stock, exact unpatch and
 torch.compile(fullgraph=True)."""
 
@@ -143,3 +143,37 @@ def test_wan_compiles_fullgraph_with_sageattn_in_the_graph():
     calls = sum(1 for g in graphs for n in g.graph.nodes if n.op == "call_function" and "sageattn" in str(n.target))
     assert len(graphs) == 1 and calls == 2 * len(model.blocks)
     assert rel_l1(compiled, eager) < 0.02
+
+
+def test_other_new_presets_pass_guidance_as_their_pipelines_take_it():
+    """Qwen-Image's CFG is true_cfg_scale; HunyuanVideo-1.5's pipeline takes guidance from its guider (no call
+    argument); LTX-Video takes guidance_scale. Token counts of their full-size architectures."""
+    from sagegen.generate import call_kwargs
+
+    settings = {"steps": 50, "guidance": 4.0, "height": 1328, "width": 1328, "frames": None}
+    kw = call_kwargs(resolve("qwen-image"), settings, "a cat")
+    assert kw["true_cfg_scale"] == 4.0 and "guidance_scale" not in kw
+    kw = call_kwargs(resolve("hunyuanvideo-1.5"), dict(settings, frames=121), "a cat")
+    assert "guidance_scale" not in kw and "true_cfg_scale" not in kw and kw["num_frames"] == 121
+    assert call_kwargs(resolve("ltx-video"), dict(settings, frames=161), "a cat")["guidance_scale"] == 4.0
+    assert archs.tokens_per_sample("ltx-video") == 21 * 16 * 22
+    assert archs.tokens_per_sample("qwen-image") == 83 * 83 + 128
+    assert archs.tokens_per_sample("hunyuanvideo-1.5-720p") == 31 * 45 * 80 + 729 + 256 + 1000
+    for name in ("ltx-video", "qwen-image", "hunyuanvideo-1.5"):
+        p = resolve(name)
+        assert p.hub_id and p.source and archs.get_arch(name if name != "hunyuanvideo-1.5" else
+                                                        "hunyuanvideo-1.5-720p").family == p.family
+
+
+@pytest.mark.parametrize("name", ["ltx-video", "qwen-image", "hunyuanvideo-1.5-480p"])
+def test_bench_runs_the_newer_architectures(name, tmp_path):
+    """`sagegen bench MODEL --tiny`: stock vs sagegen on the shrunk full config (generic route)."""
+    import json
+
+    from sagegen.stepbench import main
+
+    out = tmp_path / "b.json"
+    main([name, "--tiny", "--warmup", "0", "--repeats", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["patch_family"] == "generic" and result["patch_stats"]["routed"] > 0
+    assert result["diff_vs_stock"]["sagegen"]["rel_l1"] < 0.05

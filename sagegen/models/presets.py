@@ -10,7 +10,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan")
+FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan", "ltx", "qwenimage", "hunyuanvideo15")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Preset:
     source: str = ""                 # where the defaults come from
     notes: str = ""
     call_kwargs: dict[str, Any] = field(default_factory=dict)  # extra pipeline-call arguments
+    guidance_arg: str | None = "guidance_scale"  # the call argument that takes `guidance` (None: not passed)
 
     @property
     def tiny(self) -> bool:
@@ -157,6 +158,29 @@ _add(Preset("wan2.2-ti2v-5b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.2-TI2V
             size_multiple=32, max_sequence_length=512, aliases=("wan2.2-5b",),
             source="Wan2.2-TI2V-5B model card and diffusers Wan docs (720p = 1280x704, 121 frames at 24 fps, "
                    "50 steps, guidance_scale=5.0; 16x VAE with expand_timesteps)"))
+
+# --- LTX-Video, Qwen-Image, HunyuanVideo-1.5 -----------------------------------------------------------------
+_add(Preset("ltx-video", "ltx", "video", "LTXPipeline", "Lightricks/LTX-Video",
+            height=512, width=704, frames=161, fps=25, steps=50, guidance=3.0, dtype="bfloat16", frame_step=8,
+            size_multiple=32, max_sequence_length=128, aliases=("ltx", "ltxv"),
+            source="diffusers LTXPipeline call defaults (pipelines/ltx/pipeline_ltx.py, 0.42.1): 512x704, 161 "
+                   "frames, 50 steps, guidance_scale=3, frame_rate=25, max_sequence_length=128; 32x VAE, 8x in time"))
+_add(Preset("qwen-image", "qwenimage", "image", "QwenImagePipeline", "Qwen/Qwen-Image",
+            height=1328, width=1328, steps=50, guidance=4.0, dtype="bfloat16", guidance_arg="true_cfg_scale",
+            aliases=("qwenimage",),
+            source="Qwen/Qwen-Image model card (1:1 at 1328x1328, num_inference_steps=50, true_cfg_scale=4.0, "
+                   "negative_prompt ' ', bfloat16)",
+            notes="classifier-free guidance (two transformer calls per step) only runs with a negative prompt: "
+                  "pass --negative-prompt ' ' as the model card does"))
+_add(Preset("hunyuanvideo-1.5", "hunyuanvideo15", "video", "HunyuanVideo15Pipeline",
+            "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v",
+            height=720, width=1280, frames=121, fps=24, steps=50, guidance=6.0, dtype="bfloat16", frame_step=4,
+            guidance_arg=None, aliases=("hunyuanvideo15", "hunyuanvideo-1.5-720p"),
+            source="diffusers HunyuanVideo15Pipeline (0.42.1): 121 frames, 50 steps, default size from the "
+                   "transformer's target_size 960 at 16:9 = 1280x720; guidance 6.0 as Tencent's 720p t2v setting "
+                   "(LightX2V's HunyuanVideo-1.5 example); 24 fps",
+            notes="guidance comes from the repo's guider config (the pipeline has no guidance_scale argument); "
+                  "--guidance is not passed"))
 
 # --- built-in tiny random-weight pipelines (sagegen.models.tiny) -------------------------------------------
 # Sizes are small enough for a CPU in seconds; frame/size constraints follow the tiny VAEs.
