@@ -235,6 +235,9 @@ def attention(pipe, variant: str, job: Job, setup: dict):
         kwargs["linear"] = job.linear
     if job.sparse is not None:
         kwargs["sparse"] = job.sparse
+    # every preset's denoiser is tested with sagegen (tests/test_models_*.py); the classes outside
+    # SUPPORTED_MODELS (LTX-Video, Qwen-Image, HunyuanVideo-1.5) take the generic route
+    kwargs["allow_generic"] = True
     try:
         patch(pipe, job.sage_config, **kwargs)
     except ValueError as e:  # e.g. a --fp-blocks entry that names no block of this model

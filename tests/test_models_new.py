@@ -1,6 +1,6 @@
-"""The newer model families (Wan 2.1 / 2.2; LTX-Video, Qwen-Image, HunyuanVideo-1.5 presets) on CPU: presets and full-size architectures, the tiny offline
-pipelines end to end, and per model class the patch's route, output vs stock, exact unpatch and
-torch.compile(fullgraph=True)."""
+"""The newer model families (Wan 2.1 / 2.2; LTX-Video, Qwen-Image, HunyuanVideo-1.5 presets) on CPU: presets
+and full-size architectures, the tiny offline pipelines end to end, and for Wan's class the patch's route,
+output vs stock, exact unpatch and torch.compile(fullgraph=True) (the other classes: test_models_classes.py)."""
 
 from __future__ import annotations
 
@@ -38,13 +38,15 @@ def test_presets_and_architectures_are_listed_with_real_token_counts():
         assert PRESETS[f"tiny-{kind}"].tiny
     r = runner.invoke(app, ["models", "--json"])
     assert r.exit_code == 0, r.output
-    for name in WAN_PRESETS + [f"tiny-{k}" for k in TINY_VIDEO_KINDS]:
+    others = ["ltx-video", "qwen-image", "hunyuanvideo-1.5"]
+    for name in WAN_PRESETS + others + [f"tiny-{k}" for k in TINY_VIDEO_KINDS]:
         assert f'"{name}"' in r.output
 
 
 @pytest.mark.parametrize("name", ["wan2.1-t2v-14b", "wan2.2-ti2v-5b"])
 def test_example_inputs_run_the_shrunk_full_config(name):
-    model = archs.build_transformer(name, dtype=torch.float32, device="cpu", config_overrides=archs.smoke_overrides(name))
+    model = archs.build_transformer(name, dtype=torch.float32, device="cpu",
+                                    config_overrides=archs.smoke_overrides(name))
     inputs = archs.example_inputs(name, height=64, width=64, frames=5, dtype=torch.float32, device="cpu")
     assert inputs["encoder_hidden_states"].shape == (1, 512, 4096)
     if name == "wan2.2-ti2v-5b":  # per-token timesteps, 16x VAE: 2 frames x 2 x 2 tokens
@@ -68,6 +70,7 @@ def test_compare_tiny_wan_end_to_end(kind, tmp_path, monkeypatch):
     rd = RunDir(out)
     assert rd.manifest["setup"]["sage"]["rank0"]["attention_calls"].get("routed", 0) > 0
     d = TINY_VIDEO_CALL_DEFAULTS[kind]
+    assert rd.manifest["setup"]["sage"]["rank0"]["attention_calls"].get("fallback", 0) == 0
     frames = rd.frames_array("sage", "p000-s0")
     assert frames.shape == (d["num_frames"], d["height"], d["width"], 3)
 

@@ -80,7 +80,8 @@ def test_heads_rms_norm_rope_rejects_bad_arguments():
     with pytest.raises(ValueError, match="rope"):
         heads_rms_norm_rope(x, None, (torch.zeros(10, 64), torch.zeros(10, 64)))  # per-channel table form
     with pytest.raises(ValueError, match="rope"):
-        heads_rms_norm_rope(x, None, (torch.zeros(10, 32, dtype=torch.float16), torch.zeros(10, 32, dtype=torch.float16)))
+        half = torch.zeros(10, 32, dtype=torch.float16)  # half tables of another dtype than x
+        heads_rms_norm_rope(x, None, (half, half))
     with pytest.raises(ValueError, match="norm"):
         heads_rms_norm_rope(x, (torch.ones(64, dtype=torch.bfloat16, device=DEVICE), 1e-6), None)
     with pytest.raises(ValueError, match="out:"):
@@ -142,7 +143,8 @@ def _model_inputs(model, batch=2, frames=5, h=32, w=32, text=512, seed=0):
     gen = torch.Generator().manual_seed(seed)
     c = model.config
     lf = (frames - 1) // 4 + 1
-    return dict(hidden_states=torch.randn(batch, c.in_channels, lf, h // 8, w // 8, generator=gen).to(DEVICE, torch.bfloat16),
+    latents = torch.randn(batch, c.in_channels, lf, h // 8, w // 8, generator=gen)
+    return dict(hidden_states=latents.to(DEVICE, torch.bfloat16),
                 timestep=torch.full((batch,), 500.0, device=DEVICE),
                 encoder_hidden_states=torch.randn(batch, text, c.text_dim, generator=gen).to(DEVICE, torch.bfloat16),
                 return_dict=False)

@@ -107,7 +107,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          source="stabilityai/stable-diffusion-3.5-medium transformer/config.json"),
 ]}
 
-ARCHS.update({d["name"]: Arch(**d) for d in arch_video.VIDEO_ARCHS})  # Wan 2.1 / 2.2
+ARCHS.update({d["name"]: Arch(**d) for d in arch_video.VIDEO_ARCHS})  # Wan, LTX, Qwen-Image, HV-1.5
 
 _ALIASES = {**arch_video.VIDEO_ALIASES, "cogvideox": "cogvideox-2b", "cogvideox1.5": "cogvideox1.5-5b", "hunyuan": "hunyuanvideo",
             "mochi": "mochi-1", "flux": "flux.1-schnell", "flux-dev": "flux.1-dev", "flux-schnell": "flux.1-schnell",

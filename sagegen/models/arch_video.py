@@ -1,6 +1,6 @@
-"""Full-size architectures of the newer families (Wan 2.1 / 2.2, LTX-Video, Qwen-Image, HunyuanVideo-1.5) and their one-step forward inputs, merged into
-`sagegen.models.arch` (``ARCHS``, ``example_inputs``). Plain data here, so that this module imports nothing of
-``arch`` (no cycle).
+"""Full-size architectures of the newer families (Wan 2.1 / 2.2, LTX-Video, Qwen-Image, HunyuanVideo-1.5)
+and their one-step forward inputs, merged into `sagegen.models.arch` (``ARCHS``, ``example_inputs``). Plain
+data here, so that this module imports nothing of ``arch`` (no cycle).
 
 Configs are the published diffusers ``transformer/config.json`` of each hub repository (cited per entry).
 Tokens per sample (self-attention; Wan's text is cross-attention, 512 tokens): Wan2.1-T2V-1.3B 480×832×81

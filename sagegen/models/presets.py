@@ -209,6 +209,9 @@ _add(Preset("tiny-wan2.2-a14b", "wan", "video", "WanPipeline", None, height=32, 
 _add(Preset("tiny-wan2.2-ti2v", "wan", "video", "WanPipeline", None, height=64, width=64, frames=9, fps=24,
             steps=4, guidance=5.0, dtype="bfloat16", frame_step=4, size_multiple=32,
             source=_TINY_VIDEO_SRC + " (48-channel 16x VAE, per-token timesteps, as Wan2.2-TI2V-5B)"))
+_add(Preset("tiny-ltx-video", "ltx", "video", "LTXPipeline", None, height=32, width=32, frames=9, fps=25, steps=4,
+            guidance=3.0, dtype="bfloat16", frame_step=4, aliases=("tiny-ltx",),
+            source=_TINY_VIDEO_SRC + " (LTX-Video's classes, a 4x VAE)"))
 
 
 def _key(name: str) -> str:

@@ -5,7 +5,9 @@
 * ``wan2.2-a14b``: ``WanPipeline`` with ``transformer`` and ``transformer_2`` (the high- and low-noise
   experts, switched at ``boundary_ratio`` 0.875 as Wan2.2-T2V-A14B);
 * ``wan2.2-ti2v``: ``WanPipeline(expand_timesteps=True)`` with Wan2.2-TI2V-5B's 48-channel residual VAE
-  (16× spatial) and per-token timesteps.
+  (16× spatial) and per-token timesteps;
+* ``ltx-video``: ``LTXPipeline`` with a tiny LTX VAE (4× spatial and temporal instead of 32×/8×) and the
+  tiny LTX-Video denoiser of `tiny_classes` (T5 text with a padding mask, cross-attention, CFG batched).
 
 The transformers keep what sagegen cares about: head dim 64 (a kernel size), Wan's real attention processor
 (Q/K RMSNorm across heads, pairwise rotary embeddings, cross-attention to the 512 text tokens the processor
@@ -20,7 +22,7 @@ import torch
 from . import _tiny_tokenizers as tok
 from .tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
 
-TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v")
+TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v", "ltx-video")
 
 # Call arguments for a run of seconds on a CPU. Wan's VAE: 4× temporal (frames 4k+1), 8× spatial (16× for
 # TI2V's); the transformer patches 2×2, so 32 px → 2×2 tokens per latent frame (TI2V: 64 px → 2×2).
@@ -29,6 +31,7 @@ TINY_VIDEO_CALL_DEFAULTS: dict[str, dict] = {
     "wan2.2-a14b": dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=4.0,
                         guidance_scale_2=3.0),
     "wan2.2-ti2v": dict(height=64, width=64, num_frames=9, num_inference_steps=4, guidance_scale=5.0),
+    "ltx-video": dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=3.0),
 }
 
 TEXT_TOKENS = {"wan": 512}  # Wan's processor hard-codes 512 text tokens (image context = the rest)
@@ -101,6 +104,28 @@ def _wan(kind: str, seed: int):
                        transformer=build_tiny_wan_transformer(seed=seed, in_channels=channels), **extra)
 
 
+def _ltx(seed: int):
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXPipeline
+
+    from .tiny import _t5
+    from .tiny_classes import build_tiny_class
+
+    tokenizer = tok.t5_tokenizer(128)
+    with _seeded(seed * 1000 + 2):  # (diffusers' LTX pipeline test VAE: 4x spatial, 4x temporal)
+        vae = AutoencoderKLLTXVideo(in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8,) * 4,
+                                    decoder_block_out_channels=(8,) * 4, layers_per_block=(1,) * 5,
+                                    decoder_layers_per_block=(1,) * 5,
+                                    spatio_temporal_scaling=(True, True, False, False),
+                                    decoder_spatio_temporal_scaling=(True, True, False, False),
+                                    decoder_inject_noise=(False,) * 5, upsample_residual=(False,) * 4,
+                                    upsample_factor=(1,) * 4, timestep_conditioning=False, patch_size=1,
+                                    patch_size_t=1, encoder_causal=True, decoder_causal=False).eval()
+    vae.use_framewise_encoding = vae.use_framewise_decoding = False
+    return LTXPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, tokenizer=tokenizer,
+                       text_encoder=_t5(tokenizer, seed * 1000 + 3),
+                       transformer=build_tiny_class("ltx", seed=seed, dtype=torch.float32))
+
+
 def build_tiny_video_pipeline(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A complete tiny random-weight pipeline of ``kind`` (one of `TINY_VIDEO_KINDS`), on the CPU.
 
@@ -112,7 +137,7 @@ def build_tiny_video_pipeline(kind: str, *, seed: int = 0, dtype: torch.dtype = 
         raise TypeError(f"seed must be an int, got {seed!r}")
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype={dtype!r} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
-    pipe = _wan(kind, seed)
+    pipe = _ltx(seed) if kind == "ltx-video" else _wan(kind, seed)
     if dtype != torch.float32:
         for component in pipe.components.values():
             if isinstance(component, torch.nn.Module):
