@@ -49,8 +49,11 @@ def test_wan_prologue_kernel_at_1_3b_480p(seed, table_dtype):
         frac = float((diff > 0).float().mean())
         print(f"tables {table_dtype}: {frac:.2e} of the values differ, max {float(diff.max()):.3g}")
         assert frac < 1e-2
-        assert float((diff / (ref.float().abs() + 1e-3)).max()) < 2**-6
         normed = norm(x)
+        # a normalised value an ulp apart moves its rotated pair by about a bf16 step of the pair's size
+        pair = normed.unflatten(2, (heads, -1)).float().abs().unflatten(-1, (-1, 2)).amax(-1, keepdim=True)
+        bound = (pair.expand(-1, -1, -1, -1, 2).flatten(-2) + ref.float().abs()) * 2.0**-7
+        assert (diff <= bound).all(), float((diff / bound).max())
         rot = heads_rms_norm_rope(normed.unflatten(2, (heads, d)), None, flat)
         assert torch.equal(rot, _eager_wan(normed, torch.nn.Identity(), tables, heads))
 

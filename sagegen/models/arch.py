@@ -109,7 +109,8 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
 
 ARCHS.update({d["name"]: Arch(**d) for d in arch_video.VIDEO_ARCHS})  # Wan, LTX, Qwen-Image, HV-1.5
 
-_ALIASES = {**arch_video.VIDEO_ALIASES, "cogvideox": "cogvideox-2b", "cogvideox1.5": "cogvideox1.5-5b", "hunyuan": "hunyuanvideo",
+_ALIASES = {**arch_video.VIDEO_ALIASES, "cogvideox": "cogvideox-2b", "cogvideox1.5": "cogvideox1.5-5b",
+            "hunyuan": "hunyuanvideo",
             "mochi": "mochi-1", "flux": "flux.1-schnell", "flux-dev": "flux.1-dev", "flux-schnell": "flux.1-schnell",
             "sd3.5": "sd3.5-large", "sd3.5-turbo": "sd3.5-large-turbo"}
 
