@@ -212,6 +212,9 @@ _add(Preset("tiny-wan2.2-ti2v", "wan", "video", "WanPipeline", None, height=64, 
 _add(Preset("tiny-ltx-video", "ltx", "video", "LTXPipeline", None, height=32, width=32, frames=9, fps=25, steps=4,
             guidance=3.0, dtype="bfloat16", frame_step=4, aliases=("tiny-ltx",),
             source=_TINY_VIDEO_SRC + " (LTX-Video's classes, a 4x VAE)"))
+_add(Preset("tiny-qwen-image", "qwenimage", "image", "QwenImagePipeline", None, height=32, width=32, steps=4,
+            guidance=4.0, dtype="bfloat16", size_multiple=8, guidance_arg="true_cfg_scale",
+            source=_TINY_VIDEO_SRC + " (Qwen-Image's classes with a tiny Qwen2.5-VL text encoder, a 4x VAE)"))
 
 
 def _key(name: str) -> str:

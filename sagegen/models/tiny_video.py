@@ -7,7 +7,9 @@
 * ``wan2.2-ti2v``: ``WanPipeline(expand_timesteps=True)`` with Wan2.2-TI2V-5B's 48-channel residual VAE
   (16× spatial) and per-token timesteps;
 * ``ltx-video``: ``LTXPipeline`` with a tiny LTX VAE (4× spatial and temporal instead of 32×/8×) and the
-  tiny LTX-Video denoiser of `tiny_classes` (T5 text with a padding mask, cross-attention, CFG batched).
+  tiny LTX-Video denoiser of `tiny_classes` (T5 text with a padding mask, cross-attention, CFG batched);
+* ``qwen-image``: ``QwenImagePipeline`` (an image model) with a tiny Qwen2.5-VL text encoder, a 4× Qwen-Image
+  VAE and the tiny Qwen-Image denoiser (joint text-image attention; true CFG with a negative prompt).
 
 The transformers keep what sagegen cares about: head dim 64 (a kernel size), Wan's real attention processor
 (Q/K RMSNorm across heads, pairwise rotary embeddings, cross-attention to the 512 text tokens the processor
@@ -22,7 +24,7 @@ import torch
 from . import _tiny_tokenizers as tok
 from .tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
 
-TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v", "ltx-video")
+TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v", "ltx-video", "qwen-image")
 
 # Call arguments for a run of seconds on a CPU. Wan's VAE: 4× temporal (frames 4k+1), 8× spatial (16× for
 # TI2V's); the transformer patches 2×2, so 32 px → 2×2 tokens per latent frame (TI2V: 64 px → 2×2).
@@ -32,6 +34,7 @@ TINY_VIDEO_CALL_DEFAULTS: dict[str, dict] = {
                         guidance_scale_2=3.0),
     "wan2.2-ti2v": dict(height=64, width=64, num_frames=9, num_inference_steps=4, guidance_scale=5.0),
     "ltx-video": dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=3.0),
+    "qwen-image": dict(height=32, width=32, num_inference_steps=4, true_cfg_scale=4.0),
 }
 
 TEXT_TOKENS = {"wan": 512}  # Wan's processor hard-codes 512 text tokens (image context = the rest)
@@ -126,6 +129,33 @@ def _ltx(seed: int):
                        transformer=build_tiny_class("ltx", seed=seed, dtype=torch.float32))
 
 
+def _qwen_image(seed: int):
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from .tiny_classes import build_tiny_class, tiny_class_config
+
+    tokenizer = tok.qwen_tokenizer()
+    width = tiny_class_config("qwenimage")["joint_attention_dim"]  # the text encoder's hidden size
+    config = Qwen2_5_VLConfig(
+        text_config=dict(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=len(tokenizer), rope_theta=1_000_000.0,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         rope_scaling={"mrope_section": [2, 2, 4], "rope_type": "default", "type": "default"}),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=width),
+        hidden_size=width, vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    with _seeded(seed * 1000 + 3):
+        text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with _seeded(seed * 1000 + 2):  # (diffusers' Qwen-Image pipeline test VAE: 4x spatial, 4 channels)
+        vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                     temperal_downsample=[False, True], latents_mean=[0.0] * 4,
+                                     latents_std=[1.0] * 4).eval()
+    return QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                             tokenizer=tokenizer, transformer=build_tiny_class("qwenimage", seed=seed,
+                                                                               dtype=torch.float32))
+
+
 def build_tiny_video_pipeline(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A complete tiny random-weight pipeline of ``kind`` (one of `TINY_VIDEO_KINDS`), on the CPU.
 
@@ -137,7 +167,7 @@ def build_tiny_video_pipeline(kind: str, *, seed: int = 0, dtype: torch.dtype = 
         raise TypeError(f"seed must be an int, got {seed!r}")
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype={dtype!r} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
-    pipe = _ltx(seed) if kind == "ltx-video" else _wan(kind, seed)
+    pipe = {"ltx-video": _ltx, "qwen-image": _qwen_image}.get(kind, lambda s: _wan(kind, s))(seed)
     if dtype != torch.float32:
         for component in pipe.components.values():
             if isinstance(component, torch.nn.Module):
