@@ -215,6 +215,11 @@ _add(Preset("tiny-ltx-video", "ltx", "video", "LTXPipeline", None, height=32, wi
 _add(Preset("tiny-qwen-image", "qwenimage", "image", "QwenImagePipeline", None, height=32, width=32, steps=4,
             guidance=4.0, dtype="bfloat16", size_multiple=8, guidance_arg="true_cfg_scale",
             source=_TINY_VIDEO_SRC + " (Qwen-Image's classes with a tiny Qwen2.5-VL text encoder, a 4x VAE)"))
+_add(Preset("tiny-hunyuanvideo-1.5", "hunyuanvideo15", "video", "HunyuanVideo15Pipeline", None, height=32, width=32,
+            frames=9, fps=24, steps=4, guidance=6.0, dtype="bfloat16", frame_step=4, guidance_arg=None,
+            aliases=("tiny-hunyuanvideo15",),
+            source=_TINY_VIDEO_SRC + " (HunyuanVideo-1.5's classes, tiny Qwen2.5-VL and ByT5 encoders, a 16x VAE; "
+                   "guidance 6 set in its guider)"))
 
 
 def _key(name: str) -> str:

@@ -9,7 +9,9 @@
 * ``ltx-video``: ``LTXPipeline`` with a tiny LTX VAE (4× spatial and temporal instead of 32×/8×) and the
   tiny LTX-Video denoiser of `tiny_classes` (T5 text with a padding mask, cross-attention, CFG batched);
 * ``qwen-image``: ``QwenImagePipeline`` (an image model) with a tiny Qwen2.5-VL text encoder, a 4× Qwen-Image
-  VAE and the tiny Qwen-Image denoiser (joint text-image attention; true CFG with a negative prompt).
+  VAE and the tiny Qwen-Image denoiser (joint text-image attention; true CFG with a negative prompt);
+* ``hunyuanvideo-1.5``: ``HunyuanVideo15Pipeline`` (text-to-video) with a tiny Qwen2.5-VL text model (chat
+  template, 1000 padded text slots after the template), a tiny ByT5 glyph encoder, a 16× VAE, its CFG guider.
 
 The transformers keep what sagegen cares about: head dim 64 (a kernel size), Wan's real attention processor
 (Q/K RMSNorm across heads, pairwise rotary embeddings, cross-attention to the 512 text tokens the processor
@@ -24,7 +26,7 @@ import torch
 from . import _tiny_tokenizers as tok
 from .tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
 
-TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v", "ltx-video", "qwen-image")
+TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v", "ltx-video", "qwen-image", "hunyuanvideo-1.5")
 
 # Call arguments for a run of seconds on a CPU. Wan's VAE: 4× temporal (frames 4k+1), 8× spatial (16× for
 # TI2V's); the transformer patches 2×2, so 32 px → 2×2 tokens per latent frame (TI2V: 64 px → 2×2).
@@ -35,6 +37,7 @@ TINY_VIDEO_CALL_DEFAULTS: dict[str, dict] = {
     "wan2.2-ti2v": dict(height=64, width=64, num_frames=9, num_inference_steps=4, guidance_scale=5.0),
     "ltx-video": dict(height=32, width=32, num_frames=9, num_inference_steps=4, guidance_scale=3.0),
     "qwen-image": dict(height=32, width=32, num_inference_steps=4, true_cfg_scale=4.0),
+    "hunyuanvideo-1.5": dict(height=32, width=32, num_frames=9, num_inference_steps=4),  # guidance: its guider
 }
 
 TEXT_TOKENS = {"wan": 512}  # Wan's processor hard-codes 512 text tokens (image context = the rest)
@@ -156,6 +159,40 @@ def _qwen_image(seed: int):
                                                                                dtype=torch.float32))
 
 
+_CHAT_TEMPLATE = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n{{ m['content'] }}"
+                  "<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant"
+                  "<|end_header_id|>\n{% endif %}")
+
+
+def _hunyuanvideo15(seed: int):
+    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
+                           HunyuanVideo15Pipeline)
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
+
+    from .tiny import _t5
+    from .tiny_classes import build_tiny_class, tiny_class_config
+
+    config = tiny_class_config("hunyuanvideo15")
+    tokenizer = tok.qwen_tokenizer(2048)  # 1000 text slots + the 108 template tokens the pipeline crops
+    tokenizer.chat_template = _CHAT_TEMPLATE
+    width = config["text_embed_dim"]
+    with _seeded(seed * 1000 + 3):
+        text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+            hidden_size=width, intermediate_size=2 * width, num_hidden_layers=3, num_attention_heads=2,
+            num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=2048,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            rope_scaling={"mrope_section": [2, 2, 4], "rope_type": "default", "type": "default"})).eval()
+    tokenizer_2 = ByT5Tokenizer()
+    with _seeded(seed * 1000 + 2):
+        vae = AutoencoderKLHunyuanVideo15(latent_channels=config["out_channels"], block_out_channels=(8,) * 5,
+                                          layers_per_block=1).eval()
+    return HunyuanVideo15Pipeline(
+        text_encoder=text_encoder, tokenizer=tokenizer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+        transformer=build_tiny_class("hunyuanvideo15", seed=seed, dtype=torch.float32),
+        text_encoder_2=_t5(tokenizer_2, seed * 1000 + 4, d_model=config["text_embed_2_dim"]),
+        tokenizer_2=tokenizer_2, guider=ClassifierFreeGuidance(guidance_scale=6.0))
+
+
 def build_tiny_video_pipeline(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A complete tiny random-weight pipeline of ``kind`` (one of `TINY_VIDEO_KINDS`), on the CPU.
 
@@ -167,7 +204,8 @@ def build_tiny_video_pipeline(kind: str, *, seed: int = 0, dtype: torch.dtype = 
         raise TypeError(f"seed must be an int, got {seed!r}")
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype={dtype!r} is not supported; use torch.float32, torch.float16 or torch.bfloat16")
-    pipe = {"ltx-video": _ltx, "qwen-image": _qwen_image}.get(kind, lambda s: _wan(kind, s))(seed)
+    builders = {"ltx-video": _ltx, "qwen-image": _qwen_image, "hunyuanvideo-1.5": _hunyuanvideo15}
+    pipe = builders.get(kind, lambda s: _wan(kind, s))(seed)
     if dtype != torch.float32:
         for component in pipe.components.values():
             if isinstance(component, torch.nn.Module):
