@@ -180,3 +180,9 @@ def test_bench_runs_the_newer_architectures(name, tmp_path):
     result = json.loads(out.read_text())
     assert result["patch_family"] == "generic" and result["patch_stats"]["routed"] > 0
     assert result["diff_vs_stock"]["sagegen"]["rel_l1"] < 0.05
+
+
+def test_random_weights_is_a_usage_error_where_not_available(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAGEGEN_RUNS", str(tmp_path / "runs"))
+    r = runner.invoke(app, ["run", "ltx-video", "--random-weights", "--prompt", "a cat"])
+    assert r.exit_code == 2 and "--random-weights" in r.output and "sagegen bench ltx-video" in r.output

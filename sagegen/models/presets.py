@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan", "ltx", "qwenimage", "hunyuanvideo15")
+# families whose full-size pipeline `--random-weights` can build (sagegen.models.random_weights)
+RANDOM_WEIGHT_FAMILIES = frozenset({"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan"})
 
 
 @dataclass(frozen=True)
