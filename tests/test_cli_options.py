@@ -151,7 +151,7 @@ def test_presets_cover_issue_models_with_sources():
     # CogVideoX1.5's pipeline default resolution is unusable: the preset must carry its own
     assert (resolve("cogvideox1.5").width, resolve("cogvideox1.5").height) == (1360, 768)
     tiny = {p.family for p in PRESETS.values() if p.tiny}
-    assert tiny == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan"}
+    assert tiny == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan", "ltx", "qwenimage", "hunyuanvideo15"}
 
 
 def test_check_shape_errors_and_frame_warnings():

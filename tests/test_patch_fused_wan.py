@@ -132,6 +132,11 @@ def test_fused_wan_one_layer_and_fallbacks(seed, which):
             assert call(*args) is None  # a norm it does not reproduce
         finally:
             attn.norm_q = saved
+        attn.norm_k.float()  # an fp32 norm weight (torch would return fp32): the stock path
+        try:
+            assert call(*args) is None
+        finally:
+            attn.norm_k.to(torch.bfloat16)
         attn.add_k_proj = torch.nn.Linear(4, 4)  # I2V's image K/V: the stock path
         try:
             assert call(*args) is None

@@ -22,12 +22,13 @@ from .fused_common import _HALF, _arguments, _kernel_can_run, _native_dispatch
 _WAN_PROCESSOR = "diffusers.models.transformers.transformer_wan.WanAttnProcessor"
 
 
-def _heads_rms_params(norm, inner_dim: int):
-    """(weight or None, eps) of a torch.nn.RMSNorm over all heads (``inner_dim``); False otherwise."""
+def _heads_rms_params(norm, inner_dim: int, dtype: torch.dtype):
+    """(weight or None, eps) of a torch.nn.RMSNorm over all heads (``inner_dim``) whose weight, if any, has the
+    activations' dtype (another dtype changes the output's dtype in torch); False otherwise."""
     if type(norm) is torch.nn.RMSNorm and tuple(norm.normalized_shape) == (inner_dim,):
         weight = norm.weight
-        if weight is None or tuple(weight.shape) == (inner_dim,):
-            return weight, norm.eps
+        if weight is None or (tuple(weight.shape) == (inner_dim,) and weight.dtype == dtype):
+            return weight, (norm.eps if norm.eps is not None else torch.finfo(dtype).eps)
     return False
 
 
@@ -71,7 +72,7 @@ def wan_call(original, session, attn, args, kwargs):
     if not isinstance(inner_dim, int) or inner_dim % heads or getattr(attn, "kv_inner_dim", None) != inner_dim:
         return None
     head_dim = inner_dim // heads
-    norms = [_heads_rms_params(getattr(attn, n, None), inner_dim) for n in ("norm_q", "norm_k")]
+    norms = [_heads_rms_params(getattr(attn, n, None), inner_dim, dtype) for n in ("norm_q", "norm_k")]
     tables = _wan_tables(rotary, hidden_states.shape[1], head_dim)
     if any(n is False for n in norms) or tables is False or head_dim % 2:
         return None
