@@ -142,9 +142,11 @@ def _syncer(device) -> Callable[[], None]:
 
 def call_kwargs(preset: Preset, settings: dict, prompt: str) -> dict:
     """The pipeline-call arguments for one sample (without generator/output_type)."""
-    kw: dict[str, Any] = {"prompt": prompt, "num_inference_steps": settings["steps"],
-                          "guidance_scale": settings["guidance"], "height": settings["height"],
+    kw: dict[str, Any] = {"prompt": prompt, "num_inference_steps": settings["steps"], "height": settings["height"],
                           "width": settings["width"]}
+    guidance_arg = getattr(preset, "guidance_arg", "guidance_scale")  # Qwen-Image: true_cfg_scale; None: guider
+    if guidance_arg:
+        kw[guidance_arg] = settings["guidance"]
     if preset.is_video:
         kw["num_frames"] = settings["frames"]
     if settings.get("negative_prompt"):
@@ -233,6 +235,9 @@ def attention(pipe, variant: str, job: Job, setup: dict):
         kwargs["linear"] = job.linear
     if job.sparse is not None:
         kwargs["sparse"] = job.sparse
+    # every preset's denoiser is tested with sagegen (tests/test_models_*.py); the classes outside
+    # SUPPORTED_MODELS (LTX-Video, Qwen-Image, HunyuanVideo-1.5) take the generic route
+    kwargs["allow_generic"] = True
     try:
         patch(pipe, job.sage_config, **kwargs)
     except ValueError as e:  # e.g. a --fp-blocks entry that names no block of this model

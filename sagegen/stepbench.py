@@ -268,7 +268,10 @@ def main(argv=None) -> dict:
     if profiling:
         profiles["stock"] = profile_step(forward(model))
     backend = "auto" if args.tiny else args.backend
-    sagegen.patch(model, config, backend=backend)
+    # allow_generic: the newer classes (LTX-Video, Qwen-Image, HunyuanVideo-1.5) are not in SUPPORTED_MODELS
+    # and take the generic route; the five families and Wan keep their fused routes either way
+    sagegen.patch(model, config, backend=backend, allow_generic=True)
+    route = patch_info(model)["family"]
     reset_stats(model)
     record("sagegen", forward(model))
     stats = dict(patch_info(model)["stats"])
@@ -307,7 +310,7 @@ def main(argv=None) -> dict:
         torch._dynamo.reset()
         record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend)))
         torch._dynamo.reset()
-        sagegen.patch(model, config, backend=backend)
+        sagegen.patch(model, config, backend=backend, allow_generic=True)
         record("sagegen_compiled", forward(torch.compile(model, backend=args.compile_backend)))
         sagegen.unpatch(model)
         torch._dynamo.reset()
@@ -337,6 +340,7 @@ def main(argv=None) -> dict:
     cfg = dict(model.config)
     report = {
         "benchmark": "model_step", "model": args.model, "tiny": args.tiny, "arch_source": arch.source,
+        "patch_family": route,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
         "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,

@@ -141,7 +141,8 @@ def test_presets_cover_issue_models_with_sources():
     full = [p for p in PRESETS.values() if not p.tiny]
     assert {p.name for p in full} == {"cogvideox-2b", "cogvideox-5b", "cogvideox1.5-5b", "hunyuanvideo", "mochi-1",
                                       "flux.1-schnell", "flux.1-dev", "sd3.5-large", "sd3.5-large-turbo",
-                                      "sd3.5-medium"}
+                                      "sd3.5-medium", "wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b",
+                                      "wan2.2-ti2v-5b", "ltx-video", "qwen-image", "hunyuanvideo-1.5"}
     for p in full:
         assert p.hub_id and "/" in p.hub_id and p.source, p.name
         errors, _ = check_shape(p, height=p.height, width=p.width, frames=p.frames)
@@ -150,7 +151,7 @@ def test_presets_cover_issue_models_with_sources():
     # CogVideoX1.5's pipeline default resolution is unusable: the preset must carry its own
     assert (resolve("cogvideox1.5").width, resolve("cogvideox1.5").height) == (1360, 768)
     tiny = {p.family for p in PRESETS.values() if p.tiny}
-    assert tiny == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3"}
+    assert tiny == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan", "ltx", "qwenimage", "hunyuanvideo15"}
 
 
 def test_check_shape_errors_and_frame_warnings():

@@ -74,7 +74,7 @@ def test_cli_random_weights_end_to_end(tmp_path, monkeypatch):
     small = tiny.build_tiny_pipeline("cogvideox", dtype=torch.bfloat16)
     monkeypatch.setattr(random_weights, "_transformer",
                         lambda preset, dtype, device, seed: small.transformer.to(dtype=dtype))
-    monkeypatch.setattr(random_weights, "full_vae", lambda family, seed: small.vae)
+    monkeypatch.setattr(random_weights, "full_vae", lambda family, seed, config=None: small.vae)
     out = tmp_path / "run"
     r = CliRunner().invoke(app, ["compare", "cogvideox-2b", "--random-weights", "--prompt", "a", "--height", "32",
                                  "--dtype", "bfloat16",

@@ -172,7 +172,7 @@ def test_policy_blocks_resolution_and_errors(flux):
 
 def test_unknown_model_takes_the_generic_sdpa_route():
     model = TinyGeneric()
-    assert set(SUPPORTED_MODELS.values()) == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3"}
+    assert set(SUPPORTED_MODELS.values()) == {"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan"}
     x = torch.randn(2, 10, 128)
     with torch.no_grad():
         reference = model(x)

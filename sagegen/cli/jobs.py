@@ -87,7 +87,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               linear="none", sparse=None):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
     from ..generate import Job, make_samples
-    from ..models.presets import check_shape, resolve
+    from ..models.presets import RANDOM_WEIGHT_FAMILIES, check_shape, resolve
 
     preset = resolve(model)
     if model_path is not None and preset.tiny:
@@ -95,6 +95,11 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     if random_weights and preset.tiny:
         raise UsageProblem(f"{preset.name} already has random weights; drop --random-weights or pick a "
                            "full-size preset", "--random-weights")
+    if random_weights and preset.family not in RANDOM_WEIGHT_FAMILIES:
+        families = ", ".join(sorted(RANDOM_WEIGHT_FAMILIES))
+        raise UsageProblem(f"--random-weights is not available for {preset.name} yet (it needs the family's "
+                           f"full-size VAE and text-embedding shapes; available for: {families}); "
+                           f"`sagegen bench {preset.name}` times its transformer at full size", "--random-weights")
     if random_weights and model_path is not None:
         raise UsageProblem("--random-weights builds the model in code; it cannot be combined with --model-path",
                            "--random-weights")

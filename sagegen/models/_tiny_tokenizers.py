@@ -181,3 +181,11 @@ def llama_tokenizer(model_max_length: int = 1024):
     return _wrap(llama_tokenizer_object(), ("LlamaTokenizerFast", "LlamaTokenizer"), _PROBE,
                  bos_token=LLAMA_SPECIALS[0], eos_token=LLAMA_SPECIALS[1],
                  pad_token=LLAMA_SPECIALS[5], model_max_length=model_max_length)
+
+
+def qwen_tokenizer(model_max_length: int = 1024):
+    """Qwen-Image's Qwen2.5-VL tokenizer stand-in: the Llama-3-style byte-level BPE above (its chat markup
+    tokenizes into bytes; the pipeline drops a fixed number of template tokens either way)."""
+    return _wrap(llama_tokenizer_object(), ("Qwen2TokenizerFast", "Qwen2Tokenizer"), _PROBE,
+                 bos_token=LLAMA_SPECIALS[0], eos_token=LLAMA_SPECIALS[1],
+                 pad_token=LLAMA_SPECIALS[5], model_max_length=model_max_length)

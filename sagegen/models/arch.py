@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import arch_video
+
 _COG_BASE = dict(activation_fn="gelu-approximate", attention_bias=True, attention_head_dim=64, dropout=0.0,
                  flip_sin_to_cos=True, freq_shift=0, in_channels=16, max_text_seq_length=226,
                  norm_elementwise_affine=True, norm_eps=1e-05, out_channels=16, patch_size=2,
@@ -105,7 +107,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in [
          source="stabilityai/stable-diffusion-3.5-medium transformer/config.json"),
 ]}
 
-_ALIASES = {"cogvideox": "cogvideox-2b", "cogvideox1.5": "cogvideox1.5-5b", "hunyuan": "hunyuanvideo",
+ARCHS.update({d["name"]: Arch(**d) for d in arch_video.VIDEO_ARCHS})  # Wan, LTX, Qwen-Image, HV-1.5
+
+_ALIASES = {**arch_video.VIDEO_ALIASES, "cogvideox": "cogvideox-2b", "cogvideox1.5": "cogvideox1.5-5b",
+            "hunyuan": "hunyuanvideo",
             "mochi": "mochi-1", "flux": "flux.1-schnell", "flux-dev": "flux.1-dev", "flux-schnell": "flux.1-schnell",
             "sd3.5": "sd3.5-large", "sd3.5-turbo": "sd3.5-large-turbo"}
 
@@ -179,8 +184,10 @@ def smoke_overrides(name: str) -> dict:
     overrides = {"num_layers": 1, "num_attention_heads": heads}
     if arch.family in ("hunyuanvideo", "flux"):
         overrides["num_single_layers"] = 1
-    if arch.family == "hunyuanvideo":
+    if arch.family in ("hunyuanvideo", "hunyuanvideo15"):
         overrides["num_refiner_layers"] = 1
+    if arch.family == "ltx":  # its cross-attention reads the caption projected to the model width
+        overrides["cross_attention_dim"] = heads * arch.config["attention_head_dim"]
     if arch.family == "sd3":
         overrides["caption_projection_dim"] = heads * arch.config["attention_head_dim"]
         if arch.config.get("dual_attention_layers"):
@@ -196,7 +203,10 @@ def tokens_per_sample(name: str, *, height: int | None = None, width: int | None
     this minus the padding (the anchors' "~44,550" for a typical prompt)."""
     arch = get_arch(name)
     h, w, f = height or arch.height, width or arch.width, frames or arch.frames
-    return _latent_tokens(arch.family, arch.config, h, w, f) + arch.text_tokens
+    text = 0 if arch.family in arch_video.CROSS_ATTENTION_TEXT else arch.text_tokens  # (cross-attention: apart)
+    if arch.family == "hunyuanvideo15":
+        text += arch_video._HV15_EXTRA_TEXT
+    return _latent_tokens(arch.family, arch.config, h, w, f) + text
 
 
 def _latent_frames(family: str, frames: int | None, config: dict) -> int:
@@ -211,6 +221,8 @@ def _latent_frames(family: str, frames: int | None, config: dict) -> int:
 
 
 def _latent_tokens(family: str, config: dict, height: int, width: int, frames: int | None) -> int:
+    if family in arch_video.INPUT_BUILDERS:
+        return arch_video.latent_tokens(family, config, height, width, frames)
     lh, lw = height // 8, width // 8
     lf = _latent_frames(family, frames, config)
     if family == "flux":
@@ -242,10 +254,11 @@ def example_inputs(name_or_model, *, batch: int | None = None, height: int | Non
     else:
         from ..patch.api import SUPPORTED_MODELS
 
-        cls_name = next((c.__name__ for c in type(name_or_model).__mro__ if c.__name__ in SUPPORTED_MODELS), None)
+        known = {**SUPPORTED_MODELS, **arch_video.MODEL_FAMILIES}
+        cls_name = next((c.__name__ for c in type(name_or_model).__mro__ if c.__name__ in known), None)
         if cls_name is None:
             raise ValueError(f"example_inputs does not know {type(name_or_model).__name__}")
-        family, config = SUPPORTED_MODELS[cls_name], dict(name_or_model.config)
+        family, config = known[cls_name], dict(name_or_model.config)
         if height is None or width is None or text_tokens is None:
             raise ValueError("give height, width and text_tokens with a model object")
         batch = batch or 1
@@ -265,7 +278,11 @@ def example_inputs(name_or_model, *, batch: int | None = None, height: int | Non
         raise ValueError(f"valid_text needs one length per sample ({batch}), got {valid_text}")
     text_mask = (torch.arange(text_tokens)[None, :] < torch.tensor(valid_text)[:, None]).to(device)
 
-    if family == "cogvideox":
+    if family in arch_video.INPUT_BUILDERS:
+        kw = arch_video.INPUT_BUILDERS[family](config, batch=batch, height=height, width=width, frames=frames,
+                                               text_tokens=text_tokens, randn=randn, device=device, dtype=dtype,
+                                               text_mask=text_mask)
+    elif family == "cogvideox":
         kw = dict(hidden_states=randn(batch, lf, config["in_channels"], lh, lw),
                   encoder_hidden_states=randn(batch, text_tokens, config["text_embed_dim"]),
                   timestep=t.long())
@@ -299,7 +316,7 @@ def example_inputs(name_or_model, *, batch: int | None = None, height: int | Non
         kw = dict(hidden_states=randn(batch, config["in_channels"], lh, lw),
                   encoder_hidden_states=randn(batch, text_tokens, config["joint_attention_dim"]),
                   pooled_projections=randn(batch, config["pooled_projection_dim"]), timestep=t.to(dtype))
-    else:  # pragma: no cover - SUPPORTED_MODELS and ARCHS only hold the five families
+    else:  # pragma: no cover - SUPPORTED_MODELS, arch_video and ARCHS hold no other family
         raise ValueError(f"unknown family {family!r}")
     kw["return_dict"] = False
     return kw

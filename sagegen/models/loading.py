@@ -190,10 +190,13 @@ def _load_hub(preset: Preset, where: str, local_only: bool, dtype):
 
 def _load_tiny(preset: Preset, dtype, seed: int):
     try:
-        from . import tiny
+        from . import tiny, tiny_video
     except ImportError as e:
         raise WeightsUnavailable(f"the built-in tiny models are not available in this checkout "
                                  f"(sagegen.models.tiny: {e}); update sagegen") from e
+    kind = preset.name.removeprefix("tiny-")  # tiny-wan2.1 -> tiny_video's "wan2.1"; tiny-flux -> tiny's "flux"
+    if kind in tiny_video.TINY_VIDEO_KINDS:
+        return tiny_video.build_tiny_video_pipeline(kind, seed=seed, dtype=dtype)
     return tiny.build_tiny_pipeline(preset.family, seed=seed, dtype=dtype)
 
 

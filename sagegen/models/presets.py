@@ -10,7 +10,9 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3")
+FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan", "ltx", "qwenimage", "hunyuanvideo15")
+# families whose full-size pipeline `--random-weights` can build (sagegen.models.random_weights)
+RANDOM_WEIGHT_FAMILIES = frozenset({"cogvideox", "hunyuanvideo", "mochi", "flux", "sd3", "wan"})
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Preset:
     source: str = ""                 # where the defaults come from
     notes: str = ""
     call_kwargs: dict[str, Any] = field(default_factory=dict)  # extra pipeline-call arguments
+    guidance_arg: str | None = "guidance_scale"  # the call argument that takes `guidance` (None: not passed)
 
     @property
     def tiny(self) -> bool:
@@ -131,6 +134,56 @@ _add(Preset("sd3.5-medium", "sd3", "image", "StableDiffusion3Pipeline", "stabili
             source="stabilityai/stable-diffusion-3.5-medium model card diffusers example (40 steps, "
                    "guidance_scale=4.5, bfloat16)"))
 
+# --- Wan 2.1 / 2.2 -----------------------------------------------------------------------------------------
+# Sizes: multiples of 16 (8x VAE x 2x2 patches; TI2V-5B's VAE is 16x, so 32); frames 4k+1. The pipeline pads
+# the UMT5 prompt to 512 tokens (WanPipeline max_sequence_length=512) and runs CFG as two transformer calls.
+_WAN_DOC = ("diffusers WanPipeline (pipelines/wan/pipeline_wan.py, 0.42.1): call defaults 480x832, 81 frames, "
+            "50 steps, guidance_scale=5.0; its example loads Wan2.1-T2V-14B at 720x1280, 81 frames, guidance 5.0, "
+            "bf16 transformer with an fp32 VAE, flow_shift 5.0 for 720p / 3.0 for 480p, exported at 16 fps")
+_add(Preset("wan2.1-t2v-1.3b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+            height=480, width=832, frames=81, fps=16, steps=50, guidance=5.0, dtype="bfloat16", frame_step=4,
+            max_sequence_length=512, aliases=("wan", "wan2.1", "wan2.1-1.3b"),
+            source=_WAN_DOC + "; Wan2.1-T2V-1.3B model card: 480p (832x480) only"))
+_add(Preset("wan2.1-t2v-14b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.1-T2V-14B-Diffusers",
+            height=720, width=1280, frames=81, fps=16, steps=50, guidance=5.0, dtype="bfloat16", frame_step=4,
+            max_sequence_length=512, aliases=("wan2.1-14b",), source=_WAN_DOC))
+_add(Preset("wan2.2-t2v-a14b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.2-T2V-A14B-Diffusers",
+            height=720, width=1280, frames=81, fps=16, steps=40, guidance=4.0, dtype="bfloat16", frame_step=4,
+            max_sequence_length=512, aliases=("wan2.2", "wan2.2-a14b"), call_kwargs={"guidance_scale_2": 3.0},
+            source="diffusers Wan docs, Wan2.2 T2V example (Wan-AI/Wan2.2-T2V-A14B-Diffusers: 720x1280, 81 "
+                   "frames, 40 steps, guidance_scale=4.0 for the high-noise expert, guidance_scale_2=3.0 for the "
+                   "low-noise one; boundary_ratio 0.875 from the repo's model_index.json); 16 fps as its "
+                   "export_to_video example",
+            notes="two 14B experts (transformer, transformer_2): ~57 GB of bf16 weights"))
+_add(Preset("wan2.2-ti2v-5b", "wan", "video", "WanPipeline", "Wan-AI/Wan2.2-TI2V-5B-Diffusers",
+            height=704, width=1280, frames=121, fps=24, steps=50, guidance=5.0, dtype="bfloat16", frame_step=4,
+            size_multiple=32, max_sequence_length=512, aliases=("wan2.2-5b",),
+            source="Wan2.2-TI2V-5B model card and diffusers Wan docs (720p = 1280x704, 121 frames at 24 fps, "
+                   "50 steps, guidance_scale=5.0; 16x VAE with expand_timesteps)"))
+
+# --- LTX-Video, Qwen-Image, HunyuanVideo-1.5 -----------------------------------------------------------------
+_add(Preset("ltx-video", "ltx", "video", "LTXPipeline", "Lightricks/LTX-Video",
+            height=512, width=704, frames=161, fps=25, steps=50, guidance=3.0, dtype="bfloat16", frame_step=8,
+            size_multiple=32, max_sequence_length=128, aliases=("ltx", "ltxv"),
+            source="diffusers LTXPipeline call defaults (pipelines/ltx/pipeline_ltx.py, 0.42.1): 512x704, 161 "
+                   "frames, 50 steps, guidance_scale=3, frame_rate=25, max_sequence_length=128; 32x VAE, 8x in time"))
+_add(Preset("qwen-image", "qwenimage", "image", "QwenImagePipeline", "Qwen/Qwen-Image",
+            height=1328, width=1328, steps=50, guidance=4.0, dtype="bfloat16", guidance_arg="true_cfg_scale",
+            aliases=("qwenimage",),
+            source="Qwen/Qwen-Image model card (1:1 at 1328x1328, num_inference_steps=50, true_cfg_scale=4.0, "
+                   "negative_prompt ' ', bfloat16)",
+            notes="classifier-free guidance (two transformer calls per step) only runs with a negative prompt: "
+                  "pass --negative-prompt ' ' as the model card does"))
+_add(Preset("hunyuanvideo-1.5", "hunyuanvideo15", "video", "HunyuanVideo15Pipeline",
+            "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-720p_t2v",
+            height=720, width=1280, frames=121, fps=24, steps=50, guidance=6.0, dtype="bfloat16", frame_step=4,
+            guidance_arg=None, aliases=("hunyuanvideo15", "hunyuanvideo-1.5-720p"),
+            source="diffusers HunyuanVideo15Pipeline (0.42.1): 121 frames, 50 steps, default size from the "
+                   "transformer's target_size 960 at 16:9 = 1280x720; guidance 6.0 as Tencent's 720p t2v setting "
+                   "(LightX2V's HunyuanVideo-1.5 example); 24 fps",
+            notes="guidance comes from the repo's guider config (the pipeline has no guidance_scale argument); "
+                  "--guidance is not passed"))
+
 # --- built-in tiny random-weight pipelines (sagegen.models.tiny) -------------------------------------------
 # Sizes are small enough for a CPU in seconds; frame/size constraints follow the tiny VAEs.
 _TINY_SRC = "built-in tiny pipeline with random weights (sagegen.models.tiny), for tests and demos"
@@ -148,6 +201,27 @@ _add(Preset("tiny-flux", "flux", "image", "FluxPipeline", None,
 _add(Preset("tiny-sd3", "sd3", "image", "StableDiffusion3Pipeline", None,
             height=64, width=64, steps=4, guidance=4.5, dtype="bfloat16", aliases=("tiny-sd3.5",),
             source=_TINY_SRC))
+# (sagegen.models.tiny_video; the name after "tiny-" is its kind)
+_TINY_VIDEO_SRC = "built-in tiny pipeline with random weights (sagegen.models.tiny_video), for tests and demos"
+_add(Preset("tiny-wan2.1", "wan", "video", "WanPipeline", None, height=32, width=32, frames=9, fps=16, steps=4,
+            guidance=5.0, dtype="bfloat16", frame_step=4, aliases=("tiny-wan",), source=_TINY_VIDEO_SRC))
+_add(Preset("tiny-wan2.2-a14b", "wan", "video", "WanPipeline", None, height=32, width=32, frames=9, fps=16,
+            steps=4, guidance=4.0, dtype="bfloat16", frame_step=4, call_kwargs={"guidance_scale_2": 3.0},
+            source=_TINY_VIDEO_SRC + " (two experts, as Wan2.2-T2V-A14B)"))
+_add(Preset("tiny-wan2.2-ti2v", "wan", "video", "WanPipeline", None, height=64, width=64, frames=9, fps=24,
+            steps=4, guidance=5.0, dtype="bfloat16", frame_step=4, size_multiple=32,
+            source=_TINY_VIDEO_SRC + " (48-channel 16x VAE, per-token timesteps, as Wan2.2-TI2V-5B)"))
+_add(Preset("tiny-ltx-video", "ltx", "video", "LTXPipeline", None, height=32, width=32, frames=9, fps=25, steps=4,
+            guidance=3.0, dtype="bfloat16", frame_step=4, aliases=("tiny-ltx",),
+            source=_TINY_VIDEO_SRC + " (LTX-Video's classes, a 4x VAE)"))
+_add(Preset("tiny-qwen-image", "qwenimage", "image", "QwenImagePipeline", None, height=32, width=32, steps=4,
+            guidance=4.0, dtype="bfloat16", size_multiple=8, guidance_arg="true_cfg_scale",
+            source=_TINY_VIDEO_SRC + " (Qwen-Image's classes with a tiny Qwen2.5-VL text encoder, a 4x VAE)"))
+_add(Preset("tiny-hunyuanvideo-1.5", "hunyuanvideo15", "video", "HunyuanVideo15Pipeline", None, height=32, width=32,
+            frames=9, fps=24, steps=4, guidance=6.0, dtype="bfloat16", frame_step=4, guidance_arg=None,
+            aliases=("tiny-hunyuanvideo15",),
+            source=_TINY_VIDEO_SRC + " (HunyuanVideo-1.5's classes, tiny Qwen2.5-VL and ByT5 encoders, a 16x VAE; "
+                   "guidance 6 set in its guider)"))
 
 
 def _key(name: str) -> str:

@@ -17,7 +17,7 @@ import torch
 from .presets import Preset
 
 # The sequence lengths the real text encoders produce (diffusers pipelines' max_sequence_length defaults).
-_TEXT_LEN = {"cogvideox": 226, "hunyuanvideo": 256, "mochi": 256, "sd3": 77 + 256}
+_TEXT_LEN = {"cogvideox": 226, "hunyuanvideo": 256, "mochi": 256, "sd3": 77 + 256, "wan": 512}
 
 
 @contextlib.contextmanager
@@ -27,11 +27,18 @@ def _seeded(seed: int):
         yield
 
 
-def full_vae(family: str, seed: int):
+def full_vae(family: str, seed: int, transformer_config=None):
     """The family's full-size VAE, randomly initialised (configs as in the released checkpoints)."""
     import diffusers
 
     with _seeded(seed):
+        if family == "wan" and getattr(transformer_config, "in_channels", 16) == 48:  # Wan2.2-TI2V-5B's VAE
+            return diffusers.AutoencoderKLWan(base_dim=160, decoder_base_dim=256, z_dim=48, in_channels=12,
+                                              out_channels=12, is_residual=True, patch_size=2,
+                                              scale_factor_spatial=16, latents_mean=[0.0] * 48,
+                                              latents_std=[1.0] * 48).eval()
+        if family == "wan":  # Wan2.1's VAE (also Wan2.2-A14B's): the class defaults
+            return diffusers.AutoencoderKLWan().eval()
         if family == "cogvideox":
             return diffusers.AutoencoderKLCogVideoX().eval()
         if family == "hunyuanvideo":
@@ -56,6 +63,8 @@ def scheduler(family: str):
                                                 clip_sample=False, set_alpha_to_one=True)
     if family == "hunyuanvideo":
         return diffusers.FlowMatchEulerDiscreteScheduler(shift=7.0)
+    if family == "wan":  # (the released repos use UniPC with flow_shift 3-5; any flow scheduler times the same)
+        return diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0)
     if family == "mochi":
         return diffusers.FlowMatchEulerDiscreteScheduler(invert_sigmas=True)
     if family == "flux":
@@ -96,6 +105,10 @@ def embeddings_fn(family: str, config, dtype, device, text_len: int | None) -> C
             return {"prompt_embeds": randn(gen, 1, n, config.text_embed_dim), "prompt_attention_mask": mask,
                     "negative_prompt_embeds": randn(gen, 1, n, config.text_embed_dim),
                     "negative_prompt_attention_mask": mask.clone()}
+        if family == "wan":  # UMT5-XXL, padded to 512 tokens by the pipeline
+            n = text_len or _TEXT_LEN[family]
+            return {"prompt_embeds": randn(gen, 1, n, config.text_dim),
+                    "negative_prompt_embeds": randn(gen, 1, n, config.text_dim)}
         if family == "flux":
             n = text_len or 512
             return {"prompt_embeds": randn(gen, 1, n, config.joint_attention_dim),
@@ -120,17 +133,32 @@ def build_random_pipeline(preset: Preset, *, dtype, seed: int = 0, device="cpu",
     if transformer is None:
         transformer = _transformer(preset, dtype, device, seed)
     if vae is None:
-        vae = full_vae(family, seed + 1)
+        vae = full_vae(family, seed + 1, transformer.config)
     torch.nn.Module.to(vae, dtype=dtype)  # (diffusers' .to warns about fp32-kept modules: these have none)
     parts: dict[str, Any] = {"transformer": transformer, "vae": vae, "scheduler": scheduler(family)}
     encoders = {"cogvideox": ("tokenizer", "text_encoder"),
                 "hunyuanvideo": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"),
-                "mochi": ("tokenizer", "text_encoder"),
+                "mochi": ("tokenizer", "text_encoder"), "wan": ("tokenizer", "text_encoder"),
                 "flux": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2"),
                 "sd3": ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "tokenizer_3",
                         "text_encoder_3")}[family]
     parts.update({name: None for name in encoders})
+    if family == "wan":
+        parts.update(_wan_parts(preset, transformer, dtype, device, seed))
     pipe = getattr(diffusers, preset.pipeline)(**parts)
     if text_len is None and preset.max_sequence_length and family == "flux":
         text_len = preset.max_sequence_length
     return pipe, embeddings_fn(family, transformer.config, dtype, device, text_len)
+
+
+def _wan_parts(preset: Preset, transformer, dtype, device, seed: int) -> dict[str, Any]:
+    """Wan2.2-A14B's second expert (transformer_2, random, same shape) and switch point; TI2V's per-token
+    timesteps."""
+    if getattr(transformer.config, "in_channels", 16) == 48:
+        return {"expand_timesteps": True}
+    if "a14b" in preset.name:  # a copy of the same shape with other random weights
+        import copy
+
+        from .arch import random_init_
+        return {"transformer_2": random_init_(copy.deepcopy(transformer), seed=seed + 17), "boundary_ratio": 0.875}
+    return {}

@@ -77,8 +77,11 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
             emulation on CPU. ``"triton"`` forces the quantized kernel; ``"reference"`` the emulation.
         allow_generic: accepted for compatibility and ignored: every model is patched now (see the routes).
         fp32_dtype: the dtype q/k/v of an fp32 model are cast to for the kernel (bf16 or fp16).
-        fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux and
-            SD3/SD3.5 processors as one Triton pass (`sagegen.patch.fused`; counted as ``fused_qk_prologue``).
+        fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux,
+            SD3/SD3.5, HunyuanVideo and Wan processors as one Triton pass writing straight into (joint) Q/K/V
+            buffers (`sagegen.patch.fused`, `fused_joint`, `fused_wan`; counted as ``fused_qk_prologue`` in
+            `patch_info`). False: diffusers' own code runs around attention (the same values up to rounding
+            order).
         linear: ``None`` (default): the denoiser's ``nn.Linear`` layers are left alone. ``"fp8"``: they run
             as FP8 GEMMs (`sagegen.patch.linear_patch`, docs/fp8-linear.md); needs an sm89+ GPU (on the CPU
             the emulation runs; on older GPUs ``config.fallback`` decides: error / emulation / bf16).

@@ -3,7 +3,7 @@ that they need not import each other."""
 
 from __future__ import annotations
 
-from . import fused, fused_joint
+from . import fused, fused_joint, fused_wan
 
 # family -> fn(original processor, session, attn, args, kwargs) -> output, or None to run the original
 FAMILY_CALLS = {
@@ -12,6 +12,7 @@ FAMILY_CALLS = {
     "sd3": fused_joint.sd3_call,
     "flux": fused_joint.flux_call,
     "hunyuanvideo": fused_joint.hunyuan_call,
+    "wan": fused_wan.wan_call,
 }
 
 

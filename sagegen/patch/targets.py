@@ -27,6 +27,7 @@ SUPPORTED_MODELS = {
     "MochiTransformer3DModel": "mochi",
     "FluxTransformer2DModel": "flux",
     "SD3Transformer2DModel": "sd3",
+    "WanTransformer3DModel": "wan",
 }
 # The processor classes whose calls the fused path (`fused.call`) replaces: exactly these, not subclasses.
 FUSED_PROCESSORS = frozenset({
@@ -35,6 +36,7 @@ FUSED_PROCESSORS = frozenset({
     "diffusers.models.attention_processor.JointAttnProcessor2_0",
     "diffusers.models.transformers.transformer_flux.FluxAttnProcessor",
     "diffusers.models.transformers.transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0",
+    "diffusers.models.transformers.transformer_wan.WanAttnProcessor",
 })
 ROUTES = ("fused", "backend", "sdpa")
 # Pipeline components that denoise: `transformer`, and e.g. Wan2.2-A14B's `transformer_2` (low-noise expert).
