@@ -77,7 +77,10 @@ def test_wan_fused_layer_at_full_size(seed, name):
     assert stats["fused_qk_prologue"] == 2 * len(model.blocks)
     quant_err = rel_l1(routed, stock)
     print(f"{name}: rel-L1 routed/stock {quant_err:.4f}, fused/routed {rel_l1(fused, routed):.4f}")
-    assert 0 < quant_err < 0.05 and rel_l1(fused, routed) < 0.5 * quant_err
+    # the same bounds as the other families' fused prologues (tests/test_patch_fused.py): the norm's summation
+    # order moves a few values a bf16 step, well inside the quantization error, and no further from stock
+    assert 0 < quant_err < 0.05 and rel_l1(fused, routed) < 0.6 * quant_err
+    assert rel_l1(fused, stock) < 1.15 * quant_err
 
 
 def _heads(name: str) -> int:

@@ -23,7 +23,7 @@ def test_pool_launch_matches_torch_on_gpu(seed, d):
     torch.testing.assert_close(s1, s2, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("mode,value", [("topk", 0.3), ("cdf", 0.95)])
+@pytest.mark.parametrize("mode,value", [("topk", 0.3), ("cdf", 0.99)])  # the CPU test's settings
 def test_predicted_mask_kernel_vs_emulation_and_mass(mode, value):
     g = torch.Generator().manual_seed(7)
     q, k, v = (t.cuda() for t in synthetic.video_qkv(8, 32, 32, heads=4, head_dim=128, generator=g))
