@@ -106,16 +106,18 @@ def _err(y, ref) -> dict:
 def _quant_sweep(x, bench) -> dict:
     """The per-token quantization at a few launches: {label: ms}."""
     K = x.shape[1]
-    default = per_token_launch(K)
     out = {}
-    for elements in (2048, 4096, 8192, 16384):
-        for warps in (4, 8):
-            bm = max(1, elements // default["BLOCK_K"]) if default["SINGLE_PASS"] else max(1, elements // 8192)
-            label = f"block_m={bm},warps={warps}"
-            if label in out:
-                continue
-            out[label] = bench(lambda bm=bm, warps=warps: quantize_fp8_rows(x, "per_token", block_m=bm, num_warps=warps),
-                               rep=20)
+    for single_k in ((16384, 8192) if 8192 < K <= 16384 else (16384,)):  # wide rows: one read vs two passes
+        default = per_token_launch(K, max_single_pass_k=single_k)
+        for elements in (2048, 4096, 8192, 16384):
+            for warps in (4, 8, 16):
+                bm = max(1, elements // default["BLOCK_K"]) if default["SINGLE_PASS"] else max(1, elements // 1024)
+                per_thread = bm * default["BLOCK_K"] // (32 * warps)
+                label = f"{'one read' if default['SINGLE_PASS'] else 'two passes'},block_m={bm},warps={warps}"
+                if label in out or not 8 <= per_thread <= 64:  # skip launches that spill or idle threads
+                    continue
+                out[label] = bench(lambda bm=bm, warps=warps, single_k=single_k: quantize_fp8_rows(
+                    x, "per_token", block_m=bm, num_warps=warps, max_single_pass_k=single_k), rep=20)
     return out
 
 
