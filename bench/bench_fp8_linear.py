@@ -6,7 +6,8 @@ For each (model, layer, M tokens, K in, N out) it times, with triton.testing.do_
                    use_fast_accum=True (the default, LinearPolicy.fast_accum)
   fp8_precise      the same with use_fast_accum=False (periodic promotion to fp32)
   quant            the per-token quantization alone (default launch), and quant_best: the fastest of a small
-                   sweep of launches (elements per program x warps), with its GB/s and the launch
+                   sweep of launches (4096/8192/16384 elements a program, one read vs two passes for rows wider
+                   than 8192), with its GB/s and the launch
   gemm_fast / gemm_precise   the _scaled_mm alone
   fp8_blockwise    1x128 activations x 128x128 weights via F.scaled_mm block-wise recipes (if supported here)
   torchao_rowwise  torchao Float8DynamicActivationFloat8WeightConfig(PerRow) (if torchao imports)
@@ -109,15 +110,14 @@ def _quant_sweep(x, bench) -> dict:
     out = {}
     for single_k in ((16384, 8192) if 8192 < K <= 16384 else (16384,)):  # wide rows: one read vs two passes
         default = per_token_launch(K, max_single_pass_k=single_k)
-        for elements in (2048, 4096, 8192, 16384):
-            for warps in (4, 8, 16):
-                bm = max(1, elements // default["BLOCK_K"]) if default["SINGLE_PASS"] else max(1, elements // 1024)
-                per_thread = bm * default["BLOCK_K"] // (32 * warps)
-                label = f"{'one read' if default['SINGLE_PASS'] else 'two passes'},block_m={bm},warps={warps}"
-                if label in out or not 8 <= per_thread <= 64:  # skip launches that spill or idle threads
-                    continue
-                out[label] = bench(lambda bm=bm, warps=warps, single_k=single_k: quantize_fp8_rows(
-                    x, "per_token", block_m=bm, num_warps=warps, max_single_pass_k=single_k), rep=20)
+        for elements in (4096, 8192, 16384):  # 32 values a thread (the design point): warps follow the tile
+            bm = max(1, elements // default["BLOCK_K"]) if default["SINGLE_PASS"] else max(1, elements // 1024)
+            warps = bm * default["BLOCK_K"] // (32 * 32)
+            label = f"{'one read' if default['SINGLE_PASS'] else 'two passes'},block_m={bm},warps={warps}"
+            if label in out or warps not in (4, 8, 16):
+                continue
+            out[label] = bench(lambda bm=bm, warps=warps, single_k=single_k: quantize_fp8_rows(
+                x, "per_token", block_m=bm, num_warps=warps, max_single_pass_k=single_k), rep=20)
     return out
 
 
