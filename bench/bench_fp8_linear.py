@@ -1,15 +1,24 @@
 """FP8 linear GEMMs at the shapes of the supported models' linears, quantization included, vs bf16 cuBLAS.
 
 For each (model, layer, M tokens, K in, N out) it times, with triton.testing.do_bench (median):
-  bf16            F.linear in bf16 (cuBLAS)
-  fp8_rowwise     sagegen: Triton per-token quantization + torch._scaled_mm (row-wise scales, bias fused)
-  quant_per_token the quantization alone;  gemm_rowwise  the _scaled_mm alone
-  fp8_blockwise   1x128 activations x 128x128 weights via F.scaled_mm block-wise recipes (if supported here)
-  torchao_rowwise torchao Float8DynamicActivationFloat8WeightConfig(PerRow) (if torchao imports)
-plus the FP8 output's rel. L1 / cosine against the bf16 output. Writes JSON (device, versions, date) to --out.
+  bf16             F.linear in bf16 (cuBLAS)
+  fp8_fast         sagegen: Triton per-token quantization + torch._scaled_mm, row-wise scales, bias fused,
+                   use_fast_accum=True (the default, LinearPolicy.fast_accum)
+  fp8_precise      the same with use_fast_accum=False (periodic promotion to fp32)
+  quant            the per-token quantization alone (default launch), and quant_best: the fastest of a small
+                   sweep of launches (4096/8192/16384 elements a program, one read vs two passes for rows wider
+                   than 8192), with its GB/s and the launch
+  gemm_fast / gemm_precise   the _scaled_mm alone
+  fp8_blockwise    1x128 activations x 128x128 weights via F.scaled_mm block-wise recipes (if supported here)
+  torchao_rowwise  torchao Float8DynamicActivationFloat8WeightConfig(PerRow) (if torchao imports)
+and, for an MLP's second layer (input = the pre-GELU tensor, GELU tanh-approximate):
+  bf16_gelu        F.gelu + F.linear in bf16 (what stock runs)
+  fp8_gelu_eager   F.gelu in bf16, then fp8_fast;   fp8_gelu_fused   GELU inside the quantization kernel
+Errors (rel. L1, cosine) against bf16 on the first 8192 rows: fast and precise accumulation, and the fused GELU.
+Writes JSON (device, versions, date) to --out; prints one line per shape.
 
-    python bench/bench_fp8_linear.py --out bench/results/fp8-linear-h100-$(date +%F).json   # ~1-2 min
-    python bench/bench_fp8_linear.py --quick --out /tmp/fp8.json                           # 3 shapes
+    python bench/bench_fp8_linear.py --quick --out bench/results/fp8-linear-quick.json   # < 2 min, 11 shapes
+    python bench/bench_fp8_linear.py --out bench/results/fp8-linear-h100-$(date +%F).json  # all shapes
 """
 
 from __future__ import annotations
@@ -24,38 +33,40 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import torch.nn.functional as F  # noqa: E402
+import torch.nn.functional as F
 
-from sagegen.kernels.fp8_quant import quantize_fp8_rows  # noqa: E402
-from sagegen.linear import fp8_linear, quantize_weight  # noqa: E402
-from sagegen.linear.ops import _gemm_rowwise, blockwise_supported  # noqa: E402
+from sagegen.kernels.fp8_quant import per_token_launch, quantize_fp8_rows
+from sagegen.linear import fp8_linear, quantize_weight
+from sagegen.linear.ops import _gemm_rowwise, blockwise_supported
 
-# (model, layer, M, K, N). M: tokens per denoiser call at the model's default size (CFG batch included where
-# the pipeline batches it). Flux 1024²: 4096 image + 512 text tokens (single blocks see the joint 4608);
-# SD3.5-large: 2 x (4096 + 333); CogVideoX-5b 49 frames 480x720: 2 x 17,776; HunyuanVideo 720p 129 frames:
-# 119,056 (+256 text); Wan2.1-14B 720p 81 frames: 21 x 45 x 80 = 75,600 (dim 5120, ffn 13824).
+# (model, layer, M, K, N, gelu: the layer is an MLP's second layer after a tanh GELU). M: tokens per denoiser
+# call at the model's default size (CFG batch included where the pipeline batches it). Flux 1024²: 4096 image +
+# 512 text tokens (single blocks see the joint 4608); SD3.5-large: 2 x (4096 + 333); CogVideoX-5b 49 frames
+# 480x720: 2 x 17,776; HunyuanVideo 720p 129 frames: 119,056 (+256 text); Wan2.1-14B 720p 81 frames:
+# 21 x 45 x 80 = 75,600 (dim 5120, ffn 13824).
 SHAPES = [
-    ("flux.1-dev", "double.img qkv/out", 4096, 3072, 3072),
-    ("flux.1-dev", "double.img ff up", 4096, 3072, 12288),
-    ("flux.1-dev", "double.img ff down", 4096, 12288, 3072),
-    ("flux.1-dev", "single qkv", 4608, 3072, 3072),
-    ("flux.1-dev", "single proj_mlp", 4608, 3072, 12288),
-    ("flux.1-dev", "single proj_out", 4608, 15360, 3072),
-    ("sd3.5-large", "qkv/out", 8858, 2432, 2432),
-    ("sd3.5-large", "ff up", 8192, 2432, 9728),
-    ("sd3.5-large", "ff down", 8192, 9728, 2432),
-    ("cogvideox-5b", "qkv/out", 35552, 3072, 3072),
-    ("cogvideox-5b", "ff up", 35552, 3072, 12288),
-    ("cogvideox-5b", "ff down", 35552, 12288, 3072),
-    ("hunyuanvideo", "qkv/out", 119312, 3072, 3072),
-    ("hunyuanvideo", "ff up / proj_mlp", 119312, 3072, 12288),
-    ("hunyuanvideo", "ff down", 119312, 12288, 3072),
-    ("hunyuanvideo", "single proj_out", 119312, 15360, 3072),
-    ("wan2.1-14b", "qkv/out", 75600, 5120, 5120),
-    ("wan2.1-14b", "ffn up", 75600, 5120, 13824),
-    ("wan2.1-14b", "ffn down", 75600, 13824, 5120),
+    ("flux.1-dev", "double.img qkv/out", 4096, 3072, 3072, False),
+    ("flux.1-dev", "double.img ff up", 4096, 3072, 12288, False),
+    ("flux.1-dev", "double.img ff down", 4096, 12288, 3072, True),
+    ("flux.1-dev", "single qkv", 4608, 3072, 3072, False),
+    ("flux.1-dev", "single proj_mlp", 4608, 3072, 12288, False),
+    ("flux.1-dev", "single proj_out", 4608, 15360, 3072, False),
+    ("sd3.5-large", "qkv/out", 8858, 2432, 2432, False),
+    ("sd3.5-large", "ff up", 8192, 2432, 9728, False),
+    ("sd3.5-large", "ff down", 8192, 9728, 2432, True),
+    ("cogvideox-5b", "qkv/out", 35552, 3072, 3072, False),
+    ("cogvideox-5b", "ff up", 35552, 3072, 12288, False),
+    ("cogvideox-5b", "ff down", 35552, 12288, 3072, True),
+    ("hunyuanvideo", "qkv/out", 119312, 3072, 3072, False),
+    ("hunyuanvideo", "ff up / proj_mlp", 119312, 3072, 12288, False),
+    ("hunyuanvideo", "ff down", 119312, 12288, 3072, True),
+    ("hunyuanvideo", "single proj_out", 119312, 15360, 3072, False),
+    ("wan2.1-14b", "q/k/v/o", 75600, 5120, 5120, False),
+    ("wan2.1-14b", "ffn up", 75600, 5120, 13824, False),
+    ("wan2.1-14b", "ffn down", 75600, 13824, 5120, True),
 ]
-QUICK = [SHAPES[1], SHAPES[9], SHAPES[17]]
+QUICK = [SHAPES[i] for i in (1, 2, 7, 8, 9, 11, 12, 14, 16, 17, 18)]
+ERR_ROWS = 8192
 
 
 def _versions() -> dict:
@@ -73,7 +84,11 @@ def _versions() -> dict:
 
 def _torchao_linear(lin: torch.nn.Linear):
     try:
-        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+        from torchao.quantization import (
+            Float8DynamicActivationFloat8WeightConfig,
+            PerRow,
+            quantize_,
+        )
     except Exception as e:  # noqa: BLE001
         return None, f"torchao not importable: {type(e).__name__}: {e}"
     try:
@@ -89,34 +104,73 @@ def _err(y, ref) -> dict:
             "cosine": F.cosine_similarity(y.flatten(), ref.flatten(), dim=0).item()}
 
 
-def bench_shape(model, layer, M, K, N, bench, with_torchao, block_ok) -> dict:
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = (torch.randn(N, K, device="cuda", generator=g) / K ** 0.5).to(torch.bfloat16)
-    b = torch.randn(N, device="cuda", dtype=torch.bfloat16, generator=g) * 0.1
-    flops = 2.0 * M * N * K
-    row = {"model": model, "layer": layer, "M": M, "K": K, "N": N, "ms": {}, "tflops": {}}
+def _quant_sweep(x, bench) -> dict:
+    """The per-token quantization at a few launches: {label: ms}."""
+    K = x.shape[1]
+    out = {}
+    for single_k in ((16384, 8192) if 8192 < K <= 16384 else (16384,)):  # wide rows: one read vs two passes
+        default = per_token_launch(K, max_single_pass_k=single_k)
+        for elements in (4096, 8192, 16384):  # 32 values a thread (the design point): warps follow the tile
+            bm = max(1, elements // default["BLOCK_K"]) if default["SINGLE_PASS"] else max(1, elements // 1024)
+            warps = bm * default["BLOCK_K"] // (32 * 32)
+            label = f"{'one read' if default['SINGLE_PASS'] else 'two passes'},block_m={bm},warps={warps}"
+            if label in out or warps not in (4, 8, 16):
+                continue
+            out[label] = bench(lambda bm=bm, warps=warps, single_k=single_k: quantize_fp8_rows(
+                x, "per_token", block_m=bm, num_warps=warps, max_single_pass_k=single_k), rep=20)
+    return out
 
-    def timed(name, fn):
+
+def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, sweep, device="cuda") -> dict:
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(M, K, device=device, dtype=torch.bfloat16, generator=g)
+    w = (torch.randn(N, K, device=device, generator=g) / K ** 0.5).to(torch.bfloat16)
+    b = torch.randn(N, device=device, dtype=torch.bfloat16, generator=g) * 0.1
+    flops = 2.0 * M * N * K
+    row = {"model": model, "layer": layer, "M": M, "K": K, "N": N, "gelu": gelu, "ms": {}, "tflops": {},
+           "error_vs_bf16": {}}
+
+    def timed(name, fn, gemm=True):
         ms = bench(fn)
         row["ms"][name] = ms
-        row["tflops"][name] = flops / ms / 1e9
+        if gemm:
+            row["tflops"][name] = flops / ms / 1e9
+        return ms
 
-    ref = F.linear(x, w, b)
+    xe = x[:ERR_ROWS]
+    ref = F.linear(xe, w, b)
     timed("bf16", lambda: F.linear(x, w, b))
     w_q, w_s = quantize_weight(w, "per_channel")
-    timed("fp8_rowwise", lambda: fp8_linear(x, w_q, w_s, b, None, "per_token", False))
+    for fast, tag in ((True, "fast"), (False, "precise")):
+        timed(f"fp8_{tag}", lambda fast=fast: fp8_linear(x, w_q, w_s, b, None, "per_token", False, fast))
+        row["error_vs_bf16"][f"fp8_{tag}"] = _err(fp8_linear(xe, w_q, w_s, b, None, "per_token", False, fast), ref)
+    quant_ms = timed("quant", lambda: quantize_fp8_rows(x, "per_token"), gemm=False)
+    row["quant_launch"] = {k: v for k, v in per_token_launch(K).items()}
+    row["quant_gbps"] = M * K * 3 / quant_ms / 1e6  # bf16 read + e4m3 write
+    if sweep:
+        swept = _quant_sweep(x, bench)
+        best = min(swept, key=swept.get)
+        row["quant_sweep_ms"] = swept
+        row["quant_best"] = {"launch": best, "ms": swept[best], "gbps": M * K * 3 / swept[best] / 1e6}
     xq, xs = quantize_fp8_rows(x, "per_token")
-    timed("quant_per_token", lambda: quantize_fp8_rows(x, "per_token"))
-    timed("gemm_rowwise", lambda: _gemm_rowwise(xq, xs, w_q, w_s, b, torch.bfloat16))
-    row["error_rowwise"] = _err(fp8_linear(x, w_q, w_s, b, None, "per_token", False), ref)
+    for fast, tag in ((True, "fast"), (False, "precise")):
+        timed(f"gemm_{tag}", lambda fast=fast: _gemm_rowwise(xq, xs, w_q, w_s, b, torch.bfloat16, fast))
+    if gelu:
+        timed("bf16_gelu", lambda: F.linear(F.gelu(x, approximate="tanh"), w, b))
+        timed("fp8_gelu_eager", lambda: fp8_linear(F.gelu(x, approximate="tanh"), w_q, w_s, b, None, "per_token",
+                                                   False))
+        timed("fp8_gelu_fused", lambda: fp8_linear(x, w_q, w_s, b, None, "per_token", False, True, "gelu_tanh"))
+        gref = F.linear(F.gelu(xe, approximate="tanh"), w, b)
+        row["error_vs_bf16"]["fp8_gelu_fused"] = _err(
+            fp8_linear(xe, w_q, w_s, b, None, "per_token", False, True, "gelu_tanh"), gref)
+        row["error_vs_bf16"]["fp8_gelu_eager"] = _err(
+            fp8_linear(F.gelu(xe, approximate="tanh"), w_q, w_s, b, None, "per_token", False, True), gref)
     if block_ok:
         wb_q, wb_s = quantize_weight(w, "per_block")
         timed("fp8_blockwise", lambda: fp8_linear(x, wb_q, wb_s, b, None, "per_block", False))
-        timed("quant_per_block", lambda: quantize_fp8_rows(x, "per_block", scales_k_major=True))
-        row["error_blockwise"] = _err(fp8_linear(x, wb_q, wb_s, b, None, "per_block", False), ref)
+        row["error_vs_bf16"]["fp8_blockwise"] = _err(fp8_linear(xe, wb_q, wb_s, b, None, "per_block", False), ref)
     if with_torchao:
-        lin = torch.nn.Linear(K, N, device="cuda", dtype=torch.bfloat16)
+        lin = torch.nn.Linear(K, N, device=device, dtype=torch.bfloat16)
         with torch.no_grad():
             lin.weight.copy_(w)
             lin.bias.copy_(b)
@@ -124,43 +178,52 @@ def bench_shape(model, layer, M, K, N, bench, with_torchao, block_ok) -> dict:
         if ao is not None:
             with torch.inference_mode():
                 timed("torchao_rowwise", lambda: ao(x))
-                row["error_torchao"] = _err(ao(x), ref)
+                row["error_vs_bf16"]["torchao_rowwise"] = _err(ao(xe), ref)
         else:
             row["torchao_error"] = why
-    row["speedup"] = {k: row["ms"]["bf16"] / v for k, v in row["ms"].items()
-                      if k.startswith(("fp8", "torchao"))}
-    del x, w, xq
-    torch.cuda.empty_cache()
+    base = row["ms"]["bf16"]
+    row["speedup"] = {k: base / v for k, v in row["ms"].items() if k.startswith(("fp8", "torchao"))
+                      and "gelu" not in k}
+    if gelu:  # against what stock runs for this layer: the bf16 GELU then the bf16 linear
+        row["speedup"].update({k: row["ms"]["bf16_gelu"] / row["ms"][k] for k in ("fp8_gelu_eager", "fp8_gelu_fused")})
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return row
 
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON file to write")
-    p.add_argument("--quick", action="store_true", help="three shapes only")
+    p.add_argument("--quick", action="store_true", help="the main shapes of each model (< 2 min on an H100)")
     p.add_argument("--max-m", type=int, default=None, help="cap M (tokens) for a faster run")
     p.add_argument("--no-torchao", action="store_true")
+    p.add_argument("--no-sweep", action="store_true", help="skip the quantization launch sweep")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8_linear.py needs a CUDA GPU")
     import triton.testing
 
-    def bench(fn):
+    def bench(fn, rep=50):
         with torch.inference_mode():
-            return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+            return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
 
     device = torch.device("cuda")
     block_ok, block_why = blockwise_supported(device.index or 0)
     print(f"block-wise scaled_mm: {'yes' if block_ok else 'no: ' + block_why}", flush=True)
     rows = []
-    for model, layer, M, K, N in (QUICK if args.quick else SHAPES):
+    for model, layer, M, K, N, gelu in (QUICK if args.quick else SHAPES):
         if args.max_m:
             M = min(M, args.max_m)
-        row = bench_shape(model, layer, M, K, N, bench, not args.no_torchao, block_ok)
+        row = bench_shape(model, layer, M, K, N, gelu, bench, not args.no_torchao, block_ok, not args.no_sweep)
         rows.append(row)
-        print(f"{model:>13} {layer:<20} M={M:<6} K={K:<5} N={N:<5} bf16 {row['ms']['bf16']:7.3f} ms  "
-              + "  ".join(f"{k} {v:.2f}x" for k, v in row["speedup"].items())
-              + f"  (quant {row['ms']['quant_per_token']:.3f} ms, gemm {row['ms']['gemm_rowwise']:.3f} ms)",
+        ms, err = row["ms"], row["error_vs_bf16"]
+        best = row.get("quant_best")
+        print(f"{model:>12} {layer:<19} M={M:<6} K={K:<5} N={N:<5} bf16 {ms['bf16']:7.3f} ms | "
+              + " ".join(f"{k} {v:.2f}x" for k, v in row["speedup"].items())
+              + f" | quant {ms['quant']:.3f} ms ({row['quant_gbps']:.0f} GB/s"
+              + (f"; best {best['ms']:.3f} {best['launch']}" if best else "") + ")"
+              + f" gemm fast/precise {ms['gemm_fast']:.3f}/{ms['gemm_precise']:.3f} ms"
+              + f" | relL1 fast {err['fp8_fast']['rel_l1']:.4f} precise {err['fp8_precise']['rel_l1']:.4f}",
               flush=True)
     props = torch.cuda.get_device_properties(device)
     report = {"benchmark": "fp8_linear",

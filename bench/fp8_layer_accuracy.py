@@ -39,7 +39,10 @@ def _layer_errors(model, inputs) -> dict:
     names = {id(m): n for n, m in model.named_modules() if isinstance(m, FP8Linear)}
 
     def hook(module, args, out):
-        x = args[0].reshape(-1, module.in_features).float()
+        x = args[0].reshape(-1, module.in_features)
+        if module.prologue == "gelu_tanh":  # the MLP's GELU is fused: the layer is fed the pre-GELU tensor
+            x = F.gelu(x, approximate="tanh")
+        x = x.float()
         ref = F.linear(x, module.linear.weight.float(),
                        None if module.linear.bias is None else module.linear.bias.float())
         y = out.reshape(-1, module.out_features).float()

@@ -28,3 +28,32 @@ def test_bad_linear_policy_is_a_usage_error(tmp_path, policy):
         stepbench.parse_args(["sd3.5-medium", "--tiny", "--linear", "fp8", "--linear-policy", policy,
                               "--out", str(tmp_path / "x.json")])
     assert exc.value.code == 2
+
+
+def test_fp8_linear_bench_row_has_every_variant_on_cpu():
+    """bench/bench_fp8_linear.py's per-shape code on the CPU (emulation, interpreter; one call per variant)."""
+    import os
+    import sys
+
+    import torch
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import bench_fp8_linear as b
+
+    if not hasattr(torch, "_scaled_mm"):
+        pytest.skip("this torch has no _scaled_mm")
+
+    def once(fn, rep=None):
+        fn()
+        return 1.0
+
+    try:
+        row = b.bench_shape("tiny", "ff down", 64, 256, 32, True, once, False, False, True, device="cpu")
+    except RuntimeError as e:  # torch._scaled_mm without a CPU kernel in this torch
+        pytest.skip(f"no CPU _scaled_mm: {e}")
+    for k in ("bf16", "fp8_fast", "fp8_precise", "quant", "gemm_fast", "gemm_precise", "bf16_gelu",
+              "fp8_gelu_eager", "fp8_gelu_fused"):
+        assert k in row["ms"], k
+    assert row["quant_best"]["launch"] in row["quant_sweep_ms"] and len(row["quant_sweep_ms"]) >= 2
+    err = row["error_vs_bf16"]
+    assert all(0 < err[k]["rel_l1"] < 0.1 for k in ("fp8_fast", "fp8_precise", "fp8_gelu_fused"))

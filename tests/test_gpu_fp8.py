@@ -1,6 +1,7 @@
-"""FP8 linears on the GPU: the Triton quantizer against the emulation (bit for bit), the cuBLASLt products
-(row-wise and, where supported, block-wise) against the emulation, a patched step against stock, and
-torch.compile (inductor) of a patched model."""
+"""FP8 linears on the GPU: the Triton quantizer against the emulation (bit for bit; the fused GELU prologue to
+the last bit of a few GELU outputs), the cuBLASLt products (row-wise with and without fast accumulation and,
+where supported, block-wise) against the emulation within documented bounds, a patched step against stock, and
+torch.compile (inductor) of one small patched model (the only compile here: the file runs in ~1-2 minutes)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,26 @@ def test_quantizer_matches_the_emulation_bit_for_bit_on_gpu(seed, granularity, s
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
-@pytest.mark.parametrize("act, weight", [("per_token", "per_channel"), ("per_block", "per_block")])
+@pytest.mark.parametrize("granularity", ["per_token", "per_block"])
+@pytest.mark.parametrize("shape", [(333, 300), (4096, 12288)])
+def test_fused_gelu_quantizer_matches_eager_gelu_then_the_emulation(seed, granularity, shape):
+    M, K = shape
+    x = (torch.randn(M, K, device="cuda") * 3).to(torch.bfloat16)
+    q, s = quantize_fp8_rows(x, granularity, prologue="gelu_tanh", scales_k_major=granularity == "per_block")
+    q_ref, s_ref = quantize_activations(x, granularity, prologue="gelu_tanh")
+    # Both call the CUDA math library's tanhf with torch's operation order; a different contraction or libdevice
+    # version could still move a GELU output by one bf16 step. Bound it, and print how exact it was.
+    diff_q = (q.view(torch.uint8) != q_ref.view(torch.uint8)).float().mean().item()
+    diff_s = (s != s_ref).float().mean().item()
+    print(f"fused GELU vs eager: {diff_q:.2e} of the FP8 codes and {diff_s:.2e} of the scales differ")
+    assert torch.allclose(s, s_ref, rtol=2 ** -7, atol=0) and diff_s < 1e-2
+    assert diff_q < 1e-3 and (q.float() - q_ref.float()).abs().max() <= 32
+
+
+@pytest.mark.parametrize("act, weight, fast", [("per_token", "per_channel", True), ("per_token", "per_channel", False),
+                                               ("per_block", "per_block", False)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_cublas_fp8_product_matches_the_emulation(seed, act, weight, bias):
+def test_cublas_fp8_product_matches_the_emulation(seed, act, weight, fast, bias):
     _need_fp8()
     if act == "per_block":
         ok, why = blockwise_supported(torch.cuda.current_device())
@@ -52,11 +70,16 @@ def test_cublas_fp8_product_matches_the_emulation(seed, act, weight, bias):
     w = torch.randn(1536, 3072, device="cuda") / 3072 ** 0.5
     b = torch.randn(1536, device="cuda", dtype=torch.bfloat16) if bias else None
     w_q, w_s = quantize_weight(w, weight)
-    got = fp8_linear(x, w_q, w_s, b, None, act, False)
+    got = fp8_linear(x, w_q, w_s, b, None, act, False, fast)
     want = fp8_linear_reference(x, w_q, w_s, b, act)
     assert got.dtype == torch.bfloat16 and got.shape == (4100, 1536)
-    # the same quantized operands; only the accumulation order and the final bf16 rounding differ
-    assert rel_l1(got, want) < 4e-3 and cosine(got, want) > 0.99999
+    # The same quantized operands. fp32 accumulation: only the summation order and the final bf16 rounding
+    # differ (bf16 alone is ~2e-3 rel. L1). Fast accumulation (Hopper's tensor-core accumulator without the
+    # periodic promotion to fp32) adds its own rounding: bounded at 1e-2 rel. L1 (documented in
+    # docs/fp8-linear.md; bench_fp8_linear.py reports both against bf16).
+    err = rel_l1(got, want)
+    print(f"{act} fast_accum={fast}: rel. L1 vs the emulation {err:.2e}")
+    assert err < (1e-2 if fast else 4e-3) and cosine(got, want) > (0.9999 if fast else 0.99999)
     ref = x.double() @ w.double().t() + (b.double() if bias else 0)
     assert cosine(got, ref) > 0.998
 
@@ -80,6 +103,7 @@ def test_split_outliers_on_gpu(seed):
 
 @pytest.mark.parametrize("name", ["flux.1-dev", "cogvideox-5b", "hunyuanvideo", "sd3.5-medium"])
 def test_patched_step_with_fp8_linears_is_close_to_stock(name):
+    """Eager for every family (GELU fused, fast accumulation: the defaults); inductor for Flux only."""
     _need_fp8()
     arch = archs.get_arch(name)
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,
@@ -93,10 +117,15 @@ def test_patched_step_with_fp8_linears_is_close_to_stock(name):
         sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
         out = model(**inputs)[0]
         info = patch_info(model)["linear"]
-        assert info["fp8_calls"] > 0 and not info["emulated"]
+        assert info["fp8_calls"] > 0 and not info["emulated"] and info["gelu_fused_layers"]
         assert cosine(out, stock) > 0.99 and rel_l1(out, stock) < 0.15
-        compiled = torch.compile(model, fullgraph=name != "mochi-1")(**inputs)[0]
-        assert cosine(compiled, out) > 0.999
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1, fuse_gelu=False))
+        unfused = model(**inputs)[0]
+        assert cosine(out, unfused) > 0.999, "the fused GELU changed more than the last bits"
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        if name == "flux.1-dev":
+            compiled = torch.compile(model, fullgraph=True)(**inputs)[0]
+            assert cosine(compiled, out) > 0.999
     sagegen.unpatch(model)
     torch._dynamo.reset()
 

@@ -1,22 +1,30 @@
 """FP8 (e4m3) quantization of a linear layer's activations: per token or in 1x128 blocks, in one Triton pass.
 
-``quantize_fp8_rows(x, granularity, col_scale=None)`` takes a 2-D activation ``x`` [M, K] (fp16/bf16/fp32,
-any row stride, unit stride along K) and returns ``(x_fp8 [M, K] e4m3fn, scales fp32)``:
+``quantize_fp8_rows(x, granularity, col_scale=None, prologue=None)`` takes a 2-D activation ``x`` [M, K]
+(fp16/bf16/fp32, any row stride, unit stride along K) and returns ``(x_fp8 [M, K] e4m3fn, scales fp32)``:
 
-- ``"per_token"``: ``scales`` [M, 1], one per row (``amax(|row|) / 448``);
+- ``"per_token"``: ``scales`` [M, 1], one per row;
 - ``"per_block"``: ``scales`` [M, ceil(K / 128)], one per 1x128 block of a row (the last block may be short).
   ``scales_k_major=True`` writes them column-major (stride 1 along M), the layout cuBLASLt's block-wise
   scaling reads.
 
 ``col_scale`` (fp32 [K], optional) multiplies each input channel before quantizing: SmoothQuant-style
 smoothing (1/s) or a 0/1 mask that takes outlier channels out of the FP8 path (`sagegen.linear`).
+``prologue="gelu_tanh"`` applies GELU (tanh approximation) to ``x`` first, rounded to ``x``'s dtype as the eager
+activation would be stored: the activation before an MLP's second layer, fused (one read of the pre-GELU tensor,
+no GELU output written).
 
-The numerics are those of `sagegen.linear.numerics.quantize_activations` bit for bit: fp32 amax, an IEEE
-division for the scale and for each value (``div_rn``), clamp to ±448, round to nearest even. A row (block)
-of zeros gets scale 1. NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them).
+The numerics are those of `sagegen.linear.numerics.quantize_activations` bit for bit, with only exactly
+rounded fp32 operations (so that every implementation agrees, the GPU's torch included, which divides by a
+Python scalar as a multiplication by its reciprocal): ``scale = amax * fp32(1/448)`` (1 where that is 0),
+``inv = 1 / scale`` (IEEE division, once per row/block), values ``clamp(x * inv, ±448)`` rounded to nearest even.
+NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them). The fused GELU uses the GPU's
+``tanhf`` (libdevice, as torch's CUDA GELU) and, in the interpreter, an exp formula: it matches eager GELU to a
+rounding of the last bit on a few elements, not bit for bit everywhere.
 
-Grid-stride: a fixed number of programs (a few per SM) walk the row tiles (per token) or the (row tile,
-K block) tiles (per block), so launch cost and tail effects do not grow with M. Nothing here knows diffusers.
+One program per tile of rows (per token: the whole row in registers up to 16384 channels, one read; wider rows
+in two passes, the second from L2) or per (row tile, 1x128 block). Loads are 16-byte vectors when the row
+stride is a multiple of 8 elements. Nothing here knows diffusers.
 """
 
 from __future__ import annotations
@@ -28,15 +36,69 @@ import triton.language as tl
 from .spec import FP8_MAX
 from .triton_quant import interpreting, round_to_e4m3_grid
 
+try:  # the GPU's tanhf (the CUDA math library's, as torch's GELU kernel calls)
+    from triton.language.extra import libdevice
+except ImportError:  # pragma: no cover - older Triton layouts
+    from triton.language.extra.cuda import libdevice
+
 BLOCK_K_SCALE = 128          # the 1x128 block of per-block activation scales
-SINGLE_PASS_ELEMENTS = 8192  # per-token rows up to this wide are quantized from one read
+SINGLE_PASS_ELEMENTS = 16384  # per-token rows up to this wide are quantized from one read (all models' MLPs)
+INV_FP8_MAX = 1.0 / 448.0    # rounded to fp32 where used (an fp32 constant: both sides multiply by the same)
 _FP8_MAX = tl.constexpr(FP8_MAX)
+_INV_FP8_MAX = tl.constexpr(float(torch.tensor(INV_FP8_MAX, dtype=torch.float32).item()))
 GRANULARITIES = ("per_token", "per_block")
+PROLOGUES = (None, "gelu_tanh")
+# torch's CUDA GELU constants: sqrt(2/pi) and 0.044715, as fp32
+_GELU_BETA = tl.constexpr(float(torch.tensor(2.0 ** 0.5 * (2.0 / 3.141592653589793 ** 0.5) * 0.5,
+                                             dtype=torch.float32).item()))
+_GELU_KAPPA = tl.constexpr(float(torch.tensor(0.044715, dtype=torch.float32).item()))
 
 
 @triton.jit
-def _quantize_tile(x, scale, INTERPRET: tl.constexpr):
-    q = tl.math.div_rn(x, scale)
+def _gelu_tanh(x, INTERPRET: tl.constexpr):
+    # torch's CUDA kernel: inner = beta * (x + kappa * x^3) (nvcc contracts to an fma), 0.5 * x * (1 + tanh(inner))
+    inner = _GELU_BETA * tl.fma(_GELU_KAPPA, x * x * x, x)
+    if INTERPRET:  # no libdevice in the interpreter
+        t = 1.0 - 2.0 / (tl.exp(tl.minimum(2.0 * inner, 80.0)) + 1.0)
+    else:
+        t = libdevice.tanh(inner)
+    return (0.5 * x) * (1.0 + t)
+
+
+@triton.jit
+def _round_to_bf16_grid(x):
+    # fp32 -> bf16 round-to-nearest-even on the bits (finite inputs): the interpreter's cast truncates
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _load_act(X, offs, ok, C, cols, col_ok, HAS_COL: tl.constexpr, GELU: tl.constexpr,
+              INTERPRET: tl.constexpr):
+    x = tl.load(X + offs, mask=ok, other=0.0)
+    if GELU:  # the eager GELU stores its output in x's dtype: round there before quantizing
+        g = _gelu_tanh(x.to(tl.float32), INTERPRET)
+        if INTERPRET and X.dtype.element_ty == tl.bfloat16:
+            x = _round_to_bf16_grid(g)
+        else:
+            x = g.to(X.dtype.element_ty)
+    x = x.to(tl.float32)
+    if HAS_COL:
+        x = x * tl.load(C + cols, mask=col_ok, other=0.0)[None, :]
+    return x
+
+
+@triton.jit
+def _scale_and_inverse(amax):
+    scale = amax * _INV_FP8_MAX
+    scale = tl.where(scale > 0, scale, 1.0)
+    return scale, tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
+
+
+@triton.jit
+def _quantize_tile(x, inv, INTERPRET: tl.constexpr):
+    q = x * inv
     q = tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)
     if INTERPRET:  # the interpreter's float->fp8 cast mis-rounds across binades; round on the grid first
         r = round_to_e4m3_grid(q)
@@ -47,54 +109,53 @@ def _quantize_tile(x, scale, INTERPRET: tl.constexpr):
 @triton.jit
 def _fp8_quant_per_token_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, n_tiles,
                                 HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                SINGLE_PASS: tl.constexpr, INTERPRET: tl.constexpr):
+                                SINGLE_PASS: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
-    for tile in range(pid, n_tiles, tl.num_programs(0)):
+    for tile in range(pid, n_tiles, tl.num_programs(0)):  # one tile per program unless fewer programs asked
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         rows64 = rows.to(tl.int64)
         if SINGLE_PASS:  # the whole row fits one tile (BLOCK_K >= K): one read
             _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_K,
-                                INTERPRET)
+                                GELU, INTERPRET)
         else:
             _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_M,
-                                 BLOCK_K, INTERPRET)
+                                 BLOCK_K, GELU, INTERPRET)
 
 
 @triton.jit
 def _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
-                        BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+                        BLOCK_K: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr):
     cols = tl.arange(0, BLOCK_K)
-    ok = row_ok[:, None] & (cols < K)[None, :]
-    x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    if HAS_COL:
-        x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
-    q = _quantize_tile(x, scale[:, None], INTERPRET)
+    col_ok = cols < K
+    ok = row_ok[:, None] & col_ok[None, :]
+    x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU, INTERPRET)
+    scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
+    q = _quantize_tile(x, inv[:, None], INTERPRET)
     tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
     tl.store(S + rows, scale, mask=row_ok)
 
 
 @triton.jit
 def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr,
+                         INTERPRET: tl.constexpr):
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # pass 1: the row's amax
         cols = k0 + tl.arange(0, BLOCK_K)
-        ok = row_ok[:, None] & (cols < K)[None, :]
-        x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        if HAS_COL:
-            x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
+        col_ok = cols < K
+        ok = row_ok[:, None] & col_ok[None, :]
+        x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
+                      INTERPRET)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
+    scale, inv = _scale_and_inverse(amax)
     for k0 in range(0, K, BLOCK_K):  # pass 2: quantize (the tile is back from L2)
         cols = k0 + tl.arange(0, BLOCK_K)
-        ok = row_ok[:, None] & (cols < K)[None, :]
-        x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        if HAS_COL:
-            x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
-        q = _quantize_tile(x, scale[:, None], INTERPRET)
+        col_ok = cols < K
+        ok = row_ok[:, None] & col_ok[None, :]
+        x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
+                      INTERPRET)
+        q = _quantize_tile(x, inv[:, None], INTERPRET)
         tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
     tl.store(S + rows, scale, mask=row_ok)
 
@@ -102,7 +163,7 @@ def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_
 @triton.jit
 def _fp8_quant_per_block_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, stride_sm, stride_sk, n_tiles_m,
                                 n_kb, HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                INTERPRET: tl.constexpr):
+                                GELU: tl.constexpr, INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
     for t in range(pid, n_tiles_m * n_kb, tl.num_programs(0)):
         # consecutive programs take consecutive K blocks of the same rows: neighbouring reads
@@ -111,31 +172,44 @@ def _fp8_quant_per_block_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, stride_s
         rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         row_ok = rows < M
-        ok = row_ok[:, None] & (cols < K)[None, :]
+        col_ok = cols < K
+        ok = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-        if HAS_COL:
-            x = x * tl.load(C + cols, mask=cols < K, other=0.0)[None, :]
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.where(amax > 0, tl.math.div_rn(amax, _FP8_MAX), 1.0)
-        q = _quantize_tile(x, scale[:, None], INTERPRET)
+        x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
+                      INTERPRET)
+        scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
+        q = _quantize_tile(x, inv[:, None], INTERPRET)
         tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
         tl.store(S + rows64 * stride_sm + kb * stride_sk, scale, mask=row_ok)
 
 
-def _programs(device: torch.device, tiles: int) -> int:
-    if device.type != "cuda":
-        return max(1, min(tiles, 4))  # the interpreter: a few programs still exercise the grid-stride loop
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(tiles, 4 * sms))
+def per_token_launch(K: int, *, block_m: int | None = None, num_warps: int | None = None,
+                     max_single_pass_k: int = SINGLE_PASS_ELEMENTS, interpret: bool = False) -> dict:
+    """The per-token kernel's tile and warps for rows of K channels (the bench sweeps the overrides)."""
+    single = K <= max_single_pass_k
+    if single:
+        bk = triton.next_power_of_2(max(K, 16))
+        # at least ~4096 elements a program (a whole row for K > 4096), 32 fp32 values a thread (16-byte loads,
+        # no spills): 4 warps for 4096 elements, 8 for 8192, 16 for 16384
+        bm = block_m or max(1, 4096 // bk)
+    else:
+        bk, bm = (128, block_m or 4) if interpret or interpreting() else (1024, block_m or 2)
+    warps = num_warps or min(16, max(4, bm * bk // 1024))
+    return dict(BLOCK_M=bm, BLOCK_K=bk, SINGLE_PASS=single, num_warps=warps)
 
 
 def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale: torch.Tensor | None = None,
-                      *, scales_k_major: bool = False, block_m: int | None = None, programs: int | None = None,
+                      *, prologue: str | None = None, scales_k_major: bool = False, block_m: int | None = None,
+                      num_warps: int | None = None, programs: int | None = None,
                       max_single_pass_k: int = SINGLE_PASS_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize a 2-D activation to FP8 e4m3 with per-token or 1x128-block scales (see the module doc)."""
+    """Quantize a 2-D activation to FP8 e4m3 with per-token or 1x128-block scales (see the module doc).
+
+    ``block_m`` / ``num_warps`` override the launch heuristics; ``programs`` caps the grid (the programs then
+    walk the tiles, grid-stride)."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity={granularity!r} is not supported; use one of {GRANULARITIES}")
+    if prologue not in PROLOGUES:
+        raise ValueError(f"prologue={prologue!r} is not supported; use one of {PROLOGUES}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [tokens, features], got shape {tuple(x.shape)}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -151,23 +225,16 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
     q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
     interp = interpreting()
     col = col_scale if col_scale is not None else x  # a dummy pointer when HAS_COL is off
+    gelu = prologue == "gelu_tanh"
     if granularity == "per_token":
         scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-        # Rows up to SINGLE_PASS_ELEMENTS wide are read once (the whole row in registers); wider rows are read
-        # twice, the second time from L2: 2 rows per program keep a wave's rows (4 programs per SM) in L2.
-        single = K <= max_single_pass_k
-        if single:
-            bk = triton.next_power_of_2(max(K, 16))
-            bm = block_m or max(1, SINGLE_PASS_ELEMENTS // bk)
-        else:
-            bk, bm = (128, block_m or 4) if interp else (1024, block_m or 2)
-        n_tiles = triton.cdiv(M, bm)
+        launch = per_token_launch(K, block_m=block_m, num_warps=num_warps, max_single_pass_k=max_single_pass_k)
+        n_tiles = triton.cdiv(M, launch["BLOCK_M"])
         if M:
-            grid = (programs or _programs(x.device, n_tiles),)
+            grid = (min(n_tiles, programs) if programs else n_tiles,)
             _fp8_quant_per_token_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), n_tiles,
-                                              HAS_COL=col_scale is not None, BLOCK_M=bm, BLOCK_K=bk,
-                                              SINGLE_PASS=single, INTERPRET=interp,
-                                              num_warps=8 if bm * bk >= 4096 else 4)
+                                              HAS_COL=col_scale is not None, GELU=gelu, INTERPRET=interp,
+                                              **launch)
         return q, scales
     n_kb = triton.cdiv(K, BLOCK_K_SCALE)
     if scales_k_major:
@@ -175,10 +242,11 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
     else:
         scales = torch.empty((M, n_kb), dtype=torch.float32, device=x.device)
     bm = block_m or (4 if interp else 32)
-    n_tiles_m = triton.cdiv(M, bm)
+    n_tiles = triton.cdiv(M, bm) * n_kb
     if M:
-        grid = (programs or _programs(x.device, n_tiles_m * n_kb),)
+        grid = (min(n_tiles, programs) if programs else n_tiles,)
         _fp8_quant_per_block_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), scales.stride(0),
-                                          scales.stride(1), n_tiles_m, n_kb, HAS_COL=col_scale is not None,
-                                          BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE, INTERPRET=interp, num_warps=4)
+                                          scales.stride(1), triton.cdiv(M, bm), n_kb,
+                                          HAS_COL=col_scale is not None, BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE,
+                                          GELU=gelu, INTERPRET=interp, num_warps=num_warps or 4)
     return q, scales

@@ -16,6 +16,10 @@ Outliers (``outliers=``):
 Both calibrate once, from the first call that is not being traced by ``torch.compile`` (run one eager step
 before compiling; a layer compiled before calibrating stays plain FP8 in that graph).
 
+``prologue="gelu_tanh"`` (set by the patcher on an MLP's second layer whose GELU it took over): the input is the
+pre-GELU tensor and the GELU runs inside the quantization kernel (every path, bf16 fallback included, computes
+the layer of GELU(x)).
+
 Calls with fewer than ``min_rows`` tokens (modulation and embedding projections of one timestep vector) run
 the original bf16 linear: FP8 does not pay there.
 """
@@ -34,7 +38,8 @@ OUTLIER_MODES = ("off", "smooth", "split")
 class FP8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, *, act_granularity: str = "per_token",
                  weight_granularity: str = "per_channel", outliers: str = "off", emulate: bool = False,
-                 min_rows: int = 64, outlier_ratio: float = 8.0, max_outliers: int = 64, park: bool = False):
+                 min_rows: int = 64, outlier_ratio: float = 8.0, max_outliers: int = 64, park: bool = False,
+                 fast_accum: bool = True):
         super().__init__()
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"FP8Linear wraps an nn.Linear, got {type(linear).__name__}")
@@ -53,6 +58,8 @@ class FP8Linear(torch.nn.Module):
         self.act_granularity, self.weight_granularity = act_granularity, weight_granularity
         self.outliers, self.emulate, self.min_rows = outliers, emulate, min_rows
         self.outlier_ratio, self.max_outliers = outlier_ratio, max_outliers
+        self.fast_accum = bool(fast_accum)
+        self.prologue: str | None = None  # "gelu_tanh" while the patcher fuses the preceding GELU
         self.calibrated = outliers == "off"
         self.fp8_calls = 0  # eager calls that ran the FP8 product (not counted under torch.compile)
         with torch.no_grad():
@@ -87,6 +94,7 @@ class FP8Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, act={self.act_granularity}, "
                 f"weight={self.weight_granularity}, outliers={self.outliers}"
+                + (f", prologue={self.prologue}" if self.prologue else "")
                 + (f" ({len(self.outlier_idx)} split)" if self.outlier_idx is not None else ""))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,17 +102,20 @@ class FP8Linear(torch.nn.Module):
         x2 = x.reshape(-1, x.shape[-1])
         bias = self.bias_copy if self.parked else self.linear.bias
         if x2.shape[0] < self.min_rows or x.dtype != self.weight.dtype:
+            if self.prologue:
+                x = numerics.gelu_tanh(x)
             if self.parked:  # the bf16 weight is on the CPU: the dequantized FP8 weight, in x's dtype
                 w = numerics.dequantize_weight(self.w_q, self.w_scale).to(x.dtype)
                 return F.linear(x, w, None if bias is None else bias.to(x.dtype))
             return F.linear(x, self.linear.weight, bias)
         if not self.calibrated and not torch.compiler.is_compiling():
-            self.calibrate(x2)
+            self.calibrate(numerics.gelu_tanh(x2) if self.prologue else x2)
         on_gpu = x2.is_cuda and not self.emulate
         y = fp8_linear(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, bias,
-                       self.col_scale, self.act_granularity, self.emulate)
+                       self.col_scale, self.act_granularity, self.emulate, self.fast_accum, self.prologue)
         if self.w_outlier is not None:
-            y = y + x2.index_select(1, self.outlier_idx) @ self.w_outlier.t()
+            xo = x2.index_select(1, self.outlier_idx)
+            y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ self.w_outlier.t()
         if not torch.compiler.is_compiling():
             self.fp8_calls += 1
         return y.reshape(*lead, y.shape[-1])

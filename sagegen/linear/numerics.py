@@ -1,7 +1,10 @@
 """The numerics of sagegen's FP8 linear layers in plain PyTorch: the emulation and the oracle for the kernels.
 
-- Activations: per token (one scale per row) or per 1x128 block, ``scale = amax / 448`` (1 for an all-zero
-  row/block), values ``clamp(x / scale, ±448)`` rounded to nearest-even e4m3. An optional per-channel
+- Activations: per token (one scale per row) or per 1x128 block, ``scale = amax * fp32(1/448)`` (1 where that
+  is 0), values ``clamp(x * (1 / scale), ±448)`` rounded to nearest-even e4m3. Only exactly rounded fp32
+  operations (a multiplication by a constant, one IEEE reciprocal per scale): torch on the GPU computes
+  ``t / 448.0`` as ``t * (1/448)`` but ``t / 448`` on the CPU, so a plain division would make the emulation
+  itself device-dependent. An optional per-channel
   multiplier ``col_scale`` is applied first (smoothing or the outlier mask). The Triton kernel
   (`sagegen.kernels.fp8_quant`) matches this bit for bit.
 - Weights [N, K]: per output channel (one scale per row of W) or per 128x128 block, the same rule.
@@ -22,12 +25,22 @@ WEIGHT_GRANULARITIES = ("per_channel", "per_block")
 FP8 = torch.float8_e4m3fn
 
 
+INV_FP8_MAX = 1.0 / FP8_MAX  # rounded to fp32 where used, as in the kernel
+
+
 def _scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    inv = torch.tensor(INV_FP8_MAX, dtype=torch.float32)  # fp32(1/448), on the CPU: a scalar multiplication
+    scale = amax.float() * inv
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
 def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return (x * torch.reciprocal(scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """The eager activation that ``prologue="gelu_tanh"`` fuses (diffusers' ``GELU(approximate="tanh")``)."""
+    return F.gelu(x, approximate="tanh")
 
 
 def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
@@ -39,10 +52,15 @@ def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
 
 
 def quantize_activations(x: torch.Tensor, granularity: str = "per_token",
-                         col_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] -> (e4m3 [M, K], fp32 scales [M, 1] or [M, ceil(K/128)])."""
+                         col_scale: torch.Tensor | None = None,
+                         prologue: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (e4m3 [M, K], fp32 scales [M, 1] or [M, ceil(K/128)]). ``prologue="gelu_tanh"``: of GELU(x)."""
     if granularity not in ACT_GRANULARITIES:
         raise ValueError(f"activation granularity {granularity!r} is not supported; use one of {ACT_GRANULARITIES}")
+    if prologue == "gelu_tanh":
+        x = gelu_tanh(x)
+    elif prologue is not None:
+        raise ValueError(f"prologue={prologue!r} is not supported; use None or 'gelu_tanh'")
     x = x.float()
     if col_scale is not None:
         x = x * col_scale.float()
@@ -89,9 +107,11 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def fp8_linear_reference(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-                         act_granularity: str, col_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The emulated FP8 linear: ``x`` [M, K] quantized on the fly, ``w_q``/``w_scale`` from `quantize_weight`."""
-    xq, xs = quantize_activations(x, act_granularity, col_scale)
+                         act_granularity: str, col_scale: torch.Tensor | None = None,
+                         prologue: str | None = None) -> torch.Tensor:
+    """The emulated FP8 linear: ``x`` [M, K] quantized on the fly, ``w_q``/``w_scale`` from `quantize_weight`.
+    ``prologue="gelu_tanh"``: the product of GELU(x) (the eager GELU, then the quantization)."""
+    xq, xs = quantize_activations(x, act_granularity, col_scale, prologue)
     y = dequantize_activations(xq, xs) @ dequantize_weight(w_q, w_scale).t()
     if bias is not None:
         y = y + bias.float()

@@ -3,10 +3,14 @@
 On a CUDA GPU with FP8 tensor cores (sm89+): the activation is quantized by the Triton kernel
 (`sagegen.kernels.fp8_quant`) and multiplied by cuBLASLt:
 - per-token activations x per-channel weights: ``torch._scaled_mm`` with row-wise scales
-  (``scale_a`` [M, 1], ``scale_b`` [1, N], fp32), bias fused;
+  (``scale_a`` [M, 1], ``scale_b`` [1, N], fp32), bias fused; ``fast_accum=True`` (the default) lets Hopper
+  accumulate in the tensor core's own reduced-precision accumulator without the periodic promotion to fp32
+  (what torchao's inference float8 uses; faster, error measured by bench/bench_fp8_linear.py);
 - 1x128-block activations x 128x128-block weights: ``torch.nn.functional.scaled_mm`` with block-wise scaling
   recipes, where this torch/cuBLAS supports it (`blockwise_supported` probes it once per device).
 Elsewhere (CPU, or ``emulate=True``): `numerics.fp8_linear_reference`, the same quantized values in fp32.
+``prologue="gelu_tanh"``: the activation is GELU(x), computed inside the quantization kernel (the MLP's second
+layer fed with the pre-GELU tensor).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def fp8_capable(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype):
+def _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype, fast_accum=True):
     # cuBLASLt wants B column-major: w_q is [N, K] row-major, so w_q.t() is [K, N] column-major.
     # A bias is fused only for bf16 outputs with row-wise scales; otherwise it is added after.
     # Row-wise scaling produces bf16 (the only output type cuBLASLt/CUTLASS offer for it); other activation
@@ -41,12 +45,13 @@ def _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype):
     fused = _FUSE_BIAS and bias is not None and bias.dtype == torch.bfloat16
     try:
         y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), bias=bias if fused else None,
-                             out_dtype=torch.bfloat16)
+                             out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
     except RuntimeError:
         if not fused:
             raise
         _FUSE_BIAS, fused = False, False  # this torch/cuBLAS does not fuse a bias with row-wise scales
-        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), out_dtype=torch.bfloat16)
+        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), out_dtype=torch.bfloat16,
+                             use_fast_accum=fast_accum)
     if bias is not None and not fused:
         y = y + bias.to(y.dtype)
     return y.to(out_dtype)
@@ -74,14 +79,14 @@ def _gemm_blockwise(xq, xs, w_q, w_s, bias, out_dtype):
     return y.to(out_dtype)
 
 
-def _gpu_forward(x, w_q, w_s, bias, act_granularity, col_scale):
+def _gpu_forward(x, w_q, w_s, bias, act_granularity, col_scale, fast_accum=True, prologue=None):
     from ..kernels.fp8_quant import quantize_fp8_rows
 
     out_dtype = x.dtype
     if act_granularity == "per_token":
-        xq, xs = quantize_fp8_rows(x, "per_token", col_scale)
-        return _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype)
-    xq, xs = quantize_fp8_rows(x, "per_block", col_scale, scales_k_major=True)
+        xq, xs = quantize_fp8_rows(x, "per_token", col_scale, prologue=prologue)
+        return _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype, fast_accum)
+    xq, xs = quantize_fp8_rows(x, "per_block", col_scale, prologue=prologue, scales_k_major=True)
     return _gemm_blockwise(xq, xs, w_q, w_s, bias, out_dtype)
 
 
@@ -114,13 +119,16 @@ def blockwise_supported(device_index: int) -> tuple[bool, str]:
 
 @torch.library.custom_op("sagegen::fp8_linear", mutates_args=())
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
-               col_scale: torch.Tensor | None, act_granularity: str, emulate: bool) -> torch.Tensor:
-    """``x`` [M, K] (fp16/bf16/fp32) times the FP8 weight ``w_q`` [N, K] (scales ``w_scale``) -> [M, N] in x's dtype."""
+               col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,
+               prologue: str | None = None) -> torch.Tensor:
+    """``x`` [M, K] (fp16/bf16/fp32) times the FP8 weight ``w_q`` [N, K] (scales ``w_scale``) -> [M, N] in x's
+    dtype. ``prologue="gelu_tanh"``: GELU(x) times the weight. ``fast_accum``: cuBLASLt's fast FP8 accumulation
+    (GPU, row-wise only; the emulation accumulates in fp32 either way)."""
     if emulate or x.device.type != "cuda":
-        return numerics.fp8_linear_reference(x, w_q, w_scale, bias, act_granularity, col_scale)
-    return _gpu_forward(x, w_q, w_scale, bias, act_granularity, col_scale)
+        return numerics.fp8_linear_reference(x, w_q, w_scale, bias, act_granularity, col_scale, prologue)
+    return _gpu_forward(x, w_q, w_scale, bias, act_granularity, col_scale, fast_accum, prologue)
 
 
 @fp8_linear.register_fake
-def _(x, w_q, w_scale, bias, col_scale, act_granularity, emulate):
+def _(x, w_q, w_scale, bias, col_scale, act_granularity, emulate, fast_accum=True, prologue=None):
     return x.new_empty((x.shape[0], w_q.shape[0]))

@@ -40,6 +40,12 @@ class LinearPolicy:
             weight on the GPU). ``"cpu"``: they are moved to the CPU while patched (GPU memory: -1 byte per
             quantized weight vs the unpatched model) and moved back, bit for bit, by unpatch; calls below
             ``min_rows`` then use the dequantized FP8 weight.
+        fast_accum: cuBLASLt's fast FP8 accumulation for the row-wise GEMM (default True, as torchao's
+            inference float8; False: the periodic promotion to fp32, slower). bench/bench_fp8_linear.py
+            measures both, speed and error.
+        fuse_gelu: where an FP8 linear is an MLP's second layer after diffusers' ``GELU(approximate="tanh")``
+            (``FeedForward``: GELU, Dropout(0), Linear), the GELU runs inside the activation quantization
+            (default True; one read of the pre-GELU tensor instead of GELU's read+write and the quantizer's read).
     """
 
     keep_blocks: tuple[int | str, ...] = (0, -1)
@@ -51,6 +57,8 @@ class LinearPolicy:
     max_outliers: int = 64
     min_rows: int = 64
     bf16_copies: str = "keep"
+    fast_accum: bool = True
+    fuse_gelu: bool = True
 
     def __post_init__(self) -> None:
         keep = self.keep_blocks
@@ -76,6 +84,9 @@ class LinearPolicy:
             raise ValueError(f"LinearPolicy.min_rows must be an int >= 1, got {self.min_rows!r}")
         if self.bf16_copies not in ("keep", "cpu"):
             raise ValueError(f"LinearPolicy.bf16_copies={self.bf16_copies!r}; use 'keep' or 'cpu'")
+        for flag in ("fast_accum", "fuse_gelu"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"LinearPolicy.{flag} must be True or False, got {getattr(self, flag)!r}")
         if not (isinstance(self.max_outliers, int) and self.max_outliers >= 1):
             raise ValueError(f"LinearPolicy.max_outliers must be an int >= 1, got {self.max_outliers!r}")
         if not (isinstance(self.outlier_ratio, (int, float)) and self.outlier_ratio > 1):
@@ -84,7 +95,7 @@ class LinearPolicy:
     def module_kwargs(self) -> dict:
         return dict(act_granularity=self.act_granularity, weight_granularity=self.weight_granularity,
                     outliers=self.outliers, min_rows=self.min_rows, outlier_ratio=self.outlier_ratio,
-                    max_outliers=self.max_outliers, park=self.bf16_copies == "cpu")
+                    max_outliers=self.max_outliers, park=self.bf16_copies == "cpu", fast_accum=self.fast_accum)
 
 
 def _matches(name: str, pattern: str) -> bool:

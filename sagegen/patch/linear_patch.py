@@ -18,6 +18,7 @@ import torch
 
 from ..linear import FP8Linear, LinearPolicy, fp8_capable, select_linears
 from ..linear.ops import blockwise_supported
+from . import linear_fusion
 from .policy import main_blocks
 
 _STATE_ATTR = "_sagegen_linear"
@@ -32,6 +33,7 @@ class _LinearState:
     emulate: bool
     note: str = ""
     parked: dict[str, torch.device] = dataclasses.field(default_factory=dict)  # name -> where the bf16 copy was
+    gelu_fused: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)  # FP8 layer -> its ff net
 
 
 def check_mode(linear, linear_policy) -> None:
@@ -94,7 +96,9 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
         for name, (_, _, lin) in originals.items():
             parked[name] = lin.weight.device
             lin.to("cpu")  # in place: the same Parameter objects, their data moved
-    object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked))
+    fused = linear_fusion.fuse(transformer) if policy.fuse_gelu else {}
+    object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked,
+                                                              fused))
 
 
 def remove(transformer: torch.nn.Module) -> None:
@@ -102,6 +106,7 @@ def remove(transformer: torch.nn.Module) -> None:
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return
+    linear_fusion.unfuse(state.gelu_fused)  # the GELU modules first: they hold the first layers
     for name, (parent, key, original) in state.originals.items():
         if name in state.parked:
             original.to(state.parked[name])
@@ -136,5 +141,6 @@ def info(transformer: torch.nn.Module) -> dict | None:
             "fp8_calls": sum(v["calls"] for v in fp8.values()), "layers": fp8,
             "bf16_layers": dict(sorted(state.bf16.items())), "fp8_weight_bytes_added": weight_bytes,
             "bf16_copies": state.policy.bf16_copies,
+            "gelu_fused_layers": sorted(state.gelu_fused),
             "bf16_bytes_moved_to_cpu": sum(o.weight.numel() * o.weight.element_size()
                                            for n, (_, _, o) in state.originals.items() if n in state.parked)}
