@@ -161,7 +161,9 @@ def test_pipeline_with_two_denoisers_is_patched_whole_and_unpatched_exactly():
     assert info["stats"] == {"routed": 24, "full_precision_calls": 8, "processor_calls": 32}
     assert all(i["stats"].get("processor_calls") for i in info["denoisers"].values())  # both experts ran
     assert 0 < rel_l1(out, ref) < QUANT_TOL
+    assert sagegen.is_patched(pipe)
     sagegen.unpatch(pipe)
+    assert not sagegen.is_patched(pipe)
     assert all(getattr(pipe, a).get_submodule(n).processor is p for (a, n), p in processors.items())
     assert not any(hasattr(getattr(pipe, a), "_sagegen_patch") for a in ("transformer", "transformer_2"))
     assert not pipe.transformer._forward_pre_hooks and not pipe.transformer_2._forward_pre_hooks
