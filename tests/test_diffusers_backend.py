@@ -286,14 +286,17 @@ model, inputs = tiny_wan()
 with torch.no_grad(), sagegen.use_backend(model):
     model(**inputs)
 print("stats", sagegen.backend_stats())
+from dispatch_models import tiny_skyreels_v2
+model, inputs = tiny_skyreels_v2()  # Wan has fused processors; SkyReels-V2 takes the backend route
 sagegen.patch(model)  # the patch's route hands the dispatcher one more keyword (its settings)
 with torch.no_grad():
     model(**inputs)
-print("patched", sagegen.patch_info(model)["stats"]["routed"])
+info = sagegen.patch_info(model)
+print("patched", info["routes"], info["stats"]["routed"])
 """
     r = _python(code, DIFFUSERS_ATTN_CHECKS="1")
     assert r.returncode == 0, r.stderr
-    assert "stats {'routed': 4}" in r.stdout and "patched 4" in r.stdout
+    assert "stats {'routed': 4}" in r.stdout and "patched {'backend': 4} 4" in r.stdout
     assert "Removing unsupported arguments" not in r.stderr  # the dispatcher dropped nothing
     r = _python("import sagegen, diffusers.models.attention_dispatch", DIFFUSERS_ATTN_BACKEND="sagegen")
     assert r.returncode != 0 and "sagegen" in r.stderr  # read at diffusers' import, before the name exists

@@ -13,13 +13,15 @@ import sagegen
 from sagegen.models.tiny import build_tiny_transformer
 from sagegen.patch import attention_modules, patch_info, reset_stats, set_attention_override, step_history
 from sagegen.patch import backend_route
-from dispatch_models import DISPATCH_MODELS, tiny_wan
+from dispatch_models import DISPATCH_MODELS, tiny_skyreels_v2, tiny_wan
 from helpers import rel_l1
 
 ad = pytest.importorskip("diffusers.models.attention_dispatch")
 QUANT_TOL = 0.03  # rel. L1 of a whole tiny model's output vs stock (measured 4e-4 .. 6.4e-3)
 # Modules that call SDPA directly, by model: HunyuanVideo-1.5's token refiner.
 SDPA_MODULES = {"hunyuanvideo-1.5": {"context_embedder.token_refiner.refiner_blocks.0.attn"}}
+# Models with fused processors (targets.SUPPORTED_MODELS): Wan's self and text cross-attention.
+FUSED = {"wan2.1", "wan2.2-ti2v"}
 # Models whose stock diffusers code does not compile with fullgraph=True (checked below, so the skip stays honest).
 NO_FULLGRAPH = {"hunyuanvideo-1.5"}
 
@@ -44,12 +46,13 @@ def test_every_model_routes_matches_stock_and_unpatches_exactly(name):
     out = _run(model, inputs)
     info = patch_info(model)
     sdpa = SDPA_MODULES.get(name, set())
-    assert info["modules"] == {n: ("sdpa" if n in sdpa else "backend") for n in processors}
-    assert info["routes"] == {k: v for k, v in (("backend", len(processors) - len(sdpa)), ("sdpa", len(sdpa))) if v}
+    main = "fused" if name in FUSED else "backend"
+    assert info["modules"] == {n: ("sdpa" if n in sdpa else main) for n in processors}
+    assert info["routes"] == {k: v for k, v in ((main, len(processors) - len(sdpa)), ("sdpa", len(sdpa))) if v}
     assert info["stats"]["routed"] == len(processors) and "fallback" not in info["stats"]
     member = ad.AttentionBackendName("sagegen")
     assert all(m.processor.original._attention_backend == member for n, m in attention_modules(model).items()
-               if n not in sdpa)
+               if n not in sdpa and main == "backend")
     assert ad._AttentionBackendRegistry._active_backend == active  # the global default untouched
     assert 0 < rel_l1(out, ref) < QUANT_TOL
     sagegen.unpatch(model)
@@ -69,22 +72,22 @@ def test_the_five_families_keep_their_fused_processors():
 
 
 def test_precision_policy_blocks_on_the_backend_route():
-    model, inputs = tiny_wan()
+    model, inputs = tiny_skyreels_v2()
     ref = _run(model, inputs)
     sagegen.patch(model, policy=sagegen.PrecisionPolicy(blocks=(0, 1)))  # every block: stock attention
     assert torch.equal(_run(model, inputs), ref)
-    assert patch_info(model)["stats"] == {"full_precision_calls": 4, "processor_calls": 4}
+    assert patch_info(model)["stats"] == {"full_precision_calls": 4}
     reset_stats(model)
     sagegen.patch(model, policy=sagegen.PrecisionPolicy(blocks=("blocks.1.attn2",)))
     out = _run(model, inputs)
-    assert patch_info(model)["stats"] == {"full_precision_calls": 1, "processor_calls": 4, "routed": 3}
+    assert patch_info(model)["stats"] == {"full_precision_calls": 1, "processor_calls": 3, "routed": 3}
     assert 0 < rel_l1(out, ref) < QUANT_TOL
     sagegen.unpatch(model)
 
 
 def test_config_reaches_the_backend_per_model():
-    model, inputs = tiny_wan()
-    other, _ = tiny_wan()
+    model, inputs = tiny_skyreels_v2()
+    other, _ = tiny_skyreels_v2()
     cfg = sagegen.SageConfig(smooth_v=False, k_granularity="per_token")
     sagegen.patch(model, cfg)
     sagegen.patch(other)
@@ -98,7 +101,7 @@ def test_config_reaches_the_backend_per_model():
 
 
 def test_attention_override_on_the_backend_route():
-    model, inputs = tiny_wan()
+    model, inputs = tiny_skyreels_v2()
     sagegen.patch(model)
     set_attention_override(model, lambda q, k, v, m, c, s: torch.zeros_like(q))
     out = _run(model, inputs)
@@ -110,7 +113,7 @@ def test_attention_override_on_the_backend_route():
 
 def test_without_a_registrable_diffusers_the_sdpa_route_takes_over(monkeypatch):
     monkeypatch.setattr(backend_route, "backend_member", lambda: None)
-    model, inputs = tiny_wan()
+    model, inputs = tiny_skyreels_v2()
     ref = _run(model, inputs)
     sagegen.patch(model)
     out = _run(model, inputs)
@@ -122,13 +125,14 @@ def test_without_a_registrable_diffusers_the_sdpa_route_takes_over(monkeypatch):
 
 
 # -- a pipeline with two denoisers ------------------------------------------------------------------------------
-def _wan22_pipeline():
+def _wan22_pipeline(build):
     """Wan2.2-A14B's layout: a high-noise `transformer` and a low-noise `transformer_2` switching at
-    boundary_ratio; no text encoder or VAE (prompt embeddings in, latents out)."""
+    boundary_ratio; no text encoder or VAE (prompt embeddings in, latents out). ``build``: Wan's own denoiser
+    (fused route) or SkyReels-V2's, which has Wan's forward interface and takes the backend route."""
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
-    t1, _ = tiny_wan(0)
-    t2, _ = tiny_wan(5)
+    t1, _ = build(0)
+    t2, _ = build(5)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     pipe = WanPipeline(tokenizer=None, text_encoder=None, vae=None, scheduler=scheduler, transformer=t1,
                        transformer_2=t2, boundary_ratio=0.8)
@@ -145,23 +149,27 @@ def _wan22_pipeline():
     return pipe, run
 
 
-def test_pipeline_with_two_denoisers_is_patched_whole_and_unpatched_exactly():
-    pipe, run = _wan22_pipeline()
+@pytest.mark.parametrize("build,route", [(tiny_wan, "fused"), (tiny_skyreels_v2, "backend")],
+                         ids=["wan-fused", "skyreels-backend"])
+def test_pipeline_with_two_denoisers_is_patched_whole_and_unpatched_exactly(build, route):
+    pipe, run = _wan22_pipeline(build)
     processors = {(a, n): m.processor for a in ("transformer", "transformer_2")
                   for n, m in attention_modules(getattr(pipe, a)).items()}
     ref = run()
     sagegen.patch(pipe, policy=sagegen.PrecisionPolicy(last_steps=1))
     out = run()
     info = patch_info(pipe)
-    assert info["routes"] == {"backend": 8}
+    assert info["routes"] == {route: 8}
     assert set(info["denoisers"]) == {"transformer", "transformer_2"}
     assert "transformer_2.blocks.1.attn2" in info["modules"]
     # 4 steps x 2 CFG calls, shared across both experts; the last step in full precision
     assert step_history(pipe) == [(0, False)] * 2 + [(1, False)] * 2 + [(2, False)] * 2 + [(3, True)] * 2
-    assert info["stats"] == {"routed": 24, "full_precision_calls": 8, "processor_calls": 32}
+    assert info["stats"] == {"routed": 24, "full_precision_calls": 8, "processor_calls": 24}
     assert all(i["stats"].get("processor_calls") for i in info["denoisers"].values())  # both experts ran
     assert 0 < rel_l1(out, ref) < QUANT_TOL
+    assert sagegen.is_patched(pipe)
     sagegen.unpatch(pipe)
+    assert not sagegen.is_patched(pipe)
     assert all(getattr(pipe, a).get_submodule(n).processor is p for (a, n), p in processors.items())
     assert not any(hasattr(getattr(pipe, a), "_sagegen_patch") for a in ("transformer", "transformer_2"))
     assert not pipe.transformer._forward_pre_hooks and not pipe.transformer_2._forward_pre_hooks

@@ -4,7 +4,7 @@ Any diffusers pipeline or transformer can be patched. For a pipeline, every deno
 and any ``transformer_<n>``, e.g. Wan2.2-A14B's ``transformer_2``. Text encoders and the VAE keep their own
 attention. Every attention module of a denoiser takes one of three routes (`targets`):
 
-- ``fused``: the five families sagegen knows (CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5) keep their
+- ``fused``: the families sagegen knows (CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5, Wan) keep their
   fused Q/K prologue processors;
 - ``backend``: processors that call diffusers' ``dispatch_attention_fn`` run diffusers' ``"sagegen"`` backend
   per module, with this patch's config and policy (`backend_route`). diffusers' process-global default is

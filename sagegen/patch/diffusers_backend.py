@@ -239,6 +239,11 @@ def _exact_lse(q, k, attn_mask, is_causal, scale, rows_per_chunk: int = 1024) ->
 
 def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
                       parallel_config, settings):
+    """Hand a context-parallel call to ``sagegen.parallel.context_parallel_attention(query, key, value, *,
+    attn_mask, scale, return_lse, parallel_config, local_attention)``: this rank's [B, S_local, H, D] tensors,
+    the mask as diffusers gave it except that a 2-D key-padding mask arrives as [B, 1, 1, S_kv], and
+    ``local_attention(q, k, v, *, attn_mask=None, scale=None, return_lse=False)``, which returns [B, S, H, D]
+    (and the fp32 natural-log LSE [B, S, H]) computed with this call's settings."""
     if dropout_p:
         raise ValueError(f"sagegen's context parallelism is inference-only: dropout_p must be 0, got {dropout_p}")
     if is_causal:

@@ -257,11 +257,8 @@ class SageProcessorBase:
         backend_fns = self._sage_backend_fns
         if backend_fns is not None:  # diffusers' dispatcher, "sagegen" backend with this patch's settings
             full = session.step_full_precision or self._sage_name in session.full_precision_names
-            if full:
-                session.count("full_precision_calls")
-            out = backend_fns[1 if full else 0](self._sage_original, attn, *args, **kwargs)
-            session.count("processor_calls")
-            return out
+            session.count("full_precision_calls" if full else "processor_calls")  # as on the other routes
+            return backend_fns[1 if full else 0](self._sage_original, attn, *args, **kwargs)
         if _compiling() and session.family in EAGER_UNDER_COMPILE:
             return _eager_under_compile(self, attn, args, kwargs)
         if session.step_full_precision or self._sage_name in session.full_precision_names:

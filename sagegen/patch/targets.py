@@ -2,13 +2,14 @@
 
 Routes (``patch_info(obj)["routes"]`` counts them, ``["modules"]`` names each module's):
 
-- ``"fused"``: the five families sagegen knows (``SUPPORTED_MODELS``) keep their fused processors: in eager mode
-  the Q/K norm + rotary prologue runs as one Triton pass (`fused`, `fused_joint`), and attention is sageattn.
+- ``"fused"``: the families sagegen knows (``SUPPORTED_MODELS``: CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5,
+  Wan) keep their fused processors: in eager mode the Q/K norm + rotary prologue runs as one Triton pass
+  (`fused`, `fused_joint`, `fused_wan`), and attention is sageattn.
 - ``"backend"``: the processor calls diffusers' ``dispatch_attention_fn``. The module runs diffusers'
-  ``"sagegen"`` backend with the patch's settings (`backend_route`). Most newer models work this way: Wan,
+  ``"sagegen"`` backend with the patch's settings (`backend_route`). Most newer models work this way:
   LTX-Video, LTX-2, Qwen-Image, HunyuanVideo-1.5, Flux.2, SkyReels-V2.
 - ``"sdpa"``: the processor calls ``F.scaled_dot_product_attention`` itself. Those calls are intercepted and
-  answered by sageattn (`processors`). This covers the five families' other processors too.
+  answered by sageattn (`processors`). This covers the known families' other processors too.
 """
 
 from __future__ import annotations
