@@ -16,6 +16,8 @@ import sys
 
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))  # this checkout's sagegen
+
 SHAPES = {  # name: (batch, tokens, heads, head dim, text tokens of the cross-attention)
     "wan2.1-1.3b-480p": (1, 32760, 12, 128, 512),
     "wan2.1-14b-720p": (1, 75600, 40, 128, 512),
