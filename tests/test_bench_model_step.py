@@ -136,6 +136,6 @@ def test_sagegen_bench_command(tmp_path, monkeypatch):
     assert report["model"] == "cogvideox-2b" and report["results"]["sagegen"]["median_s"] > 0
     monkeypatch.setenv("SAGEGEN_RUNS", str(tmp_path / "runs"))
     r = runner.invoke(app, ["bench", "not-a-model"])
-    assert r.exit_code == 2 and "unknown MODEL" in r.output
+    assert r.exit_code == 2 and "unknown model 'not-a-model'" in r.output
     r = runner.invoke(app, ["bench", "cogvideox-2b", "--tiny", "--repeats", "many"])
-    assert r.exit_code == 2 and "bad benchmark option" in r.output
+    assert r.exit_code == 2 and "argument --repeats: invalid int value: 'many'" in r.output

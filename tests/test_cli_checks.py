@@ -90,12 +90,15 @@ def test_failed_first_attempt_leaves_no_manifest_only_folder(fake_model, monkeyp
 @pytest.mark.parametrize("preset", [p.name for p in tiny_presets()])
 def test_block_count_matches_the_built_transformer(preset):
     """The count from the config (no model built) equals the policy's main blocks of the real module."""
+    from sagegen.models import tiny_video
     from sagegen.models.tiny import build_tiny_transformer
     from sagegen.patch.api import attention_modules
     from sagegen.patch.policy import main_blocks
 
     p = PRESETS[preset]
-    model = build_tiny_transformer(p.family)
+    kind = p.name.removeprefix("tiny-")
+    model = (tiny_video.build_tiny_denoiser(kind) if kind in tiny_video.TINY_VIDEO_KINDS
+             else build_tiny_transformer(p.family))
     names = list(attention_modules(model))
     assert block_count(p) == len(main_blocks(model, names))
 

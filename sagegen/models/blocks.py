@@ -1,9 +1,9 @@
 """How many main blocks a preset's transformer has, known from its config without building it.
 
 The precision policy's integer ``blocks`` entries index these blocks (`sagegen.patch.policy.main_blocks`:
-the entries of the transformer's top-level ModuleLists, in execution order). For the five supported
-families those lists are ``transformer_blocks`` (``num_layers``) and, for Flux and HunyuanVideo,
-``single_transformer_blocks`` (``num_single_layers``); tests/test_cli_checks.py checks this against the
+the entries of the transformer's top-level ModuleLists, in execution order). For the supported
+families those lists are ``transformer_blocks`` (Wan: ``blocks``; ``num_layers``) and, for Flux and
+HunyuanVideo, ``single_transformer_blocks`` (``num_single_layers``); tests/test_cli_checks.py checks this against the
 built tiny models.
 """
 
@@ -15,9 +15,12 @@ from .presets import Preset
 def transformer_config(preset: Preset) -> dict | None:
     """The denoiser's config as sagegen builds it (tiny presets, --random-weights, the published config)."""
     if preset.tiny:
-        from .tiny import tiny_transformer_config
+        from . import tiny, tiny_video
 
-        return tiny_transformer_config(preset.family)
+        kind = preset.name.removeprefix("tiny-")  # as models.loading picks the tiny builder
+        if kind in tiny_video.TINY_VIDEO_KINDS:
+            return tiny_video.tiny_denoiser_config(kind)
+        return tiny.tiny_transformer_config(preset.family)
     from .arch import ARCHS
 
     arch = ARCHS.get(preset.name)

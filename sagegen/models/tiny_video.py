@@ -68,6 +68,30 @@ def build_tiny_wan_transformer(*, seed: int = 0, dtype: torch.dtype = torch.floa
     return _cast(model, dtype).eval()
 
 
+_CLASS_OF_KIND = {"ltx-video": "ltx", "qwen-image": "qwenimage", "hunyuanvideo-1.5": "hunyuanvideo15"}
+
+
+def tiny_denoiser_config(kind: str) -> dict:
+    """The config of a tiny video pipeline's denoiser (``transformer``; Wan2.2-A14B's ``transformer_2`` is the
+    same shape), known without building anything."""
+    kind = _check_kind(kind)
+    if kind.startswith("wan"):
+        return tiny_wan_config(in_channels=48 if kind == "wan2.2-ti2v" else 16)
+    from .tiny_classes import tiny_class_config
+
+    return tiny_class_config(_CLASS_OF_KIND[kind])
+
+
+def build_tiny_denoiser(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Only the tiny denoiser of a video pipeline kind (as `build_tiny_video_pipeline` builds it)."""
+    kind = _check_kind(kind)
+    if kind.startswith("wan"):
+        return build_tiny_wan_transformer(seed=seed, dtype=dtype, in_channels=48 if kind == "wan2.2-ti2v" else 16)
+    from .tiny_classes import build_tiny_class
+
+    return build_tiny_class(_CLASS_OF_KIND[kind], seed=seed, dtype=dtype)
+
+
 def _umt5(tokenizer, seed: int):
     from transformers import UMT5Config, UMT5EncoderModel
 

@@ -226,6 +226,7 @@ def _eager_under_compile(processor, attn, args, kwargs):
     """The whole patched call, outside dynamo: it reads only the processor object here, so the traced caller
     guards on nothing that differs between layers (guards on each layer's name hit dynamo's recompile limit)."""
     session = processor._sage_session
+    session.current_name = processor._sage_name
     if session.step_full_precision or processor._sage_name in session.full_precision_names:
         session.count("full_precision_calls")
         return processor._sage_original(attn, *args, **kwargs)
@@ -253,14 +254,14 @@ class SageProcessorBase:
 
     def _sage_call(self, attn, args, kwargs):
         session = self._sage_session
+        if _compiling() and session.family in EAGER_UNDER_COMPILE:
+            return _eager_under_compile(self, attn, args, kwargs)
         session.current_name = self._sage_name
         backend_fns = self._sage_backend_fns
         if backend_fns is not None:  # diffusers' dispatcher, "sagegen" backend with this patch's settings
             full = session.step_full_precision or self._sage_name in session.full_precision_names
             session.count("full_precision_calls" if full else "processor_calls")  # as on the other routes
             return backend_fns[1 if full else 0](self._sage_original, attn, *args, **kwargs)
-        if _compiling() and session.family in EAGER_UNDER_COMPILE:
-            return _eager_under_compile(self, attn, args, kwargs)
         if session.step_full_precision or self._sage_name in session.full_precision_names:
             session.count("full_precision_calls")
             return self._sage_original(attn, *args, **kwargs)
