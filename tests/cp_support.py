@@ -149,3 +149,104 @@ def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96
     mp.spawn(worker, args=(world, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, s),
              nprocs=world, join=True)
     return json.loads(out.read_text())
+
+
+# ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------
+
+TEST_BACKEND = "sagegen_cptest"
+
+
+def register_test_backend() -> str:
+    """A minimal sagegen backend in diffusers' registry (CP-capable), standing in for sagegen's own backend
+    module in these tests: casts fp32 to bf16 as the patcher does and runs the emulation."""
+    from diffusers.models import attention_dispatch as ad
+
+    from sagegen.parallel import context_parallel_attention, sagegen_local_attention
+
+    enum = ad.AttentionBackendName
+    if TEST_BACKEND not in enum._value2member_map_:
+        member = str.__new__(enum, TEST_BACKEND)
+        member._name_, member._value_ = TEST_BACKEND.upper(), TEST_BACKEND
+        enum._member_map_[member._name_] = member
+        enum._value2member_map_[TEST_BACKEND] = member
+        enum._member_names_.append(member._name_)
+    member = enum(TEST_BACKEND)
+    local = sagegen_local_attention(backend="reference")
+
+    def cast_local(q, k, v, mask, scale, return_lse):
+        dtype = q.dtype
+        res = local(*(x.to(torch.bfloat16) for x in (q, k, v)), mask, scale, return_lse)
+        return (res[0].to(dtype), res[1]) if return_lse else res.to(dtype)
+
+    @ad._AttentionBackendRegistry.register(member, supports_context_parallel=True)
+    def _sagegen_test_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                              enable_gqa=False, return_lse=False, _parallel_config=None):
+        if _parallel_config is not None:
+            return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale,
+                                              return_lse=return_lse, parallel_config=_parallel_config,
+                                              local_attention=cast_local, is_causal=is_causal,
+                                              enable_gqa=enable_gqa)
+        return cast_local(query, key, value, attn_mask, scale, return_lse)
+
+    return TEST_BACKEND
+
+
+def model_inputs(family: str, gen: torch.Generator) -> dict:
+    """Inputs of the tiny transformer of ``family`` (sagegen.models.tiny), sequence lengths divisible by 2-4."""
+    from sagegen.models import tiny
+
+    t = tiny._TEXT_HIDDEN
+    if family == "flux":
+        n, l = 48, 12
+        ids = lambda m: torch.stack([torch.zeros(m), torch.arange(m) // 8, torch.arange(m) % 8], -1).float()
+        return dict(hidden_states=torch.randn(1, n, 16, generator=gen),
+                    encoder_hidden_states=torch.randn(1, l, 32, generator=gen),
+                    pooled_projections=torch.randn(1, t, generator=gen), timestep=torch.tensor([0.5]),
+                    img_ids=ids(n), txt_ids=torch.zeros(l, 3), guidance=torch.tensor([3.5]), return_dict=False)
+    if family == "hunyuanvideo":
+        l = 12
+        mask = torch.zeros(2, l)
+        mask[0, :7] = 1           # at 2 ranks the text chunk of rank 1 is part padding, at 4 ranks wholly padding
+        mask[1, :12] = 1
+        return dict(hidden_states=torch.randn(2, 4, 2, 8, 8, generator=gen), timestep=torch.tensor([500, 500]),
+                    encoder_hidden_states=torch.randn(2, l, t, generator=gen), encoder_attention_mask=mask,
+                    pooled_projections=torch.randn(2, t, generator=gen), guidance=torch.tensor([3500.0, 3500.0]),
+                    return_dict=False)
+    raise ValueError(family)
+
+
+def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) -> None:
+    from sagegen.models.tiny import build_tiny_transformer
+    from sagegen.parallel import enable_context_parallel
+
+    cpu_device_count_one()
+    init_gloo(rank, world, init_file)
+    try:
+        backend = register_test_backend()
+        inputs = model_inputs(family, torch.Generator().manual_seed(seed))
+        model = build_tiny_transformer(family, seed=seed % 1000)
+        with torch.no_grad():
+            model.set_attention_backend("native")
+            exact = model(**inputs)[0]
+            model.set_attention_backend(backend)
+            single = model(**inputs)[0]
+            enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+            cp = model(**inputs)[0]
+        if rank == 0:
+            res = {"nan": int(cp.isnan().sum()), "rel_l1_vs_single": rel_l1(cp, single),
+                   "rel_l1_cp_vs_exact": rel_l1(cp, exact), "rel_l1_single_vs_exact": rel_l1(single, exact)}
+            tmp = Path(out_path).with_suffix(".tmp")
+            tmp.write_text(json.dumps(res))
+            os.replace(tmp, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_model(tmp_path: Path, family: str, ulysses: int, ring: int, seed: int) -> dict:
+    import torch.multiprocessing as mp
+
+    world = ulysses * ring
+    out = tmp_path / f"model_{family}_u{ulysses}_r{ring}.json"
+    mp.spawn(model_worker, args=(world, ulysses, ring, family, str(tmp_path / "pg_init"), str(out), seed),
+             nprocs=world, join=True)
+    return json.loads(out.read_text())
