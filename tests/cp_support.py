@@ -153,42 +153,10 @@ def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96
 
 # ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------
 
-TEST_BACKEND = "sagegen_cptest"
-
-
 def register_test_backend() -> str:
-    """A minimal sagegen backend in diffusers' registry (CP-capable), standing in for sagegen's own backend
-    module in these tests: casts fp32 to bf16 as the patcher does and runs the emulation."""
-    from diffusers.models import attention_dispatch as ad
+    from sagegen.parallel.stand_in_backend import register_stand_in_backend
 
-    from sagegen.parallel import context_parallel_attention, sagegen_local_attention
-
-    enum = ad.AttentionBackendName
-    if TEST_BACKEND not in enum._value2member_map_:
-        member = str.__new__(enum, TEST_BACKEND)
-        member._name_, member._value_ = TEST_BACKEND.upper(), TEST_BACKEND
-        enum._member_map_[member._name_] = member
-        enum._value2member_map_[TEST_BACKEND] = member
-        enum._member_names_.append(member._name_)
-    member = enum(TEST_BACKEND)
-    local = sagegen_local_attention(backend="reference")
-
-    def cast_local(q, k, v, mask, scale, return_lse):
-        dtype = q.dtype
-        res = local(*(x.to(torch.bfloat16) for x in (q, k, v)), mask, scale, return_lse)
-        return (res[0].to(dtype), res[1]) if return_lse else res.to(dtype)
-
-    @ad._AttentionBackendRegistry.register(member, supports_context_parallel=True)
-    def _sagegen_test_backend(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                              enable_gqa=False, return_lse=False, _parallel_config=None):
-        if _parallel_config is not None:
-            return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale,
-                                              return_lse=return_lse, parallel_config=_parallel_config,
-                                              local_attention=cast_local, is_causal=is_causal,
-                                              enable_gqa=enable_gqa)
-        return cast_local(query, key, value, attn_mask, scale, return_lse)
-
-    return TEST_BACKEND
+    return register_stand_in_backend(backend="reference")
 
 
 def model_inputs(family: str, gen: torch.Generator) -> dict:
