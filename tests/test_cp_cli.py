@@ -38,3 +38,55 @@ def test_checks_before_loading():
         check_cp("ulysses=2,ring=2", resolve("sd3.5-large"), environ=env)
     with pytest.raises(UsageProblem, match="offload"):
         check_cp("ring=4", resolve("flux.1-dev"), offload="model", environ=env)
+
+
+def _env(tmp_path):
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="",
+               SAGEGEN_RUNS=str(tmp_path / "runs"), OMP_NUM_THREADS="1")
+    for k in ("SAGEGEN_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def test_cp_without_torchrun_exits_2_before_loading(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sagegen.cli.app", "run", "tiny-flux", "--prompt", "x", "--cp", "ring=2",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--cp" in proc.stderr and "torchrun" in proc.stderr
+    assert not out.exists()
+    cmd[cmd.index("tiny-flux")] = "tiny-cogvideox"
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "scaled_dot_product_attention directly" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_compare_with_cp_ulysses_2_under_torchrun(tmp_path):
+    """Two gloo processes split one sample's sequence: both run it, rank 0 writes it once."""
+    import json
+    import subprocess
+    import sys
+
+    from sagegen.rundir import RunDir
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sagegen.cli.app", "compare", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "2",
+           "--warmup", "0", "--quiet", "--cp", "ulysses=2", "--out", str(out)]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rd = RunDir(out)
+    m = json.loads(rd.manifest_path.read_text())
+    assert m["settings"]["cp"] == {"ulysses": 2, "ring": 1}
+    for v in ("sdpa", "sage"):
+        assert sorted(m["timings"][v]) == ["p000-s0"]
+        assert {s["rank"] for s in rd.samples(v)} == {0}
+        assert m["setup"][v]["rank1"]["cp"]["ulysses"] == 2
+    assert m["setup"]["sage"]["rank0"]["cp"]["attention_backend"].startswith("sagegen")
+    assert m["setup"]["sdpa"]["rank0"]["cp"]["attention_backend"] == "native"
