@@ -54,16 +54,9 @@ def parse_args(argv=None):
 
 
 def sagegen_backend(backend: str = "auto") -> str:
-    """sagegen's diffusers backend name once it calls sagegen.parallel; the stand-in until then."""
-    import diffusers.models.attention_dispatch as ad
+    from sagegen.parallel.pipeline import sagegen_backend_name
 
-    import sagegen  # noqa: F401  (registers "sagegen" where the backend module exists)
-
-    if "sagegen" in ad.AttentionBackendName._value2member_map_ and os.environ.get("SAGEGEN_CP_STAND_IN") != "1":
-        return "sagegen"
-    from sagegen.parallel.stand_in_backend import register_stand_in_backend
-
-    return register_stand_in_backend(backend=backend)
+    return sagegen_backend_name(backend=backend)
 
 
 def build(name: str, device, smoke: bool = False):
@@ -77,7 +70,7 @@ def build(name: str, device, smoke: bool = False):
                                                                                       frames=129)
         model = arch.build_transformer("hunyuanvideo", device=device, seed=0, config_overrides=over)
         if smoke:
-            model = model.float()      # the stand-in casts fp32 to bf16 like the patcher; CPU SDPA wants fp32
+            model = model.float()      # sagegen's backend runs fp32 on a bf16 copy; CPU SDPA wants fp32
         inputs = arch.example_inputs("hunyuanvideo", **size, batch=1, device=device, seed=0,
                                      dtype=next(model.parameters()).dtype)
         return model, inputs

@@ -154,9 +154,10 @@ def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96
 # ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------
 
 def register_test_backend() -> str:
-    from sagegen.parallel.stand_in_backend import register_stand_in_backend
+    """sagegen's diffusers backend, on the emulation (fp32 models run it on a bf16 copy)."""
+    from sagegen.parallel.pipeline import sagegen_backend_name
 
-    return register_stand_in_backend(backend="reference")
+    return sagegen_backend_name(backend="reference")
 
 
 def model_inputs(family: str, gen: torch.Generator) -> dict:

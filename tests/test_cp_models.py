@@ -1,6 +1,5 @@
 """Context parallelism end to end: tiny diffusers transformers under diffusers' own enable_parallelism, on
-2-4 CPU processes (gloo), with sagegen as the attention backend (a test-only registration until sagegen's
-backend module lands: tests/cp_support.py). Compared with the same model in one process (sagegen) and with
+2-4 CPU processes (gloo), with sagegen's diffusers attention backend ("sagegen", on the emulation). Compared with the same model in one process (sagegen) and with
 diffusers' native fp32 attention."""
 
 import pytest

@@ -17,7 +17,8 @@ import torch
 from .masks import prepare_mask, ring_key_slice
 from .topology import Topology, all_gather, heads_to_seq, seq_to_heads, topology_from
 
-# local_attention(q, k, v, attn_mask, scale, return_lse) on [B, S, H, D] tensors; with return_lse it returns
+# local_attention(q, k, v, *, attn_mask, scale, return_lse) on [B, S, H, D] tensors (called with keywords);
+# with return_lse it returns
 # (out [B, S, H, D], lse [B, S, H] fp32, natural log, -inf for rows with every key masked).
 LocalAttention = Callable[..., object]
 
@@ -44,7 +45,7 @@ def context_parallel_attention(
         scale: softmax scale (None: 1/sqrt(D)).
         return_lse: also return the natural-log LSE [B, S_local, H] fp32.
         parallel_config: diffusers' ParallelConfig (or ContextParallelConfig) after ``enable_parallelism``.
-        local_attention: ``f(q, k, v, attn_mask, scale, return_lse)`` on local [B, S, H, D] tensors.
+        local_attention: ``f(q, k, v, *, attn_mask, scale, return_lse)`` on local [B, S, H, D] tensors.
         is_causal, enable_gqa: not supported under CP (a ValueError).
     Returns:
         out [B, S_local, H, D] in query's dtype, or (out, lse).
@@ -58,7 +59,7 @@ def context_parallel_attention(
     if topo.ring > 1:
         out, lse = _ring(query, key, value, mask, scale, topo, local_attention)
     else:
-        res = local_attention(query, key, value, mask, scale, return_lse)
+        res = local_attention(query, key, value, attn_mask=mask, scale=scale, return_lse=return_lse)
         out, lse = res if return_lse else (res, None)
     if topo.ulysses > 1:
         out = heads_to_seq(out, topo)
@@ -96,7 +97,8 @@ def _ring(q, k, v, mask, scale, topo: Topology, local_attention):
         else:
             kc = kv[chunk][:k.numel()].view_as(k)
             vc = kv[chunk][k.numel():].view_as(v)
-        out, lse = local_attention(q, kc, vc, ring_key_slice(mask, chunk, topo), scale, True)
+        out, lse = local_attention(q, kc, vc, attn_mask=ring_key_slice(mask, chunk, topo), scale=scale,
+                                   return_lse=True)
         merge.add(out, lse)
     out, lse = merge.result()
     return out.to(q.dtype), lse

@@ -16,16 +16,14 @@ from .enable import enable_context_parallel
 
 
 def sagegen_backend_name(backend: str = "auto", config=None) -> str:
-    """sagegen's diffusers backend, once it is registered and routes ``_parallel_config`` here; until then the
-    stand-in (sagegen.parallel.stand_in_backend)."""
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+    """Register sagegen's diffusers backend ("sagegen"), give it ``config`` and ``backend`` (process-wide, see
+    `sagegen.set_backend_config`) and return its name."""
+    from ..diffusers_registry import register_diffusers_backend
+    from ..patch.diffusers_backend import set_backend_config
 
-    if "sagegen" in AttentionBackendName._value2member_map_ and \
-            _AttentionBackendRegistry._is_context_parallel_available(AttentionBackendName("sagegen")):
-        return "sagegen"
-    from .stand_in_backend import register_stand_in_backend
-
-    return register_stand_in_backend(backend=backend, config=config)
+    member = register_diffusers_backend()
+    set_backend_config(config, backend=backend)
+    return member.value
 
 
 def stock_backend_name(cp: dict, device: torch.device) -> str:
@@ -55,7 +53,12 @@ def enable_pipeline_cp(pipe, cp: dict, *, backend: str = "auto", config=None) ->
 @contextlib.contextmanager
 def cp_variant(pipe, variant: str, cp: dict, device: torch.device, sagegen_name: str, setup: dict):
     """Run ``variant`` ("sage" or "sdpa") on the parallelised transformer."""
+    from ..patch.diffusers_backend import backend_stats, reset_backend_stats
+
     name = sagegen_name if variant == "sage" else stock_backend_name(cp, device)
     pipe.transformer.set_attention_backend(name)
     setup["cp"] = {**cp, "attention_backend": name}
+    reset_backend_stats()
     yield
+    if variant == "sage":   # how many attention calls went through sagegen's CP (and fell back), warm-up included
+        setup["attention_calls"] = backend_stats()
