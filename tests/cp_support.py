@@ -15,9 +15,12 @@ import torch.distributed as dist
 B, H, D = 2, 6, 64     # 6 heads: Ulysses over 2 and 3 ranks
 
 
-def init_gloo(rank: int, world: int, init_file: str) -> None:
+def init_gloo(rank: int, world: int, init_file: str, cuda: bool = False) -> None:
     # "cpu:gloo": diffusers' "anything" modes pick the device of their size exchange from this string
-    dist.init_process_group("cpu:gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    backend = "cpu:gloo,cuda:nccl" if cuda else "cpu:gloo"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
 
 
 def cpu_device_count_one() -> None:
@@ -26,7 +29,7 @@ def cpu_device_count_one() -> None:
     torch.accelerator.device_count = lambda: 1
 
 
-def parallel_config(ulysses: int, ring: int):
+def parallel_config(ulysses: int, ring: int, device_type: str = "cpu"):
     """diffusers' ParallelConfig for (ulysses, ring), set up on a CPU mesh as enable_parallelism would."""
     from diffusers import ContextParallelConfig
     from diffusers.models._modeling_parallel import ParallelConfig
@@ -34,8 +37,8 @@ def parallel_config(ulysses: int, ring: int):
 
     cp = ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring)
     pc = ParallelConfig(context_parallel_config=cp)
-    mesh = init_device_mesh("cpu", (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
-    pc.setup(dist.get_rank(), dist.get_world_size(), torch.device("cpu"), mesh=mesh)
+    mesh = init_device_mesh(device_type, (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
+    pc.setup(dist.get_rank(), dist.get_world_size(), torch.device(device_type), mesh=mesh)
     return pc
 
 
@@ -98,18 +101,22 @@ def local_mask(name: str, mask, rank: int, world: int, s: int):
     return mask[..., part]                           # local keys
 
 
-def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_path: str, seed: int, s: int) -> None:
+def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_path: str, seed: int, s: int,
+           cuda: bool = False) -> None:
     from sagegen.parallel import context_parallel_attention, sagegen_local_attention
 
-    init_gloo(rank, world, init_file)
+    init_gloo(rank, world, init_file, cuda)
     try:
-        pc = parallel_config(ulysses, ring)
-        local = sagegen_local_attention(backend="reference")
+        pc = parallel_config(ulysses, ring, "cuda" if cuda else "cpu")
+        local = sagegen_local_attention(backend="triton" if cuda else "reference")
+        dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
         scale = D ** -0.5
         results = {}
         for name in CASES:
             gen = torch.Generator().manual_seed(seed + CASES.index(name))
             q, k, v, mask = make_case(name, s, gen)
+            q, k, v = q.to(dev), k.to(dev), v.to(dev)
+            mask = mask.to(dev) if mask is not None else None
             sl = s // world
             part = slice(rank * sl, (rank + 1) * sl)
             out, lse = context_parallel_attention(
@@ -141,12 +148,12 @@ def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_p
         dist.destroy_process_group()
 
 
-def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96) -> dict:
+def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96, cuda: bool = False) -> dict:
     import torch.multiprocessing as mp
 
     world = ulysses * ring
     out = tmp_path / f"cp_u{ulysses}_r{ring}.json"
-    mp.spawn(worker, args=(world, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, s),
+    mp.spawn(worker, args=(world, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, s, cuda),
              nprocs=world, join=True)
     return json.loads(out.read_text())
 

@@ -19,6 +19,10 @@ def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, bac
 
     check_cp_support(transformer)
     check_heads(getattr(transformer.config, "num_attention_heads", None), ulysses)
+    if backend == "sagegen":
+        from ..diffusers_registry import register_diffusers_backend
+
+        register_diffusers_backend()       # idempotent; diffusers may have been imported after sagegen
     if backend is not None:
         transformer.set_attention_backend(backend)
     transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring),
