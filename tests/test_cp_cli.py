@@ -90,3 +90,10 @@ def test_compare_with_cp_ulysses_2_under_torchrun(tmp_path):
         assert m["setup"][v]["rank1"]["cp"]["ulysses"] == 2
     assert m["setup"]["sage"]["rank0"]["cp"]["attention_backend"].startswith("sagegen")
     assert m["setup"]["sdpa"]["rank0"]["cp"]["attention_backend"] == "native"
+
+
+def test_presets_without_a_sagegen_config_found_by_their_pipeline():
+    env = dict(TORCHRUN, WORLD_SIZE="2")
+    with pytest.raises(UsageProblem, match="HunyuanVideo15Transformer3DModel cannot run context-parallel"):
+        check_cp("ulysses=2", resolve("tiny-hunyuanvideo-1.5"), environ=env)
+    assert check_cp("ulysses=2", resolve("tiny-qwen-image"), environ=env) == CpSpec(2, 1)

@@ -74,22 +74,36 @@ def check_launch(spec: CpSpec, environ=os.environ) -> None:
 
 
 def preset_transformer(preset) -> tuple[str | None, int | None]:
-    """The denoiser's diffusers class name and head count of a preset, from sagegen's configs (no weights);
-    (None, None) when sagegen has no config for it."""
+    """The denoiser's diffusers class name and head count of a preset, from sagegen's configs (no weights); the
+    class from the pipeline's ``transformer`` annotation and no head count where sagegen has no config."""
     if preset.tiny:
         from ..models import tiny
 
         try:
             return tiny._TRANSFORMER_CLASSES[preset.family], tiny.tiny_transformer_config(preset.family)[
                 "num_attention_heads"]
-        except (KeyError, ValueError):
-            return None, None
-    from ..models.arch import ARCHS
+        except (AttributeError, KeyError, ValueError):
+            pass
+    else:
+        from ..models.arch import ARCHS
 
-    arch = ARCHS.get(preset.name)
-    if arch is None:
-        return None, None
-    return arch.cls, arch.config.get("num_attention_heads")
+        arch = ARCHS.get(preset.name)
+        if arch is not None:
+            return arch.cls, arch.config.get("num_attention_heads")
+    return _pipeline_transformer(preset.pipeline), None
+
+
+def _pipeline_transformer(pipeline: str) -> str | None:
+    import inspect
+
+    import diffusers
+
+    try:
+        ann = inspect.signature(getattr(diffusers, pipeline).__init__).parameters["transformer"].annotation
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return None
+    name = ann if isinstance(ann, str) else getattr(ann, "__name__", None)
+    return name if name and hasattr(diffusers, name) else None
 
 
 def check_model(spec: CpSpec, preset) -> None:

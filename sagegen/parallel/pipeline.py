@@ -42,11 +42,18 @@ def cpu_host_device_count() -> None:
         torch.accelerator.device_count = lambda: 1
 
 
+def denoisers(pipe) -> list:
+    """The pipeline's denoising transformers (Wan2.2-A14B has ``transformer`` and ``transformer_2``)."""
+    return [m for m in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None)) if m is not None]
+
+
 def enable_pipeline_cp(pipe, cp: dict, *, backend: str = "auto", config=None) -> str:
-    """Enable CP ({"ulysses": U, "ring": R}) on ``pipe.transformer`` with sagegen's backend; returns its name."""
+    """Enable CP ({"ulysses": U, "ring": R}) on every denoiser of ``pipe`` with sagegen's backend; returns its
+    name."""
     cpu_host_device_count()
     name = sagegen_backend_name(backend, config)
-    enable_context_parallel(pipe.transformer, ulysses=cp.get("ulysses", 1), ring=cp.get("ring", 1), backend=name)
+    for model in denoisers(pipe):
+        enable_context_parallel(model, ulysses=cp.get("ulysses", 1), ring=cp.get("ring", 1), backend=name)
     return name
 
 
@@ -56,7 +63,8 @@ def cp_variant(pipe, variant: str, cp: dict, device: torch.device, sagegen_name:
     from ..patch.diffusers_backend import backend_stats, reset_backend_stats
 
     name = sagegen_name if variant == "sage" else stock_backend_name(cp, device)
-    pipe.transformer.set_attention_backend(name)
+    for model in denoisers(pipe):
+        model.set_attention_backend(name)
     setup["cp"] = {**cp, "attention_backend": name}
     reset_backend_stats()
     yield
