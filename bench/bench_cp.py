@@ -11,7 +11,7 @@ attention (the others wait), keeping sagegen's output as the reference; then eve
 (same seed, same weights), enables CP and times it. Reports per CP setting and attention: median seconds,
 speedup and scaling efficiency against the one-GPU call of the same attention, cosine and rel-L1 of the
 gathered output against one-GPU sagegen (and against one-GPU stock for the stock backend), peak memory per GPU.
-HunyuanVideo 720p x 129 frames: 118,800 video + 256 text tokens; Wan2.1-14B 720p x 81 frames: 75,600 tokens.
+HunyuanVideo 720p x 129 frames: 118,800 video + 256 text tokens; Wan2.1-T2V-14B 720p x 81 frames: 75,600 tokens.
 """
 
 from __future__ import annotations
@@ -31,11 +31,8 @@ import torch.distributed as dist  # noqa: E402
 from sagegen.cli.cp_option import parse_cp  # noqa: E402
 from sagegen.stepbench import compare, device_info, versions  # noqa: E402
 
-# Wan2.1-T2V-14B transformer/config.json (Wan-AI/Wan2.1-T2V-14B-Diffusers), used until sagegen.models.arch has it
-WAN14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
-              text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
-              qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None,
-              rope_max_seq_len=1024)
+ARCH = {"hunyuanvideo": "hunyuanvideo", "wan2.1-14b": "wan2.1-t2v-14b"}   # sagegen.models.arch names
+SIZE = {"hunyuanvideo": dict(height=720, width=1280, frames=129), "wan2.1-14b": dict(height=720, width=1280, frames=81)}
 
 
 def parse_args(argv=None):
@@ -60,36 +57,20 @@ def sagegen_backend(backend: str = "auto") -> str:
 
 
 def build(name: str, device, smoke: bool = False):
+    """The full-size transformer with random weights (1 layer of each kind and 2 heads with ``smoke``) and one
+    call's inputs at 720p, batch 1 (Wan runs CFG as two calls)."""
     from sagegen.models import arch
 
     # parameters drawn at construction (Wan's scale_shift_table) must be the same on every build and every rank
     torch.manual_seed(0)
-    if name == "hunyuanvideo":
-        over = arch.smoke_overrides("hunyuanvideo") if smoke else None
-        size = dict(height=64, width=64, frames=5, text_tokens=16) if smoke else dict(height=720, width=1280,
-                                                                                      frames=129)
-        model = arch.build_transformer("hunyuanvideo", device=device, seed=0, config_overrides=over)
-        if smoke:
-            model = model.float()      # sagegen's backend runs fp32 on a bf16 copy; CPU SDPA wants fp32
-        inputs = arch.example_inputs("hunyuanvideo", **size, batch=1, device=device, seed=0,
-                                     dtype=next(model.parameters()).dtype)
-        return model, inputs
-    import diffusers
-
-    if "wan2.1-14b" in arch.ARCHS:
-        return (arch.build_transformer("wan2.1-14b", device=device, seed=0),
-                arch.example_inputs("wan2.1-14b", batch=1, device=device, seed=0))
-    config = dict(WAN14B, num_layers=1, num_attention_heads=2) if smoke else WAN14B
-    dtype = torch.float32 if smoke else torch.bfloat16
-    f, h, w, text = (2, 8, 8, 16) if smoke else (21, 90, 160, 512)
-    with torch.device(device):
-        model = diffusers.WanTransformer3DModel(**config).to(dtype)
-    arch.random_init_(model, seed=0)
-    g = torch.Generator(device=device).manual_seed(0)
-    inputs = dict(hidden_states=torch.randn(1, 16, f, h, w, generator=g, device=device, dtype=dtype),
-                  encoder_hidden_states=torch.randn(1, text, 4096, generator=g, device=device, dtype=dtype),
-                  timestep=torch.tensor([500], device=device))
-    return model.eval().requires_grad_(False), inputs
+    key = ARCH[name]
+    over = arch.smoke_overrides(key) if smoke else None
+    size = dict(height=64, width=64, frames=5, text_tokens=16) if smoke else SIZE[name]
+    model = arch.build_transformer(key, device=device, seed=0, config_overrides=over)
+    if smoke:
+        model = model.float()      # sagegen's backend runs fp32 on a bf16 copy; CPU SDPA wants fp32
+    inputs = arch.example_inputs(key, **size, batch=1, device=device, seed=0, dtype=next(model.parameters()).dtype)
+    return model, inputs
 
 
 def sync(device):
