@@ -87,15 +87,17 @@ def device_for(requested: str, dist: DistInfo):
     return dev
 
 
-def init(dist: DistInfo) -> bool:
-    """Join the launched processes' gloo group (for the final barrier). Returns True when one is joined."""
+def init(dist: DistInfo, *, gpu_collectives: bool = False) -> bool:
+    """Join the launched processes' gloo group (for the final barrier); with ``gpu_collectives`` (context
+    parallelism on GPUs) NCCL carries the CUDA tensors and gloo the CPU ones. Returns True when one is joined."""
     if not dist.enabled:
         return False
     import torch.distributed as td
 
     if td.is_available() and not td.is_initialized():
         timeout = datetime.timedelta(seconds=_int_env(TIMEOUT_ENV, 24 * 3600))
-        td.init_process_group("gloo", rank=dist.rank, world_size=dist.world_size, timeout=timeout)
+        backend = "cpu:gloo,cuda:nccl" if gpu_collectives else "cpu:gloo"
+        td.init_process_group(backend, rank=dist.rank, world_size=dist.world_size, timeout=timeout)
     return td.is_initialized()
 
 

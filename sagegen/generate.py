@@ -296,7 +296,8 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
         except DamagedFile as e:  # like a different run in that folder: the user picks what to do (exit 2)
             raise RunDirConflict(str(e)) from None
         merge_manifest(current, new, rd.path)  # refuse a conflicting run before loading anything
-    mine = distributed.shard(job.samples, dist)
+    cp = job.settings.get("cp")  # context parallelism: every process runs every sample, rank 0 writes it
+    mine = list(job.samples) if cp else distributed.shard(job.samples, dist)
     todo = {v: [s for s in mine if not rd.finished(v, s.id)] for v in job.variants}
     result = RunResult(rd.path, {v: 0 for v in job.variants}, {v: len(mine) - len(todo[v]) for v in job.variants},
                        {}, None)
@@ -308,14 +309,25 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
         for note in loaded.info.get("notes", []):
             reporter.log(note)
         load_s = round(loaded.load_s, 6)  # charged to the first variant that runs
+        if cp:
+            from .parallel.pipeline import enable_pipeline_cp
+
+            cp_backend = enable_pipeline_cp(loaded.pipe, cp, backend=job.backend, config=job.sage_config)
         for variant in job.variants:
             reporter.variant_start(variant, len(todo[variant]), len(mine))
             if not todo[variant]:
                 continue
             setup = {"load_s": load_s, "source": loaded.source}
             load_s = 0.0
-            with attention(loaded.pipe, variant, job, setup):
-                _run_variant(job, loaded, variant, todo[variant], device, rd, reporter, setup, result, dist.rank)
+            if cp:
+                from .parallel.pipeline import cp_variant
+
+                context = cp_variant(loaded.pipe, variant, cp, device, cp_backend, setup)
+            else:
+                context = attention(loaded.pipe, variant, job, setup)
+            with context:
+                _run_variant(job, loaded, variant, todo[variant], device, rd, reporter, setup, result, dist.rank,
+                             write=dist.is_main or not cp)
             result.setup[variant] = setup
             key = f"rank{dist.rank}"
             rd.update_manifest(lambda cur: _with_setup(cur, variant, key, setup))
@@ -333,7 +345,7 @@ def _with_setup(manifest: dict, variant: str, key: str, setup: dict) -> dict:
     return manifest
 
 
-def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, result, rank) -> None:
+def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, result, rank, write=True) -> None:
     if job.compile:
         t0 = time.perf_counter()
         _compile(loaded.pipe)
@@ -351,6 +363,8 @@ def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, res
         reporter.sample_start(variant, sample, job.settings["steps"])
         frames, timings, finite = generate_one(loaded, job.preset, job.settings, sample, device,
                                                on_step=reporter.step)
+        if not write:  # context parallelism: this rank computed its share of rank 0's sample
+            continue
         record = {**sample.to_dict(), "timings": timings, "rank": rank}
         if not finite:
             record["nonfinite"] = True  # NaN/inf in the decoded output (written as 0)

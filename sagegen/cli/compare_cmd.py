@@ -33,6 +33,7 @@ def compare_command(
     random_weights: jobs.RandomWeights = False,
     device: jobs.Device = "auto",
     offload: jobs.Offload = "none",
+    cp: jobs.Cp = None,
     vae_tiling: jobs.VaeTiling = False,
     vae_slicing: jobs.VaeSlicing = False,
     compile: jobs.Compile = False,

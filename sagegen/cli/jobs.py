@@ -9,6 +9,7 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
+from .cp_option import Cp  # noqa: F401  (the --cp option of run and compare)
 from .errors import UsageProblem
 from . import checks
 from .options import command_line, count_seeds, kernel_config, load_prompts, parse_seeds, precision_policy
@@ -84,7 +85,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
               vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
-              linear="none", sparse=None):
+              linear="none", sparse=None, cp=None):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
     from ..generate import Job, make_samples
     from ..models.presets import RANDOM_WEIGHT_FAMILIES, check_shape, resolve
@@ -123,7 +124,13 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     warnings += [frame_note] if frame_note else []
     warnings += checks.ignored_with_stock(variants, kernel=kernel, fp_blocks=fp_blocks, backend=backend,
                                           fp_first_steps=fp_first_steps, fp_last_steps=fp_last_steps)
+    from .cp_option import check_cp
+
+    cp_spec = check_cp(cp, preset, offload=offload)
     on_gpu = _check_device(device)
+    if cp_spec is not None and cp_spec.ring > 1 and "sdpa" in variants and not on_gpu:
+        raise UsageProblem("the stock attention under Ring needs CUDA (diffusers' _native_cudnn); on the CPU use "
+                           "--cp ulysses=N, or `run` (sagegen only)", "--cp")
     if offload != "none" and not on_gpu:
         raise UsageProblem("CPU offload needs a CUDA device; drop --offload or use --device cuda", "--offload")
     if backend == "triton" and not on_gpu and os.environ.get("TRITON_INTERPRET") != "1":
@@ -135,6 +142,12 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
     if policy is not None:
         checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
+    if linear is not None and cp_spec is not None:
+        raise UsageProblem("--linear fp8 is not combined with --cp yet (CP uses sagegen's diffusers backend, not "
+                           "the patcher); drop one of them", "--linear")
+    if sparse_cfg is not None and cp_spec is not None:
+        raise UsageProblem("--sparse is not combined with --cp yet (CP uses sagegen's diffusers backend, not "
+                           "the patcher); drop one of them", "--sparse")
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,
@@ -147,6 +160,8 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         warning = cpu_warning(preset, settings, len(prompts_list) * len(seeds), len(variants))
         if warning:
             warnings.append(warning)
+    if cp_spec is not None:  # only then: runs without --cp keep their run-directory hash
+        settings["cp"] = cp_spec.to_dict()
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
@@ -177,6 +192,12 @@ def _check_device(device: str) -> bool:
     return dev.type == "cuda"
 
 
+def _cuda_job(job) -> bool:
+    import torch
+
+    return job.device.startswith("cuda") or (job.device == "auto" and torch.cuda.is_available())
+
+
 def execute(job, *, quiet: bool, title: str):
     """Run the job with progress output; print the outcome on rank 0. Returns the RunResult.
 
@@ -200,6 +221,7 @@ def execute(job, *, quiet: bool, title: str):
                   f"{size}, {s['steps']} steps, guidance {s['guidance']}, {s['dtype']} -> {run_dir}")
     lock = runlock.hold(run_dir, job.command) if dist.is_main else contextlib.nullcontext()
     distributed.init(dist)
+    distributed.init(dist, gpu_collectives=bool(job.settings.get("cp")) and _cuda_job(job))
     try:
         with lock, make_reporter(err, quiet=quiet, rank=dist.rank) as reporter:
             try:

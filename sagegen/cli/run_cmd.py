@@ -40,6 +40,7 @@ def run_command(
     random_weights: jobs.RandomWeights = False,
     device: jobs.Device = "auto",
     offload: jobs.Offload = "none",
+    cp: jobs.Cp = None,
     vae_tiling: jobs.VaeTiling = False,
     vae_slicing: jobs.VaeSlicing = False,
     compile: jobs.Compile = False,

@@ -1,0 +1,197 @@
+"""Context parallelism on several GPUs: one transformer call of a full-size model (random bf16 weights) with
+sagegen vs diffusers' own backend under the same Ulysses/Ring split, against one GPU.
+
+    torchrun --nproc-per-node 2 bench/bench_cp.py --model hunyuanvideo --cp ulysses=2 --cp ring=2 \\
+        --out bench/results/cp-hunyuanvideo-2xh200.json
+    torchrun --nproc-per-node 4 bench/bench_cp.py --model wan2.1-14b --cp ulysses=4 --cp ulysses=2,ring=2 \\
+        --out bench/results/cp-wan14b-4xh200.json
+
+Every --cp must use all launched processes. Per model: rank 0 first times the call on one GPU with each
+attention (the others wait), keeping sagegen's output as the reference; then every process builds the model
+(same seed, same weights), enables CP and times it. Reports per CP setting and attention: median seconds,
+speedup and scaling efficiency against the one-GPU call of the same attention, cosine and rel-L1 of the
+gathered output against one-GPU sagegen (and against one-GPU stock for the stock backend), peak memory per GPU.
+HunyuanVideo 720p x 129 frames: 118,800 video + 256 text tokens; Wan2.1-T2V-14B 720p x 81 frames: 75,600 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from sagegen.cli.cp_option import parse_cp  # noqa: E402
+from sagegen.stepbench import compare, device_info, versions  # noqa: E402
+
+ARCH = {"hunyuanvideo": "hunyuanvideo", "wan2.1-14b": "wan2.1-t2v-14b"}   # sagegen.models.arch names
+SIZE = {"hunyuanvideo": dict(height=720, width=1280, frames=129), "wan2.1-14b": dict(height=720, width=1280, frames=81)}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", choices=["hunyuanvideo", "wan2.1-14b"], required=True)
+    p.add_argument("--cp", action="append", required=True, help="ulysses=U,ring=R (repeatable), U*R = processes")
+    p.add_argument("--stock", default="_native_cudnn",
+                   help="diffusers backend to compare with (CP-capable; native does Ulysses only)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no-single", action="store_true", help="skip the one-GPU baselines (no scaling numbers)")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="check the script on CPUs (gloo): 1-layer 2-head models at a tiny size, no timings meaning")
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def sagegen_backend(backend: str = "auto") -> str:
+    from sagegen.parallel.pipeline import sagegen_backend_name
+
+    return sagegen_backend_name(backend=backend)
+
+
+def build(name: str, device, smoke: bool = False):
+    """The full-size transformer with random weights (1 layer of each kind and 2 heads with ``smoke``) and one
+    call's inputs at 720p, batch 1 (Wan runs CFG as two calls)."""
+    from sagegen.models import arch
+
+    # parameters drawn at construction (Wan's scale_shift_table) must be the same on every build and every rank
+    torch.manual_seed(0)
+    key = ARCH[name]
+    over = arch.smoke_overrides(key) if smoke else None
+    size = dict(height=64, width=64, frames=5, text_tokens=16) if smoke else SIZE[name]
+    model = arch.build_transformer(key, device=device, seed=0, config_overrides=over)
+    if smoke:
+        model = model.float()      # sagegen's backend runs fp32 on a bf16 copy; CPU SDPA wants fp32
+    inputs = arch.example_inputs(key, **size, batch=1, device=device, seed=0, dtype=next(model.parameters()).dtype)
+    return model, inputs
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device):
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gb(device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+
+
+def free(device):
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def timed(model, inputs, warmup, repeats, device, barrier=True):
+    with torch.no_grad():
+        for _ in range(warmup):
+            model(**{**inputs, "return_dict": False})
+        times = []
+        for _ in range(repeats):
+            sync(device)
+            if barrier:          # CP: start every rank's call together
+                dist.barrier()
+            t0 = time.perf_counter()
+            out = model(**{**inputs, "return_dict": False})[0]
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2], out
+
+
+def run_model(name, args, rank, device, backends):
+    from sagegen.parallel import enable_context_parallel
+
+    res = {"single": {}, "cp": {}}
+    ref = {}
+    if not args.no_single and rank == 0:
+        model, inputs = build(name, device, args.cpu_smoke)
+        for label, backend in backends.items():
+            model.set_attention_backend(backend)
+            reset_peak(device)
+            t, out = timed(model, inputs, args.warmup, args.repeats, device, barrier=False)
+            ref[label] = out.float().cpu()
+            res["single"][label] = {"backend": backend, "median_s": t, "peak_gb": peak_gb(device)}
+            print(f"[{name}] 1 GPU {label}: {t:.3f} s", flush=True)
+        del model, inputs
+        free(device)
+    dist.barrier()
+    for text in args.cp:
+        spec = parse_cp(text)
+        for label, backend in backends.items():
+            model, inputs = build(name, device, args.cpu_smoke)
+            reset_peak(device)
+            enable_context_parallel(model, ulysses=spec.ulysses, ring=spec.ring, backend=backend)
+            entry = {"backend": backend}
+            try:
+                t, out = timed(model, inputs, args.warmup, args.repeats, device)
+            except Exception as e:  # noqa: BLE001 - e.g. a stock backend without Ring support
+                entry["error"] = f"{type(e).__name__}: {e}"[:500]
+                print(f"[{name}] {text} {label}: {entry['error']}", flush=True)
+            else:
+                peak = torch.tensor([peak_gb(device)], device=device)
+                peaks = [torch.zeros_like(peak) for _ in range(dist.get_world_size())]
+                dist.all_gather(peaks, peak)
+                entry.update(median_s=t, peak_gb_per_gpu=[round(float(x), 2) for x in peaks])
+                if rank == 0 and ref:
+                    single = res["single"][label]["median_s"]
+                    entry.update(speedup_vs_1gpu=single / t, scaling_efficiency=single / t / spec.world)
+                    entry["vs_1gpu_sagegen"] = compare(out.float().cpu(), ref["sagegen"])
+                    if label != "sagegen":
+                        entry["vs_1gpu_same_backend"] = compare(out.float().cpu(), ref[label])
+                print(f"[{name}] {text} {label}: {t:.3f} s", flush=True)
+            res["cp"].setdefault(text, {})[label] = entry
+            del model, inputs
+            free(device)
+            dist.barrier()
+    return res
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    specs = [parse_cp(t) for t in args.cp]
+    if "WORLD_SIZE" not in os.environ:
+        sys.exit("launch with torchrun --nproc-per-node N bench/bench_cp.py ...")
+    world, rank, local = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    bad = [t for t, s in zip(args.cp, specs) if s.world != world]
+    if bad:
+        sys.exit(f"--cp {bad}: ulysses*ring must equal the {world} launched processes")
+    if args.cpu_smoke:
+        device = torch.device("cpu")
+        torch.accelerator.device_count = lambda: 1     # diffusers: rank % device_count() on a CPU-only host
+        dist.init_process_group("cpu:gloo", timeout=datetime.timedelta(hours=1))
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("bench_cp.py needs CUDA GPUs (or --cpu-smoke)")
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=datetime.timedelta(hours=1))
+    backends = {"sagegen": sagegen_backend("reference" if args.cpu_smoke else "auto"), "stock": args.stock}
+    report = {"benchmark": "context_parallel", "gpus": world, "cpu_smoke": args.cpu_smoke,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
+              "backends": backends, "warmup": args.warmup, "repeats": args.repeats, "models": {}}
+    try:
+        for name in args.model:
+            report["models"][name] = run_model(name, args, rank, device, backends)
+    finally:
+        if rank == 0:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out + ".tmp", "w") as f:
+                json.dump(report, f, indent=2)
+            os.replace(args.out + ".tmp", args.out)
+        dist.destroy_process_group()
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""``--cp ulysses=U,ring=R``: one video over several GPUs with diffusers' context parallelism.
+
+Launched as ``torchrun --nproc-per-node U*R sagegen run MODEL ... --cp ulysses=U,ring=R``. Every process runs
+every sample (the sequence is split, not the prompts) and rank 0 writes it; without ``--cp`` the processes
+share the prompts instead (prompt sharding). Everything here is checked before any weights load.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import UsageProblem
+
+OPTION = "--cp"
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+Cp = Annotated[Optional[str], typer.Option(
+    OPTION, metavar="ulysses=U,ring=R", rich_help_panel="Memory and speed", show_default=False,
+    help="Context parallelism: split each video's sequence over U*R processes (Ulysses U, Ring R; launch "
+         "with torchrun --nproc-per-node U*R).")]
+
+
+@dataclass(frozen=True)
+class CpSpec:
+    ulysses: int = 1
+    ring: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.ulysses * self.ring
+
+    def to_dict(self) -> dict:
+        return {"ulysses": self.ulysses, "ring": self.ring}
+
+
+def parse_cp(text: str) -> CpSpec:
+    """``ulysses=2,ring=2`` / ``ulysses=4`` / ``ring=2`` -> CpSpec (UsageProblem otherwise)."""
+    degrees = {}
+    for part in (p.strip() for p in text.split(",")):
+        key, sep, value = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in ("ulysses", "ring") or key in degrees:
+            raise UsageProblem(f"{text!r}: write ulysses=U,ring=R (each at most once), e.g. ulysses=2,ring=2",
+                               OPTION)
+        try:
+            degrees[key] = int(value)
+        except ValueError:
+            raise UsageProblem(f"{key}={value!r} is not an integer", OPTION) from None
+        if degrees[key] < 1:
+            raise UsageProblem(f"{key}={degrees[key]}: degrees are at least 1", OPTION)
+    spec = CpSpec(**degrees)
+    if spec.world < 2:
+        raise UsageProblem(f"{text!r} uses one process; give ulysses and/or ring degrees whose product is >= 2",
+                           OPTION)
+    return spec
+
+
+def check_launch(spec: CpSpec, environ=os.environ) -> None:
+    """torchrun's variables are set and WORLD_SIZE is ulysses * ring."""
+    missing = [v for v in TORCHRUN_VARS if not environ.get(v)]
+    if missing:
+        raise UsageProblem(f"needs torchrun (missing {', '.join(missing)}): launch as torchrun --nproc-per-node "
+                           f"{spec.world} sagegen run MODEL ... --cp ulysses={spec.ulysses},ring={spec.ring}",
+                           OPTION)
+    world = int(environ["WORLD_SIZE"])
+    if world != spec.world:
+        raise UsageProblem(f"ulysses={spec.ulysses} x ring={spec.ring} = {spec.world} processes, but torchrun "
+                           f"started {world} (WORLD_SIZE); use --nproc-per-node {spec.world} (times nodes)",
+                           OPTION)
+
+
+def preset_transformer(preset) -> tuple[str | None, int | None]:
+    """The denoiser's diffusers class name and head count of a preset, from sagegen's configs (no weights); the
+    class from the pipeline's ``transformer`` annotation and no head count where sagegen has no config."""
+    if preset.tiny:
+        from ..models import tiny
+
+        try:
+            return tiny._TRANSFORMER_CLASSES[preset.family], tiny.tiny_transformer_config(preset.family)[
+                "num_attention_heads"]
+        except (AttributeError, KeyError, ValueError):
+            pass
+    else:
+        from ..models.arch import ARCHS
+
+        arch = ARCHS.get(preset.name)
+        if arch is not None:
+            return arch.cls, arch.config.get("num_attention_heads")
+    return _pipeline_transformer(preset.pipeline), None
+
+
+def _pipeline_transformer(pipeline: str) -> str | None:
+    import inspect
+
+    import diffusers
+
+    try:
+        ann = inspect.signature(getattr(diffusers, pipeline).__init__).parameters["transformer"].annotation
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return None
+    name = ann if isinstance(ann, str) else getattr(ann, "__name__", None)
+    return name if name and hasattr(diffusers, name) else None
+
+
+def check_model(spec: CpSpec, preset) -> None:
+    """The model can run context-parallel and its heads split over the Ulysses degree."""
+    import diffusers
+
+    from ..parallel.enable import check_heads
+    from ..parallel.plans import ContextParallelUnsupported, check_cp_support
+
+    cls_name, heads = preset_transformer(preset)
+    if cls_name is None:
+        return  # checked again when the model is built (enable_context_parallel)
+    try:
+        check_cp_support(getattr(diffusers, cls_name))
+        check_heads(heads, spec.ulysses)
+    except (ContextParallelUnsupported, ValueError) as e:
+        raise UsageProblem(f"{preset.name}: {e}", OPTION) from None
+
+
+def check_cp(text: str | None, preset, *, offload: str = "none", environ=os.environ) -> CpSpec | None:
+    """Everything about --cp that can be checked before loading (UsageProblem, exit 2). None without --cp."""
+    if text is None:
+        return None
+    spec = parse_cp(text)
+    if offload != "none":
+        raise UsageProblem("CPU offload cannot be combined with context parallelism; drop --offload", OPTION)
+    check_model(spec, preset)
+    check_launch(spec, environ)
+    return spec

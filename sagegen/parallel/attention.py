@@ -1,0 +1,138 @@
+"""sagegen's context-parallel attention: Ulysses, Ring and both (USP), on diffusers' process groups.
+
+Called by sagegen's diffusers attention backend when diffusers hands it a ``_parallel_config``; the local
+attention (sagegen on local tensors) is passed in, so this module knows nothing of kernels or models.
+
+Differences from diffusers' templates (see masks.py and `_RingMerge`): the key mask follows the rotated KV
+chunk, per-head masks are sliced to the Ulysses heads, the Ring merge of a fully masked chunk is exact
+(never NaN), and USP (both degrees > 1) handles masks at all.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .masks import prepare_mask, ring_key_slice
+from .topology import Topology, all_gather, heads_to_seq, seq_to_heads, topology_from
+
+# local_attention(q, k, v, *, attn_mask, scale, return_lse) on [B, S, H, D] tensors (called with keywords);
+# with return_lse it returns
+# (out [B, S, H, D], lse [B, S, H] fp32, natural log, -inf for rows with every key masked).
+LocalAttention = Callable[..., object]
+
+
+def context_parallel_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None,
+    scale: float | None,
+    return_lse: bool,
+    parallel_config,
+    local_attention: LocalAttention,
+    is_causal: bool = False,
+    enable_gqa: bool = False,
+):
+    """Attention over the whole CP group's sequence for this rank's local queries.
+
+    Args:
+        query, key, value: this rank's chunks, [B, S_local, H, D] (diffusers' layout).
+        attn_mask: bool (True = attend) or additive mask broadcastable to [B, H, S_q, S_kv], built on either
+            the local or the global sequence (see `masks.prepare_mask`), or [B, S_kv]; None for no mask.
+        scale: softmax scale (None: 1/sqrt(D)).
+        return_lse: also return the natural-log LSE [B, S_local, H] fp32.
+        parallel_config: diffusers' ParallelConfig (or ContextParallelConfig) after ``enable_parallelism``.
+        local_attention: ``f(q, k, v, *, attn_mask, scale, return_lse)`` on local [B, S, H, D] tensors.
+        is_causal, enable_gqa: not supported under CP (a ValueError).
+    Returns:
+        out [B, S_local, H, D] in query's dtype, or (out, lse).
+    """
+    topo = topology_from(parallel_config)
+    _validate(query, key, value, is_causal, enable_gqa, topo)
+    b, sq, h, _ = query.shape
+    mask = prepare_mask(attn_mask, batch=b, heads=h, sq_local=sq, skv_local=key.shape[1], topo=topo)
+    if topo.ulysses > 1:
+        query, key, value = (seq_to_heads(x, topo) for x in (query, key, value))
+    if topo.ring > 1:
+        out, lse = _ring(query, key, value, mask, scale, topo, local_attention)
+    else:
+        res = local_attention(query, key, value, attn_mask=mask, scale=scale, return_lse=return_lse)
+        out, lse = res if return_lse else (res, None)
+    if topo.ulysses > 1:
+        out = heads_to_seq(out, topo)
+        lse = heads_to_seq(lse, topo) if return_lse else None
+    return (out, lse) if return_lse else out
+
+
+def _validate(q, k, v, is_causal, enable_gqa, topo: Topology) -> None:
+    if is_causal:
+        raise ValueError("is_causal=True is not supported under context parallelism (sagegen, like diffusers, "
+                         "splits the sequence without a causal schedule); pass an explicit attn_mask instead")
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be [B, S_local, H, D] under context parallelism, got {tuple(t.shape)}")
+    if enable_gqa or k.shape[2] != q.shape[2]:
+        raise ValueError(f"grouped-query attention (query heads {q.shape[2]}, key heads {k.shape[2]}) is not "
+                         "supported under context parallelism; repeat the key/value heads first")
+    if k.shape != v.shape:
+        raise ValueError(f"key and value must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if topo.ulysses > 1 and q.shape[2] % topo.ulysses:
+        raise ValueError(f"Ulysses needs the number of heads ({q.shape[2]}) to be a multiple of ulysses_degree "
+                         f"({topo.ulysses}); pick a degree that divides {q.shape[2]} or use ring_degree")
+
+
+def _ring(q, k, v, mask, scale, topo: Topology, local_attention):
+    """Ring over the ring group: each rank gathers every KV chunk once (diffusers' "allgather" rotation) and
+    attends its queries to chunk (ring_rank + step) % R at each step, merging with the LSE in fp32."""
+    r = topo.ring
+    kv = all_gather(torch.cat([k.flatten(), v.flatten()]), 0, topo.ring_group).chunk(r)
+    merge = _RingMerge()
+    for step in range(r):
+        chunk = (topo.ring_rank + step) % r
+        if step == 0:
+            kc, vc = k, v
+        else:
+            kc = kv[chunk][:k.numel()].view_as(k)
+            vc = kv[chunk][k.numel():].view_as(v)
+        out, lse = local_attention(q, kc, vc, attn_mask=ring_key_slice(mask, chunk, topo), scale=scale,
+                                   return_lse=True)
+        merge.add(out, lse)
+    out, lse = merge.result()
+    return out.to(q.dtype), lse
+
+
+class _RingMerge:
+    """Online softmax merge of partial results (out_i, lse_i), in fp32 with natural-log LSEs.
+
+    Keeps a running max m, sum l = sum exp(lse_i - m) and acc = sum exp(lse_i - m) * out_i. A chunk whose
+    every key is masked has lse -inf and weight exactly 0 (its output, zeros or NaN, is not read); a row
+    masked in every chunk ends as out 0, lse -inf, as single-process sagegen gives. diffusers' sigmoid
+    merge computes (-inf) - (-inf) there and turns the row NaN (defect c)."""
+
+    def __init__(self):
+        self.m = self.l = self.acc = None
+
+    def add(self, out: torch.Tensor, lse: torch.Tensor) -> None:
+        out, lse = out.float(), lse.float()
+        if self.m is None:
+            self.m = lse
+            w = torch.isfinite(lse).float()                       # exp(lse - lse), 0 for -inf rows
+            self.l = w
+            self.acc = torch.where(w[..., None] > 0, out, 0.0)
+            return
+        m = torch.maximum(self.m, lse)
+        m_safe = torch.where(torch.isfinite(m), m, 0.0)           # both -inf: any finite shift gives 0 weights
+        alpha = torch.exp(self.m - m_safe)
+        beta = torch.exp(lse - m_safe)
+        self.acc = self.acc * alpha[..., None] + torch.where(beta[..., None] > 0, out * beta[..., None], 0.0)
+        self.l = self.l * alpha + beta
+        self.m = m
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        empty = self.l == 0
+        out = self.acc / torch.where(empty, 1.0, self.l)[..., None]
+        lse = torch.where(empty, float("-inf"), self.m + torch.log(torch.where(empty, 1.0, self.l)))
+        return out, lse

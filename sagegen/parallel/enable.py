@@ -1,0 +1,31 @@
+"""Turn on context parallelism for a diffusers transformer with a CP-capable attention backend (sagegen's)."""
+
+from __future__ import annotations
+
+from .plans import check_cp_support, cp_plan_for, install_model_hooks
+
+
+def check_heads(num_heads: int | None, ulysses: int) -> None:
+    if num_heads is not None and ulysses > 1 and num_heads % ulysses:
+        raise ValueError(f"--cp ulysses={ulysses} needs the model's attention heads ({num_heads}) to be a multiple "
+                         f"of the Ulysses degree; use a degree that divides {num_heads}, or ring=")
+
+
+def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, backend: str | None = "sagegen"):
+    """``transformer.enable_parallelism(config=ContextParallelConfig(ulysses, ring))`` with ``backend`` as the
+    attention backend, sagegen's plan where diffusers has none, and the hooks that plan needs. Needs
+    torch.distributed initialised with ulysses * ring ranks. Returns the transformer."""
+    from diffusers import ContextParallelConfig
+
+    check_cp_support(transformer)
+    check_heads(getattr(transformer.config, "num_attention_heads", None), ulysses)
+    if backend == "sagegen":
+        from ..diffusers_registry import register_diffusers_backend
+
+        register_diffusers_backend()       # idempotent; diffusers may have been imported after sagegen
+    if backend is not None:
+        transformer.set_attention_backend(backend)
+    transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring),
+                                   cp_plan=cp_plan_for(transformer))
+    install_model_hooks(transformer, transformer._parallel_config)
+    return transformer

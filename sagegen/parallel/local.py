@@ -1,0 +1,24 @@
+"""The local attention that sagegen's context parallelism runs on each rank: `sagegen.sageattn` on
+[B, S, H, D] tensors, with the LSE in the layout diffusers' CP uses ([B, S, H], natural log, fp32)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..api import sageattn
+from ..config import SageConfig
+
+
+def sagegen_local_attention(config: SageConfig | None = None, backend: str = "auto"):
+    """A ``local_attention(q, k, v, attn_mask, scale, return_lse)`` callable for
+    `context_parallel_attention` that runs ``sagegen.sageattn`` (NHD layout) with ``config``."""
+
+    def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, scale, return_lse: bool):
+        res = sageattn(q, k, v, tensor_layout="NHD", attn_mask=attn_mask, sm_scale=scale,
+                       return_lse=return_lse, config=config, backend=backend)
+        if not return_lse:
+            return res
+        out, lse = res
+        return out, lse.transpose(1, 2)      # sageattn's lse is [B, H, S] in either layout
+
+    return local_attention

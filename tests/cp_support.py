@@ -1,0 +1,228 @@
+"""Helpers for the context-parallel tests: gloo process groups on the CPU, diffusers' CP config and mesh,
+an exact fp64 attention, and the cases the workers run. Workers are started with torch.multiprocessing's
+spawn, which imports this module in the children (the parent's sys.path travels with them)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+B, H, D = 2, 6, 64     # 6 heads: Ulysses over 2 and 3 ranks
+
+
+def init_gloo(rank: int, world: int, init_file: str, cuda: bool = False) -> None:
+    # "cpu:gloo": diffusers' "anything" modes pick the device of their size exchange from this string
+    backend = "cpu:gloo,cuda:nccl" if cuda else "cpu:gloo"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+
+def cpu_device_count_one() -> None:
+    """diffusers computes ``rank % torch.accelerator.device_count()`` for its device, which is 0 on a CPU-only
+    host; give it one device."""
+    torch.accelerator.device_count = lambda: 1
+
+
+def parallel_config(ulysses: int, ring: int, device_type: str = "cpu"):
+    """diffusers' ParallelConfig for (ulysses, ring), set up on a CPU mesh as enable_parallelism would."""
+    from diffusers import ContextParallelConfig
+    from diffusers.models._modeling_parallel import ParallelConfig
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cp = ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring)
+    pc = ParallelConfig(context_parallel_config=cp)
+    mesh = init_device_mesh(device_type, (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
+    pc.setup(dist.get_rank(), dist.get_world_size(), torch.device(device_type), mesh=mesh)
+    return pc
+
+
+def exact_attention(q, k, v, mask, scale):
+    """fp64 attention on [B, S, H, D] tensors; rows with every key masked give zeros (as sagegen)."""
+    q, k, v = (x.double().transpose(1, 2) for x in (q, k, v))
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask.double()
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (p @ v).transpose(1, 2)
+
+
+def rel_l1(a, b) -> float:
+    return float((a.double() - b.double()).abs().sum() / b.double().abs().sum().clamp_min(1e-30))
+
+
+def make_case(name: str, s: int, gen: torch.Generator):
+    """Global q, k, v [B, S, H, D] bf16 and the global mask of case ``name`` (None, or [B|1, H|1, S|1, S])."""
+    q, k, v = (torch.randn(B, s, H, D, generator=gen).bfloat16() for _ in range(3))
+    keys = torch.arange(s)
+    if name == "none":
+        return q, k, v, None
+    if name in ("keypad", "keypad_2d", "keypad_global"):
+        # batch 0 keeps the first 60% of keys: at 3 ranks its last chunk is fully masked (defect c)
+        keep = torch.tensor([int(0.6 * s), s - 5])
+        return q, k, v, (keys[None, :] < keep[:, None])[:, None, None, :]
+    if name == "additive":
+        bias = torch.randn(B, 1, 1, s, generator=gen)
+        bias[0, ..., int(0.6 * s):] = -math.inf
+        return q, k, v, bias
+    if name == "perhead":
+        m = torch.rand(B, H, 1, s, generator=gen) < 0.7
+        m[:, :, :, 0] = True
+        return q, k, v, m
+    if name == "query_mask":
+        return q, k, v, torch.rand(B, 1, s, s, generator=gen) < 0.8
+    if name == "masked_row":
+        m = torch.ones(B, 1, 1, s, dtype=torch.bool)
+        m[1] = False               # batch 1 sees no key at all: zeros (and lse -inf)
+        return q, k, v, m
+    raise ValueError(name)
+
+
+CASES = ("none", "keypad", "keypad_2d", "keypad_global", "additive", "perhead", "query_mask", "masked_row")
+
+
+def local_mask(name: str, mask, rank: int, world: int, s: int):
+    """The mask as a model under CP hands it to the backend on ``rank``."""
+    if mask is None:
+        return None
+    sl = s // world
+    part = slice(rank * sl, (rank + 1) * sl)
+    if name == "keypad_global":
+        return mask                                  # already over the global keys
+    if name == "keypad_2d":
+        return mask[:, 0, 0, part]                   # diffusers' [B, S_kv] form
+    if name == "query_mask":
+        return mask[:, :, part, :]                   # local queries, global keys
+    return mask[..., part]                           # local keys
+
+
+def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_path: str, seed: int, s: int,
+           cuda: bool = False) -> None:
+    from sagegen.parallel import context_parallel_attention, sagegen_local_attention
+
+    init_gloo(rank, world, init_file, cuda)
+    try:
+        pc = parallel_config(ulysses, ring, "cuda" if cuda else "cpu")
+        local = sagegen_local_attention(backend="triton" if cuda else "reference")
+        dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        scale = D ** -0.5
+        results = {}
+        for name in CASES:
+            gen = torch.Generator().manual_seed(seed + CASES.index(name))
+            q, k, v, mask = make_case(name, s, gen)
+            q, k, v = q.to(dev), k.to(dev), v.to(dev)
+            mask = mask.to(dev) if mask is not None else None
+            sl = s // world
+            part = slice(rank * sl, (rank + 1) * sl)
+            out, lse = context_parallel_attention(
+                q[:, part], k[:, part], v[:, part], attn_mask=local_mask(name, mask, rank, world, s),
+                scale=scale, return_lse=True, parallel_config=pc, local_attention=local)
+            outs = [torch.empty_like(out) for _ in range(world)]
+            lses = [torch.empty_like(lse) for _ in range(world)]
+            dist.all_gather(outs, out.contiguous())
+            dist.all_gather(lses, lse.contiguous())
+            if rank == 0:
+                cp_out, cp_lse = torch.cat(outs, 1), torch.cat(lses, 1)
+                one_out, one_lse = local(q, k, v, mask, scale, True)
+                exact = exact_attention(q, k, v, mask, scale)
+                finite = torch.isfinite(one_lse)
+                results[name] = {
+                    "nan": int(cp_out.isnan().sum() + cp_lse.isnan().sum()),
+                    "max_abs_vs_single": float((cp_out.float() - one_out.float()).abs().max()),
+                    "rel_l1_vs_single": rel_l1(cp_out, one_out),
+                    "rel_l1_cp_vs_exact": rel_l1(cp_out, exact),
+                    "rel_l1_single_vs_exact": rel_l1(one_out, exact),
+                    "lse_max_abs": float((cp_lse[finite] - one_lse[finite]).abs().max()),
+                    "lse_inf_match": bool(torch.equal(torch.isfinite(cp_lse), finite)),
+                }
+        if rank == 0:
+            tmp = Path(out_path).with_suffix(".tmp")
+            tmp.write_text(json.dumps(results, indent=1))
+            os.replace(tmp, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96, cuda: bool = False) -> dict:
+    import torch.multiprocessing as mp
+
+    world = ulysses * ring
+    out = tmp_path / f"cp_u{ulysses}_r{ring}.json"
+    mp.spawn(worker, args=(world, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, s, cuda),
+             nprocs=world, join=True)
+    return json.loads(out.read_text())
+
+
+# ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------
+
+def register_test_backend() -> str:
+    """sagegen's diffusers backend, on the emulation (fp32 models run it on a bf16 copy)."""
+    from sagegen.parallel.pipeline import sagegen_backend_name
+
+    return sagegen_backend_name(backend="reference")
+
+
+def model_inputs(family: str, gen: torch.Generator) -> dict:
+    """Inputs of the tiny transformer of ``family`` (sagegen.models.tiny), sequence lengths divisible by 2-4."""
+    from sagegen.models import tiny
+
+    t = tiny._TEXT_HIDDEN
+    if family == "flux":
+        n, l = 48, 12
+        ids = lambda m: torch.stack([torch.zeros(m), torch.arange(m) // 8, torch.arange(m) % 8], -1).float()
+        return dict(hidden_states=torch.randn(1, n, 16, generator=gen),
+                    encoder_hidden_states=torch.randn(1, l, 32, generator=gen),
+                    pooled_projections=torch.randn(1, t, generator=gen), timestep=torch.tensor([0.5]),
+                    img_ids=ids(n), txt_ids=torch.zeros(l, 3), guidance=torch.tensor([3.5]), return_dict=False)
+    if family == "hunyuanvideo":
+        l = 12
+        mask = torch.zeros(2, l)
+        mask[0, :7] = 1           # at 2 ranks the text chunk of rank 1 is part padding, at 4 ranks wholly padding
+        mask[1, :12] = 1
+        return dict(hidden_states=torch.randn(2, 4, 2, 8, 8, generator=gen), timestep=torch.tensor([500, 500]),
+                    encoder_hidden_states=torch.randn(2, l, t, generator=gen), encoder_attention_mask=mask,
+                    pooled_projections=torch.randn(2, t, generator=gen), guidance=torch.tensor([3500.0, 3500.0]),
+                    return_dict=False)
+    raise ValueError(family)
+
+
+def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) -> None:
+    from sagegen.models.tiny import build_tiny_transformer
+    from sagegen.parallel import enable_context_parallel
+
+    cpu_device_count_one()
+    init_gloo(rank, world, init_file)
+    try:
+        backend = register_test_backend()
+        inputs = model_inputs(family, torch.Generator().manual_seed(seed))
+        model = build_tiny_transformer(family, seed=seed % 1000)
+        with torch.no_grad():
+            model.set_attention_backend("native")
+            exact = model(**inputs)[0]
+            model.set_attention_backend(backend)
+            single = model(**inputs)[0]
+            enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+            cp = model(**inputs)[0]
+        if rank == 0:
+            res = {"nan": int(cp.isnan().sum()), "rel_l1_vs_single": rel_l1(cp, single),
+                   "rel_l1_cp_vs_exact": rel_l1(cp, exact), "rel_l1_single_vs_exact": rel_l1(single, exact)}
+            tmp = Path(out_path).with_suffix(".tmp")
+            tmp.write_text(json.dumps(res))
+            os.replace(tmp, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_model(tmp_path: Path, family: str, ulysses: int, ring: int, seed: int) -> dict:
+    import torch.multiprocessing as mp
+
+    world = ulysses * ring
+    out = tmp_path / f"model_{family}_u{ulysses}_r{ring}.json"
+    mp.spawn(model_worker, args=(world, ulysses, ring, family, str(tmp_path / "pg_init"), str(out), seed),
+             nprocs=world, join=True)
+    return json.loads(out.read_text())

@@ -1,0 +1,99 @@
+"""`--cp`: parsing and the checks that run before any weights load (exit 2 on mistakes)."""
+
+import pytest
+
+from sagegen.cli.cp_option import CpSpec, check_cp, parse_cp
+from sagegen.cli.errors import UsageProblem
+from sagegen.models.presets import resolve
+
+TORCHRUN = {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def test_parse():
+    assert parse_cp("ulysses=2,ring=2") == CpSpec(2, 2)
+    assert parse_cp(" Ring=4 ") == CpSpec(1, 4)
+    assert parse_cp("ulysses=8").world == 8
+    for bad, why in [("ulysses=2,ulysses=2", "at most once"), ("u=2", "ulysses=U,ring=R"), ("ring=x", "integer"),
+                     ("ring=0", "at least 1"), ("ulysses=1", "product"), ("ulysses2", "ulysses=U,ring=R")]:
+        with pytest.raises(UsageProblem, match=why):
+            parse_cp(bad)
+
+
+def test_checks_before_loading():
+    env = dict(TORCHRUN)
+    assert check_cp(None, resolve("hunyuanvideo"), environ=env) is None
+    assert check_cp("ulysses=2,ring=2", resolve("hunyuanvideo"), environ=env) == CpSpec(2, 2)   # 24 heads
+    assert check_cp("ring=4", resolve("flux.1-dev"), environ=env) == CpSpec(1, 4)
+    with pytest.raises(UsageProblem, match="torchrun.*missing RANK, WORLD_SIZE"):
+        check_cp("ring=2", resolve("flux.1-dev"), environ={})
+    with pytest.raises(UsageProblem, match="= 2 processes, but torchrun started 4"):
+        check_cp("ring=2", resolve("flux.1-dev"), environ=env)
+    with pytest.raises(UsageProblem, match=r"heads \(2\) to be a multiple of the Ulysses degree"):
+        check_cp("ulysses=4", resolve("tiny-flux"), environ=env)
+    with pytest.raises(UsageProblem, match="CogVideoX.*scaled_dot_product_attention directly"):
+        check_cp("ulysses=2,ring=2", resolve("cogvideox-5b"), environ=env)
+    with pytest.raises(UsageProblem, match="Mochi"):
+        check_cp("ulysses=2,ring=2", resolve("mochi-1"), environ=env)
+    with pytest.raises(UsageProblem, match="SD3"):
+        check_cp("ulysses=2,ring=2", resolve("sd3.5-large"), environ=env)
+    with pytest.raises(UsageProblem, match="offload"):
+        check_cp("ring=4", resolve("flux.1-dev"), offload="model", environ=env)
+
+
+def _env(tmp_path):
+    import os
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="",
+               SAGEGEN_RUNS=str(tmp_path / "runs"), OMP_NUM_THREADS="1")
+    for k in ("SAGEGEN_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def test_cp_without_torchrun_exits_2_before_loading(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "sagegen.cli.app", "run", "tiny-flux", "--prompt", "x", "--cp", "ring=2",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "--cp" in proc.stderr and "torchrun" in proc.stderr
+    assert not out.exists()
+    cmd[cmd.index("tiny-flux")] = "tiny-cogvideox"
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "scaled_dot_product_attention directly" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_compare_with_cp_ulysses_2_under_torchrun(tmp_path):
+    """Two gloo processes split one sample's sequence: both run it, rank 0 writes it once."""
+    import json
+    import subprocess
+    import sys
+
+    from sagegen.rundir import RunDir
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sagegen.cli.app", "compare", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "2",
+           "--warmup", "0", "--quiet", "--cp", "ulysses=2", "--out", str(out)]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rd = RunDir(out)
+    m = json.loads(rd.manifest_path.read_text())
+    assert m["settings"]["cp"] == {"ulysses": 2, "ring": 1}
+    for v in ("sdpa", "sage"):
+        assert sorted(m["timings"][v]) == ["p000-s0"]
+        assert {s["rank"] for s in rd.samples(v)} == {0}
+        assert m["setup"][v]["rank1"]["cp"]["ulysses"] == 2
+    assert m["setup"]["sage"]["rank0"]["cp"]["attention_backend"].startswith("sagegen")
+    assert m["setup"]["sdpa"]["rank0"]["cp"]["attention_backend"] == "native"
+
+
+def test_presets_without_a_sagegen_config_found_by_their_pipeline():
+    env = dict(TORCHRUN, WORLD_SIZE="2")
+    with pytest.raises(UsageProblem, match="HunyuanVideo15Transformer3DModel cannot run context-parallel"):
+        check_cp("ulysses=2", resolve("tiny-hunyuanvideo-1.5"), environ=env)
+    assert check_cp("ulysses=2", resolve("tiny-qwen-image"), environ=env) == CpSpec(2, 1)

@@ -1,0 +1,20 @@
+"""Context parallelism on 2+ GPUs (NCCL): sagegen's Triton kernels as the local attention, Ulysses and Ring,
+with every mask case of tests/cp_support.py, at a length where the kernels' blocks matter (skipped with fewer
+than 2 GPUs)."""
+
+import pytest
+import torch
+
+import cp_support
+from test_cp_attention import _check_ring, _check_ulysses
+
+needs_2_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                  reason="needs 2 CUDA GPUs")
+
+
+@pytest.mark.gpu
+@needs_2_gpus
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_cp_on_two_gpus(tmp_path, seed, ulysses, ring):
+    res = cp_support.run_topology(tmp_path, ulysses=ulysses, ring=ring, seed=seed, s=4096, cuda=True)
+    (_check_ulysses if ring == 1 else _check_ring)(res)
