@@ -16,7 +16,7 @@ from sagegen.models import arch as archs
 from sagegen.patch import patch_info
 from sagegen.patch.linear_fusion import GeluInputOnly
 
-EVERYWHERE = LinearPolicy(keep_blocks=(), min_rows=1)
+EVERYWHERE = LinearPolicy(keep_blocks=(), min_rows=1, fuse_gelu=True)
 
 
 @pytest.mark.parametrize("granularity", ["per_token", "per_block"])
@@ -118,5 +118,7 @@ def test_wan_transformer_runs_fp8_linears_with_the_fused_gelu():
     default = LinearPolicy()  # the first and last blocks stay bf16 by default
     sagegen.patch(model, linear="fp8", linear_policy=default, allow_generic=True)
     assert all(n.startswith("blocks.1.") for n in patch_info(model)["linear"]["fp8_layers"])
+    assert patch_info(model)["linear"]["gelu_fused_layers"] == []  # fusion is opt-in (fuse_gelu=True)
+    assert not any(isinstance(m, GeluInputOnly) for m in model.modules())
     sagegen.unpatch(model)
     assert not any(isinstance(m, (FP8Linear, GeluInputOnly)) for m in model.modules())

@@ -114,7 +114,8 @@ def test_patched_step_with_fp8_linears_is_close_to_stock(name):
     inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda", seed=1, **size)
     with torch.inference_mode():
         stock = model(**inputs)[0]
-        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        fused_policy = LinearPolicy(keep_blocks=(), min_rows=1, fuse_gelu=True)
+        sagegen.patch(model, linear="fp8", linear_policy=fused_policy)
         out = model(**inputs)[0]
         info = patch_info(model)["linear"]
         assert info["fp8_calls"] > 0 and not info["emulated"] and info["gelu_fused_layers"]
@@ -122,7 +123,7 @@ def test_patched_step_with_fp8_linears_is_close_to_stock(name):
         sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1, fuse_gelu=False))
         unfused = model(**inputs)[0]
         assert cosine(out, unfused) > 0.999, "the fused GELU changed more than the last bits"
-        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        sagegen.patch(model, linear="fp8", linear_policy=fused_policy)
         if name == "flux.1-dev":
             compiled = torch.compile(model, fullgraph=True)(**inputs)[0]
             assert cosine(compiled, out) > 0.999
