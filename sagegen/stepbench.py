@@ -61,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="CPU smoke mode (shrunk architecture, small inputs)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of both sides")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead", "max-autotune",
+                                                            "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode for every compiled side (reduce-overhead: CUDA graphs)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch", type=int, default=None, help="samples per step (default: the pipeline's CFG batch)")
@@ -301,22 +304,27 @@ def main(argv=None) -> dict:
     if args.linear:
         sagegen.patch(model, config, backend=backend, linear=args.linear, linear_policy=args.linear_policy)
         record("sagegen_fp8", forward(model))
+        if profiling:
+            profiles["sagegen_fp8"] = profile_step(forward(model))
+            print("profile sagegen_fp8: " + ", ".join(f"{k['name'][:60]} {k['s'] * 1000:.1f} ms x{k['count']}"
+                                                     for k in profiles["sagegen_fp8"]["top_kernels"]), flush=True)
         info = patch_info(model)["linear"]
+        print(f"fp8 layers: {info['fp8_layer_count']}, emulated: {info['emulated']} {info['note']}", flush=True)
         linear_info = {k: info[k] for k in ("policy", "emulated", "note", "fp8_layer_count", "fp8_calls",
                                             "fp8_weight_bytes_added")}
         linear_info["bf16_layer_count"] = len(info["bf16_layers"])
         sagegen.unpatch(model)
     if args.compile:
         torch._dynamo.reset()
-        record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend)))
+        record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))
         torch._dynamo.reset()
         sagegen.patch(model, config, backend=backend, allow_generic=True)
-        record("sagegen_compiled", forward(torch.compile(model, backend=args.compile_backend)))
+        record("sagegen_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))
         sagegen.unpatch(model)
         torch._dynamo.reset()
         if args.linear:
             sagegen.patch(model, config, backend=backend, linear=args.linear, linear_policy=args.linear_policy)
-            record("sagegen_fp8_compiled", forward(torch.compile(model, backend=args.compile_backend)))
+            record("sagegen_fp8_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))
             sagegen.unpatch(model)
             torch._dynamo.reset()
 
@@ -344,6 +352,7 @@ def main(argv=None) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
         "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,
+        "compile_mode": args.compile_mode if args.compile else None,
         "sage_config": config.to_dict(), "backend": backend,
         "sparse": [{"spec": spec, "config": c.to_dict()} for spec, c in args.sparse],
         "warmup": args.warmup, "repeats": args.repeats,

@@ -126,7 +126,12 @@ def test_patched_step_with_fp8_linears_is_close_to_stock(name):
         sagegen.patch(model, linear="fp8", linear_policy=fused_policy)
         if name == "flux.1-dev":
             compiled = torch.compile(model, fullgraph=True)(**inputs)[0]
-            assert cosine(compiled, out) > 0.999
+            sagegen.unpatch(model)
+            torch._dynamo.reset()
+            stock_compiled = torch.compile(model, fullgraph=True)(**inputs)[0]
+            # Held to the compiled stock model: with torch 2.11 + Triton 3.6 inductor itself moves this smoke
+            # model (stock compiled vs stock eager: cos 0.959 on an H100; bench/probes/probe_fp8_compile.py)
+            assert cosine(compiled, stock_compiled) > 0.99 and rel_l1(compiled, stock_compiled) < 0.15
     sagegen.unpatch(model)
     torch._dynamo.reset()
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from . import numerics
-from .ops import blockwise_weight_scale_for_gemm, fp8_linear
+from .ops import blockwise_weight_scale_for_gemm, fp8_linear, fp8_linear_eager
 
 OUTLIER_MODES = ("off", "smooth", "split")
 
@@ -108,15 +108,17 @@ class FP8Linear(torch.nn.Module):
                 w = numerics.dequantize_weight(self.w_q, self.w_scale).to(x.dtype)
                 return F.linear(x, w, None if bias is None else bias.to(x.dtype))
             return F.linear(x, self.linear.weight, bias)
-        if not self.calibrated and not torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()
+        if not self.calibrated and not compiling:
             self.calibrate(numerics.gelu_tanh(x2) if self.prologue else x2)
         on_gpu = x2.is_cuda and not self.emulate
-        y = fp8_linear(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, bias,
+        op = fp8_linear if compiling else fp8_linear_eager  # the custom op where dynamo traces, else no dispatch
+        y = op(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, bias,
                        self.col_scale, self.act_granularity, self.emulate, self.fast_accum, self.prologue)
         if self.w_outlier is not None:
             xo = x2.index_select(1, self.outlier_idx)
             y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ self.w_outlier.t()
-        if not torch.compiler.is_compiling():
+        if not compiling:
             self.fp8_calls += 1
         return y.reshape(*lead, y.shape[-1])
 

@@ -117,6 +117,16 @@ def blockwise_supported(device_index: int) -> tuple[bool, str]:
         return False, f"block-scaled scaled_mm failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
+def fp8_linear_eager(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                     col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,
+                     prologue: str | None = None) -> torch.Tensor:
+    """`fp8_linear` without the custom-op dispatch, for eager calls: on an H100 the dispatch alone cost ~60 us
+    of host time a call (bench/probes/probe_fp8_overhead.py), which made a Flux step launch-bound."""
+    if emulate or x.device.type != "cuda":
+        return numerics.fp8_linear_reference(x, w_q, w_scale, bias, act_granularity, col_scale, prologue)
+    return _gpu_forward(x, w_q, w_scale, bias, act_granularity, col_scale, fast_accum, prologue)
+
+
 @torch.library.custom_op("sagegen::fp8_linear", mutates_args=())
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,
@@ -124,9 +134,7 @@ def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: 
     """``x`` [M, K] (fp16/bf16/fp32) times the FP8 weight ``w_q`` [N, K] (scales ``w_scale``) -> [M, N] in x's
     dtype. ``prologue="gelu_tanh"``: GELU(x) times the weight. ``fast_accum``: cuBLASLt's fast FP8 accumulation
     (GPU, row-wise only; the emulation accumulates in fp32 either way)."""
-    if emulate or x.device.type != "cuda":
-        return numerics.fp8_linear_reference(x, w_q, w_scale, bias, act_granularity, col_scale, prologue)
-    return _gpu_forward(x, w_q, w_scale, bias, act_granularity, col_scale, fast_accum, prologue)
+    return fp8_linear_eager(x, w_q, w_scale, bias, col_scale, act_granularity, emulate, fast_accum, prologue)
 
 
 @fp8_linear.register_fake
