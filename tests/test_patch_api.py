@@ -380,4 +380,6 @@ def test_auto_backend_crossover_is_reported_from_the_kernel_rule():
     assert _auto_prefers_sdpa(4608, 4608, 24, 128) is True  # Flux-dev 1024² (0.96x measured)
     assert _auto_prefers_sdpa(4429, 4429, 2 * 38, 64) is False  # SD3.5-large 1024², CFG (1.13x measured)
     assert _auto_prefers_sdpa(4608, 4608, 48, 64) is True  # 0.99x measured
+    assert _auto_prefers_sdpa(75600, 512, 40, 128) is True  # Wan2.1-14B 720p cross-attention (SDPA 1.2x faster)
+    assert _auto_prefers_sdpa(75600, 513, 40, 128) is False
     assert _auto_prefers_sdpa(4608, 4608, 48, 128) == bool(rule(4608, 4608, 48, 128)) is False  # 1.07x

@@ -52,16 +52,25 @@ def auto_min_work(head_dim: int) -> float:
     return AUTO_MIN_WORK[64] if head_dim <= 64 else AUTO_MIN_WORK[128]
 
 
+# Cross-attention to a short text (Wan, LTX-Video, SkyReels-V2: 128-512 keys) runs SDPA at any query length:
+# there the kernel's per-query quantization pass is most of its time. Measured on an H100 (Triton 3.9,
+# bench/results/backend-h100-2026-11-24.json): 512 keys, 32,760 queries x 12 heads 0.80 ms vs SDPA's 0.19;
+# 512 keys, 75,600 x 40 1.89 vs 1.58; 128 keys, 6,144 x 32 0.53 vs 0.03.
+AUTO_MAX_SHORT_KV = 512
+
+
 def auto_prefers_sdpa(n_q: int, n_kv: int, batch_heads: int = 1, head_dim: int = 128) -> bool:
-    """Whether `backend="auto"` runs PyTorch SDPA for this call (less work than the measured crossover)."""
-    return batch_heads * n_q * n_kv < auto_min_work(head_dim)
+    """Whether `backend="auto"` runs PyTorch SDPA for this call: less work than the measured crossover, or
+    at most `AUTO_MAX_SHORT_KV` keys (cross-attention to text)."""
+    return n_kv <= AUTO_MAX_SHORT_KV or batch_heads * n_q * n_kv < auto_min_work(head_dim)
 
 
 def crossover_note() -> str:
     """The auto rule in words (for `sagegen env` and docs)."""
     return (f"below B·H·Nq·Nk = {AUTO_MIN_WORK[64]:.2g} (head dim <= 64) or {AUTO_MIN_WORK[128]:.2g} (larger) "
             f"PyTorch SDPA, faster there: about {int((AUTO_MIN_WORK[64] / 48) ** 0.5):,} / "
-            f"{int((AUTO_MIN_WORK[128] / 48) ** 0.5):,} tokens at 48 batch·heads (crossover measured on an H200)")
+            f"{int((AUTO_MIN_WORK[128] / 48) ** 0.5):,} tokens at 48 batch·heads (crossover measured on an H200), and "
+            f"at most {AUTO_MAX_SHORT_KV} keys at any size (cross-attention to text; measured on an H100)")
 
 
 def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool,
