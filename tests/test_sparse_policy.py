@@ -164,3 +164,30 @@ def test_compiled_patched_model_with_sparse_runs_the_sparse_ops_once():
     finally:
         torch._dynamo.reset()
         sagegen.unpatch(model)
+
+
+def test_sparse_on_the_diffusers_backend_route():
+    """LTX-Video dispatches through diffusers: sparse= takes effect there too (block masks, density)."""
+    from sagegen.models.tiny_classes import build_tiny_class
+    from sagegen.patch.api import patch_info, sparse_density
+
+    model = build_tiny_class("ltx", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
+    inputs = dict(hidden_states=torch.randn(1, 2 * 16 * 16, model.config.in_channels, generator=gen),
+                  encoder_hidden_states=torch.randn(1, 12, 32, generator=gen), timestep=torch.full((1,), 500.0),
+                  encoder_attention_mask=torch.ones(1, 12, dtype=torch.long), num_frames=2, height=16, width=16,
+                  rope_interpolation_scale=(8 / 25.0, 32, 32), return_dict=False)
+    with torch.inference_mode():
+        sagegen.patch(model, backend="reference")
+        assert set(patch_info(model)["routes"]) == {"backend"}
+        dense = model(**inputs)[0]
+        sagegen.patch(model, backend="reference",
+                      sparse=SparseConfig(mode="topk", value=0.25, min_tokens=0, dense_steps=0.0, dense_blocks=()))
+        sparse = model(**inputs)[0]
+    stats = patch_info(model)["stats"]
+    assert stats.get("sparse_calls", 0) == 2, stats       # the self-attention of both blocks
+    assert stats.get("sparse_dense_calls", 0) == 2, stats  # their cross-attention to the text stays dense
+    density = sparse_density(model)["overall"]
+    assert 0.2 < density < 0.8, density                    # 4x4 blocks of 128 tokens, a quarter kept + diagonal
+    assert not torch.equal(sparse, dense) and torch.isfinite(sparse).all()
+    sagegen.unpatch(model)

@@ -91,7 +91,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
             (``"topk=0.5"``, ``"cdf=0.95"``, ``"sta"``, ``"calib=FILE"``; `sagegen.sparse.text`). Dense stay:
             the first ``dense_steps`` (25%) of the steps, the ``dense_blocks`` (the first block),
             cross-attention and calls under ``min_tokens`` keys. `sparse_density(obj)` reports what ran.
-            It applies on the fused and SDPA routes (not on the diffusers-backend route).
+            It applies on every route (on the backend route, sparse calls run the SDPA route's path; not
+            under context parallelism).
 
     Patching an already patched object again updates its config/policy/backend and wraps any processor that
     was replaced in the meantime; it never wraps twice. Returns ``obj``.

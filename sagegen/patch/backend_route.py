@@ -57,12 +57,26 @@ def rebind_backend(original, session, member, full_precision: bool):
             override = session.attention_override
             if override is not None and parallel_config is None and not full_precision:
                 return _overridden(session, override, query, key, value, attn_mask, is_causal, scale)
+            if session.sparse is not None and parallel_config is None and not full_precision:
+                return _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             attention_kwargs = {**(attention_kwargs or {}), "_sagegen_settings": getattr(session, attr)}
             backend = member
         return dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs,
                         backend=backend, parallel_config=parallel_config)
 
     return with_globals(fn, {DISPATCH: dispatch_attention_fn})
+
+
+def _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """``sparse=`` on the backend route: the call takes the SDPA route's path (the sparse policy's block mask,
+    its fallbacks and counts) on [B, H, N, D] views, as a processor that calls SDPA would."""
+    from .diffusers_backend import key_padding_4d
+
+    attn_mask = key_padding_4d(attn_mask, query, key)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out = session.route((q, k, v), dict(attn_mask=attn_mask, dropout_p=dropout_p, is_causal=bool(is_causal),
+                                        scale=scale, enable_gqa=enable_gqa))
+    return out.transpose(1, 2)
 
 
 def _overridden(session, override, query, key, value, attn_mask, is_causal, scale):
