@@ -42,6 +42,27 @@ def test_hunyuanvideo_ulysses_2_ring_2(tmp_path, seed):
     _check(cp_support.run_model(tmp_path, "hunyuanvideo", ulysses=2, ring=2, seed=seed))
 
 
+def test_hunyuanvideo15_ulysses_2(tmp_path, seed):
+    # sagegen's plan, text split and key-mask processor; the stock processor's local query x key mask fails this
+    _check(cp_support.run_model(tmp_path, "hunyuanvideo15", ulysses=2, ring=1, seed=seed), identical=True)
+
+
+def test_hunyuanvideo15_ring_2_text_padding(tmp_path, seed):
+    # 23 text tokens padded to 24; rank 1 holds only padding text for batch 0
+    _check(cp_support.run_model(tmp_path, "hunyuanvideo15", ulysses=1, ring=2, seed=seed))
+
+
+def test_hunyuanvideo15_i2v_ring_2(tmp_path, seed):
+    # image-to-video: the 5 image tokens are valid keys, first in the text
+    _check(cp_support.run_model(tmp_path, "hunyuanvideo15_i2v", ulysses=1, ring=2, seed=seed))
+
+
+@pytest.mark.slow
+def test_hunyuanvideo15_ulysses_2_ring_2(tmp_path, seed):
+    # 4 ranks: batch 0's text chunks 2 and 3 are wholly padding
+    _check(cp_support.run_model(tmp_path, "hunyuanvideo15", ulysses=2, ring=2, seed=seed))
+
+
 @pytest.mark.slow
 def test_flux_ulysses_2(tmp_path, seed):
     _check(cp_support.run_model(tmp_path, "flux", ulysses=2, ring=1, seed=seed), identical=True)
@@ -53,10 +74,10 @@ def test_support_by_class():
     assert check_cp_support(diffusers.FluxTransformer2DModel) == "diffusers"
     assert check_cp_support(diffusers.WanTransformer3DModel) == "diffusers"
     assert check_cp_support(diffusers.HunyuanVideoTransformer3DModel) == "sagegen"
+    assert check_cp_support(diffusers.HunyuanVideo15Transformer3DModel) == "sagegen"
     for cls, why in [(diffusers.CogVideoXTransformer3DModel, "scaled_dot_product_attention directly"),
                      (diffusers.MochiTransformer3DModel, "directly"),
                      (diffusers.SD3Transformer2DModel, "directly"),
-                     (diffusers.HunyuanVideo15Transformer3DModel, "query x key mask"),
                      (diffusers.SkyReelsV2Transformer3DModel, "cross-attention")]:
         with pytest.raises(ContextParallelUnsupported, match=why):
             check_cp_support(cls)
