@@ -4,6 +4,8 @@ spawn, which imports this module in the children (the parent's sys.path travels 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -167,6 +169,19 @@ def register_test_backend() -> str:
     return sagegen_backend_name(backend="reference")
 
 
+@contextlib.contextmanager
+def full_precision_backend():
+    """The "sagegen" backend with PyTorch SDPA as each chunk's attention (its full-precision mode)."""
+    from sagegen.patch.diffusers_backend import get_backend_config, restore_backend_config
+
+    previous = get_backend_config()
+    restore_backend_config(dataclasses.replace(previous, full_precision=True))
+    try:
+        yield
+    finally:
+        restore_backend_config(previous)
+
+
 def model_inputs(family: str, gen: torch.Generator) -> dict:
     """Inputs of the tiny transformer of ``family`` (sagegen.models.tiny), sequence lengths divisible by 2-4."""
     from sagegen.models import tiny
@@ -228,8 +243,13 @@ def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) 
             single = model(**inputs)[0]
             enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
             cp = model(**inputs)[0]
+            # the same split with exact attention on every chunk (sagegen's CP, full precision): equals the
+            # one-process exact output to fp32 rounding, so a wrong mask or split shows well above sagegen's error
+            with full_precision_backend():
+                cp_full = model(**inputs)[0]
         if rank == 0:
-            res = {"nan": int(cp.isnan().sum()), "rel_l1_vs_single": rel_l1(cp, single),
+            res = {"nan": int(cp.isnan().sum() + cp_full.isnan().sum()),
+                   "rel_l1_cp_full_vs_exact": rel_l1(cp_full, exact), "rel_l1_vs_single": rel_l1(cp, single),
                    "rel_l1_cp_vs_exact": rel_l1(cp, exact), "rel_l1_single_vs_exact": rel_l1(single, exact)}
             tmp = Path(out_path).with_suffix(".tmp")
             tmp.write_text(json.dumps(res))

@@ -92,8 +92,12 @@ def test_compare_with_cp_ulysses_2_under_torchrun(tmp_path):
     assert m["setup"]["sdpa"]["rank0"]["cp"]["attention_backend"] == "native"
 
 
-def test_presets_without_a_sagegen_config_found_by_their_pipeline():
+def test_presets_of_the_newer_classes():
     env = dict(TORCHRUN, WORLD_SIZE="2")
-    with pytest.raises(UsageProblem, match="HunyuanVideo15Transformer3DModel cannot run context-parallel"):
-        check_cp("ulysses=2", resolve("tiny-hunyuanvideo-1.5"), environ=env)
+    assert check_cp("ulysses=2", resolve("tiny-hunyuanvideo-1.5"), environ=env) == CpSpec(2, 1)   # sagegen's plan
+    assert check_cp("ring=2", resolve("tiny-hunyuanvideo-1.5"), environ=env) == CpSpec(1, 2)
     assert check_cp("ulysses=2", resolve("tiny-qwen-image"), environ=env) == CpSpec(2, 1)
+    # the tiny denoisers have 2 heads: found from their config, so Ulysses 4 is refused before loading
+    with pytest.raises(UsageProblem, match=r"heads \(2\) to be a multiple of the Ulysses degree"):
+        check_cp("ulysses=4", resolve("tiny-hunyuanvideo-1.5"), environ=dict(TORCHRUN))
+    assert check_cp("ulysses=2,ring=2", resolve("hunyuanvideo-1.5"), environ=dict(TORCHRUN)) == CpSpec(2, 2)
