@@ -1,5 +1,6 @@
 """Context parallelism for HunyuanVideo-1.5 (``HunyuanVideo15Transformer3DModel``): sagegen's plan, a processor
-with a key-padding mask, and the hook that splits the text tokens. Imports diffusers (plans.py imports this module only when needed).
+with a key-padding mask, and the hook that splits the text tokens. Imports diffusers (plans.py imports this
+module only when needed).
 
 The model's joint sequence is [video tokens, text tokens], the text being [valid image, valid ByT5, valid
 Qwen, then every padding token], built inside ``forward`` (no module outputs it, so a plan cannot split it).
