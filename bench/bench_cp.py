@@ -11,7 +11,10 @@ attention (the others wait), keeping sagegen's output as the reference; then eve
 (same seed, same weights), enables CP and times it. Reports per CP setting and attention: median seconds,
 speedup and scaling efficiency against the one-GPU call of the same attention, cosine and rel-L1 of the
 gathered output against one-GPU sagegen (and against one-GPU stock for the stock backend), peak memory per GPU.
-HunyuanVideo 720p x 129 frames: 118,800 video + 256 text tokens; Wan2.1-T2V-14B 720p x 81 frames: 75,600 tokens.
+HunyuanVideo 720p x 129 frames: 118,800 video + 256 text tokens; Wan2.1-T2V-14B 720p x 81 frames: 75,600 tokens;
+HunyuanVideo-1.5 720p x 121 frames: 111,600 video + 1,985 text tokens (1,000 Qwen, 256 ByT5, 729 image; padded
+by sagegen's CP hook to a multiple of the ranks). Its one-GPU call runs diffusers' own processor, which builds a
+[B, 1, S, S] bool mask (~13 GB at this size).
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ import torch.distributed as dist  # noqa: E402
 from sagegen.cli.cp_option import parse_cp  # noqa: E402
 from sagegen.stepbench import compare, device_info, versions  # noqa: E402
 
-ARCH = {"hunyuanvideo": "hunyuanvideo", "wan2.1-14b": "wan2.1-t2v-14b"}   # sagegen.models.arch names
-SIZE = {"hunyuanvideo": dict(height=720, width=1280, frames=129), "wan2.1-14b": dict(height=720, width=1280, frames=81)}
+ARCH = {"hunyuanvideo": "hunyuanvideo", "wan2.1-14b": "wan2.1-t2v-14b",     # sagegen.models.arch names
+        "hunyuanvideo-1.5": "hunyuanvideo-1.5-720p"}
+SIZE = {"hunyuanvideo": dict(height=720, width=1280, frames=129), "wan2.1-14b": dict(height=720, width=1280, frames=81),
+        "hunyuanvideo-1.5": dict(height=720, width=1280, frames=121)}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", choices=["hunyuanvideo", "wan2.1-14b"], required=True)
+    p.add_argument("--model", action="append", choices=sorted(ARCH), required=True)
     p.add_argument("--cp", action="append", required=True, help="ulysses=U,ring=R (repeatable), U*R = processes")
     p.add_argument("--stock", default="_native_cudnn",
                    help="diffusers backend to compare with (CP-capable; native does Ulysses only)")

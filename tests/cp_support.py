@@ -4,6 +4,8 @@ spawn, which imports this module in the children (the parent's sys.path travels 
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -167,6 +169,19 @@ def register_test_backend() -> str:
     return sagegen_backend_name(backend="reference")
 
 
+@contextlib.contextmanager
+def full_precision_backend():
+    """The "sagegen" backend with PyTorch SDPA as each chunk's attention (its full-precision mode)."""
+    from sagegen.patch.diffusers_backend import get_backend_config, restore_backend_config
+
+    previous = get_backend_config()
+    restore_backend_config(dataclasses.replace(previous, full_precision=True))
+    try:
+        yield
+    finally:
+        restore_backend_config(previous)
+
+
 def model_inputs(family: str, gen: torch.Generator) -> dict:
     """Inputs of the tiny transformer of ``family`` (sagegen.models.tiny), sequence lengths divisible by 2-4."""
     from sagegen.models import tiny
@@ -188,11 +203,31 @@ def model_inputs(family: str, gen: torch.Generator) -> dict:
                     encoder_hidden_states=torch.randn(2, l, t, generator=gen), encoder_attention_mask=mask,
                     pooled_projections=torch.randn(2, t, generator=gen), guidance=torch.tensor([3500.0, 3500.0]),
                     return_dict=False)
+    if family in ("hunyuanvideo15", "hunyuanvideo15_i2v"):
+        # text = 5 image + 6 ByT5 + 12 Qwen tokens = 23: the CP hook pads it to 24 (a multiple of 2 and 4).
+        # After the model's reorder (valid tokens first) batch 0 holds 3 + 8 valid tokens (t2v): at 2 ranks
+        # rank 1's text is wholly padding, at 4 ranks ranks 2 and 3's are.
+        mask, mask_2 = torch.zeros(2, 12, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long)
+        mask[0, :8], mask[1, :12], mask_2[0, :3], mask_2[1, :5] = 1, 1, 1, 1
+        image = (torch.randn(2, 5, 16, generator=gen) if family.endswith("i2v") else torch.zeros(2, 5, 16))
+        return dict(hidden_states=torch.randn(2, 9, 2, 4, 4, generator=gen), timestep=torch.tensor([500.0, 500.0]),
+                    encoder_hidden_states=torch.randn(2, 12, 32, generator=gen), encoder_attention_mask=mask,
+                    encoder_hidden_states_2=torch.randn(2, 6, 16, generator=gen), encoder_attention_mask_2=mask_2,
+                    image_embeds=image, return_dict=False)
     raise ValueError(family)
 
 
-def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) -> None:
+def build_model(family: str, seed: int):
+    if family.startswith("hunyuanvideo15"):
+        from sagegen.models.tiny_classes import build_tiny_class
+
+        return build_tiny_class("hunyuanvideo15", seed=seed, dtype=torch.float32)
     from sagegen.models.tiny import build_tiny_transformer
+
+    return build_tiny_transformer(family, seed=seed)
+
+
+def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) -> None:
     from sagegen.parallel import enable_context_parallel
 
     cpu_device_count_one()
@@ -200,7 +235,7 @@ def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) 
     try:
         backend = register_test_backend()
         inputs = model_inputs(family, torch.Generator().manual_seed(seed))
-        model = build_tiny_transformer(family, seed=seed % 1000)
+        model = build_model(family, seed % 1000)
         with torch.no_grad():
             model.set_attention_backend("native")
             exact = model(**inputs)[0]
@@ -208,8 +243,13 @@ def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) 
             single = model(**inputs)[0]
             enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
             cp = model(**inputs)[0]
+            # the same split with exact attention on every chunk (sagegen's CP, full precision): equals the
+            # one-process exact output to fp32 rounding, so a wrong mask or split shows well above sagegen's error
+            with full_precision_backend():
+                cp_full = model(**inputs)[0]
         if rank == 0:
-            res = {"nan": int(cp.isnan().sum()), "rel_l1_vs_single": rel_l1(cp, single),
+            res = {"nan": int(cp.isnan().sum() + cp_full.isnan().sum()),
+                   "rel_l1_cp_full_vs_exact": rel_l1(cp_full, exact), "rel_l1_vs_single": rel_l1(cp, single),
                    "rel_l1_cp_vs_exact": rel_l1(cp, exact), "rel_l1_single_vs_exact": rel_l1(single, exact)}
             tmp = Path(out_path).with_suffix(".tmp")
             tmp.write_text(json.dumps(res))

@@ -92,8 +92,36 @@ def test_compare_with_cp_ulysses_2_under_torchrun(tmp_path):
     assert m["setup"]["sdpa"]["rank0"]["cp"]["attention_backend"] == "native"
 
 
-def test_presets_without_a_sagegen_config_found_by_their_pipeline():
+def test_presets_of_the_newer_classes():
     env = dict(TORCHRUN, WORLD_SIZE="2")
-    with pytest.raises(UsageProblem, match="HunyuanVideo15Transformer3DModel cannot run context-parallel"):
-        check_cp("ulysses=2", resolve("tiny-hunyuanvideo-1.5"), environ=env)
+    assert check_cp("ulysses=2", resolve("tiny-hunyuanvideo-1.5"), environ=env) == CpSpec(2, 1)   # sagegen's plan
+    assert check_cp("ring=2", resolve("tiny-hunyuanvideo-1.5"), environ=env) == CpSpec(1, 2)
     assert check_cp("ulysses=2", resolve("tiny-qwen-image"), environ=env) == CpSpec(2, 1)
+    # the tiny denoisers have 2 heads: found from their config, so Ulysses 4 is refused before loading
+    with pytest.raises(UsageProblem, match=r"heads \(2\) to be a multiple of the Ulysses degree"):
+        check_cp("ulysses=4", resolve("tiny-hunyuanvideo-1.5"), environ=dict(TORCHRUN))
+    assert check_cp("ulysses=2,ring=2", resolve("hunyuanvideo-1.5"), environ=dict(TORCHRUN)) == CpSpec(2, 2)
+
+
+@pytest.mark.slow
+def test_run_hunyuanvideo15_ring_2_under_torchrun(tmp_path):
+    """The tiny HunyuanVideo-1.5 pipeline (its text: Qwen + ByT5 + image tokens, padded by sagegen's hook)
+    under Ring 2: every main-block attention call goes through sagegen's CP."""
+    import json
+    import subprocess
+    import sys
+
+    from sagegen.rundir import RunDir
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sagegen.cli.app", "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "2",
+           "--quiet", "--cp", "ring=2", "--out", str(out)]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = json.loads(RunDir(out).manifest_path.read_text())
+    assert m["settings"]["cp"] == {"ulysses": 1, "ring": 2}
+    for rank in ("rank0", "rank1"):
+        calls = m["setup"]["sage"][rank]["attention_calls"]
+        assert calls.get("context_parallel", 0) > 0 and not calls.get("fallback"), calls
+    assert (out / "samples" / "sage" / "p000-s0" / "video.mp4").stat().st_size > 0

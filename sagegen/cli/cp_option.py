@@ -84,6 +84,11 @@ def preset_transformer(preset) -> tuple[str | None, int | None]:
                 "num_attention_heads"]
         except (AttributeError, KeyError, ValueError):
             pass
+        from ..models import tiny_classes    # the newer classes' tiny denoisers (HunyuanVideo-1.5, LTX, ...)
+
+        if preset.family in tiny_classes.TINY_CLASSES:
+            return (tiny_classes._CLASS_NAMES[preset.family],
+                    tiny_classes.tiny_class_config(preset.family)["num_attention_heads"])
     else:
         from ..models.arch import ARCHS
 

@@ -3,7 +3,8 @@
 
 - `context_parallel_attention`: Ulysses, Ring and both, called by sagegen's diffusers backend;
 - `sagegen_local_attention`: the per-rank attention it runs (sagegen.sageattn, LSE in diffusers' layout);
-- `enable_context_parallel`: diffusers' enable_parallelism with sagegen's plans (HunyuanVideo) and checks.
+- `enable_context_parallel`: diffusers' enable_parallelism with sagegen's plans (HunyuanVideo,
+  HunyuanVideo-1.5) and checks.
 """
 
 from .attention import context_parallel_attention

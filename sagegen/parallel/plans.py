@@ -6,10 +6,11 @@ none. Decided from the class alone, so the CLI can refuse a model before any wei
   the rotary tables; the joint key-padding mask the model builds from the *global* text mask cannot be split
   by a plan (its order is [all video, all text], a rank holds [its video, its text]), so a hook rebuilds it
   per rank from the text mask (`_HunyuanVideoMask`).
+- HunyuanVideo-1.5: sagegen's plan, processor and text-splitting hook (hunyuanvideo15.py): its own
+  processor builds a query x key mask from the tokens a rank holds, which cannot describe other ranks' tokens.
 - Models whose attention calls torch SDPA directly (CogVideoX, Mochi, SD3, ...): diffusers' CP cannot reach
-  their attention; refused with that reason. So are models whose processors need changes for CP
-  (HunyuanVideo-1.5: it builds a query x key mask from the local tokens; SkyReels-V2: it passes the CP
-  config to its cross-attention too, whose text keys are not split).
+  their attention; refused with that reason. So is SkyReels-V2, whose processor passes the CP config to its
+  cross-attention too, whose text keys are not split.
 """
 
 from __future__ import annotations
@@ -24,9 +25,6 @@ _DIRECT_SDPA = {
     "SanaTransformer2DModel": "Sana", "CogView4Transformer2DModel": "CogView4",
 }
 _NEEDS_PROCESSOR_CHANGES = {
-    "HunyuanVideo15Transformer3DModel":
-        "its attention processor builds a [S, S] query x key mask from the local text mask, which cannot "
-        "describe the other ranks' tokens",
     "SkyReelsV2Transformer3DModel":
         "its processor hands the context-parallel config to the cross-attention too, whose text keys are not "
         "split over the ranks",
@@ -50,7 +48,14 @@ def _hunyuan_video_plan() -> dict:
     }
 
 
-_SAGEGEN_PLANS = {"HunyuanVideoTransformer3DModel": _hunyuan_video_plan}
+def _hunyuan_video15_plan() -> dict:
+    from .hunyuanvideo15 import hunyuan_video15_plan
+
+    return hunyuan_video15_plan()
+
+
+_SAGEGEN_PLANS = {"HunyuanVideoTransformer3DModel": _hunyuan_video_plan,
+                  "HunyuanVideo15Transformer3DModel": _hunyuan_video15_plan}
 
 
 def check_cp_support(model_cls) -> str:
@@ -83,7 +88,12 @@ def cp_plan_for(model) -> dict:
 
 
 def install_model_hooks(model, parallel_config) -> None:
-    """Hooks a sagegen plan needs besides splitting and gathering (HunyuanVideo's joint mask)."""
+    """Hooks a sagegen plan needs besides splitting and gathering (HunyuanVideo's joint mask; HunyuanVideo-1.5's
+    text split and key-mask processor)."""
+    if type(model).__name__ == "HunyuanVideo15Transformer3DModel" and check_cp_support(model) == "sagegen":
+        from .hunyuanvideo15 import install_hunyuan_video15
+
+        install_hunyuan_video15(model, parallel_config)
     if type(model).__name__ == "HunyuanVideoTransformer3DModel" and check_cp_support(model) == "sagegen":
         from diffusers.hooks import HookRegistry
 
