@@ -9,6 +9,11 @@ call's ``attention_kwargs``. diffusers' own dispatcher then runs as usual (check
 hands the settings to `diffusers_backend.sagegen_attention` as the keyword ``_sagegen_settings``. A copy with a
 closure, rather than state set around the call, keeps the route stateless, so ``torch.compile`` traces it in
 one graph; a `PrecisionPolicy` picks between two such copies (quantized, full precision) per call.
+
+Where sagegen has an equivalent of a processor's ``__call__`` that spares the backend work, the copy is made of
+that instead (`call_for`): HunyuanVideo-1.5's main blocks hand over a key mask [B, 1, 1, S] rather than the
+[B, 1, S, S] mask the stock processor builds on every call (`hunyuanvideo15`). The processor object itself is
+never replaced: the copy runs with it as ``self``.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from .diffusers_backend import BackendSettings
 from .rebind import call_function, names_global, with_globals
 
 DISPATCH = "dispatch_attention_fn"
+# the stock processor whose __call__ `hunyuanvideo15` replaces, by name: that module (and diffusers' model
+# module) is imported only when a patched model has it
+_HV15_STOCK_CALL = "HunyuanVideo15AttnProcessor2_0.__call__"
 
 
 def dispatches(processor) -> bool:
@@ -38,15 +46,26 @@ def backend_member():
         return None
 
 
+def call_for(processor):
+    """The function whose copy the backend route runs for ``processor``: sagegen's equivalent where it has
+    one, else the processor's own ``__call__``."""
+    fn = call_function(processor)
+    if fn is not None and fn.__qualname__ == _HV15_STOCK_CALL:  # imported only for this processor
+        from .hunyuanvideo15 import key_mask_call_for
+
+        return key_mask_call_for(processor) or fn
+    return fn
+
+
 def settings_for(session, full_precision: bool) -> BackendSettings:
     return BackendSettings(config=session.config, backend=session.backend, fp32_dtype=session.fp32_dtype,
                            full_precision=full_precision, stats=session.stats)
 
 
 def rebind_backend(original, session, member, full_precision: bool):
-    """A copy of the processor's ``__call__`` whose dispatcher calls run the ``"sagegen"`` backend with the
-    session's settings (read per call, so a re-patch with another config takes effect)."""
-    fn = call_function(original)
+    """A copy of the processor's ``__call__`` (`call_for`) whose dispatcher calls run the ``"sagegen"`` backend
+    with the session's settings (read per call, so a re-patch with another config takes effect)."""
+    fn = call_for(original)
     dispatch = fn.__globals__[DISPATCH]
     attr = "backend_settings_full" if full_precision else "backend_settings"
 
