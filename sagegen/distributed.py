@@ -110,10 +110,16 @@ def barrier(dist: DistInfo) -> None:
         td.barrier()
 
 
-def shutdown(dist: DistInfo) -> None:
+def shutdown(dist: DistInfo, *, wait_for_peers: bool = True) -> None:
+    """Tear the process group down; after a clean run every rank first waits for the others (``wait_for_peers``;
+    not after an error, where a peer may never arrive)."""
     if not dist.enabled:
         return
     import torch.distributed as td
 
     if td.is_available() and td.is_initialized():
-        td.destroy_process_group()
+        try:
+            if wait_for_peers:
+                td.barrier()  # no rank tears down while a peer still works (gloo can abort on that)
+        finally:
+            td.destroy_process_group()

@@ -25,6 +25,15 @@ def init_gloo(rank: int, world: int, init_file: str, cuda: bool = False) -> None
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
 
 
+def _leave() -> None:
+    """Every rank waits for the others, then tears down: a gloo rank that exits while a peer still works
+    sometimes aborts ("terminate called without an active exception", seen at 3 ranks)."""
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def cpu_device_count_one() -> None:
     """diffusers computes ``rank % torch.accelerator.device_count()`` for its device, which is 0 on a CPU-only
     host; give it one device."""
@@ -147,7 +156,7 @@ def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_p
             tmp.write_text(json.dumps(results, indent=1))
             os.replace(tmp, out_path)
     finally:
-        dist.destroy_process_group()
+        _leave()
 
 
 def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96, cuda: bool = False) -> dict:
@@ -255,7 +264,7 @@ def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) 
             tmp.write_text(json.dumps(res))
             os.replace(tmp, out_path)
     finally:
-        dist.destroy_process_group()
+        _leave()
 
 
 def run_model(tmp_path: Path, family: str, ulysses: int, ring: int, seed: int) -> dict:

@@ -222,6 +222,7 @@ def execute(job, *, quiet: bool, title: str):
     lock = runlock.hold(run_dir, job.command) if dist.is_main else contextlib.nullcontext()
     distributed.init(dist)
     distributed.init(dist, gpu_collectives=bool(job.settings.get("cp")) and _cuda_job(job))
+    finished = False
     try:
         with lock, make_reporter(err, quiet=quiet, rank=dist.rank) as reporter:
             try:
@@ -230,8 +231,9 @@ def execute(job, *, quiet: bool, title: str):
                 if created is not None and dist.is_main:
                     remove_if_unfinished(run_dir, created)
                 raise
+        finished = True
     finally:
-        distributed.shutdown(dist)
+        distributed.shutdown(dist, wait_for_peers=finished)
     return result
 
 
