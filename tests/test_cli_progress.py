@@ -75,7 +75,7 @@ def test_lock_refuses_a_second_writer_and_is_released(tmp_path):
         assert r.returncode != 0 and "RunDirBusy" in r.stderr and f"pid {os.getpid()}" in r.stderr
     assert not path.exists()
     with runlock.hold(run):  # released: can be taken again
-        pass
+        assert json.loads(path.read_text())["pid"] == os.getpid()
 
 
 def test_stale_lock_file_is_taken_over(tmp_path):

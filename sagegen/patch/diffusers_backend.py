@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from .. import api as _api
 from ..config import DIFFUSION_CONFIG, SageConfig
 from .processors import _simplify_mask, _unsupported
+from .targets import check_config
 
 BACKEND_NAME = "sagegen"
 _KERNEL_BACKENDS = ("auto", "triton", "reference")
@@ -78,7 +79,7 @@ def set_backend_config(config: SageConfig | dict | None = None, *, backend: str 
     the config given to ``patch`` instead."""
     global _settings
     previous = _settings
-    _settings = BackendSettings(_as_config(config), backend, fp32_dtype)
+    _settings = BackendSettings(check_config(config), backend, fp32_dtype)
     return previous
 
 
@@ -124,21 +125,6 @@ def _count(key: str, settings: BackendSettings | None = None) -> None:
         _stats[key] += 1
         if settings is not None and settings.stats is not None:
             settings.stats[key] += 1
-
-
-def _as_config(config) -> SageConfig:
-    if config is None:
-        return DIFFUSION_CONFIG
-    if isinstance(config, SageConfig):
-        return config
-    if isinstance(config, dict):
-        fields = {f.name for f in dataclasses.fields(SageConfig)}
-        unknown = sorted(set(config) - fields)
-        if unknown:
-            raise ValueError(f"config has unknown SageConfig field(s) {unknown}; fields are {sorted(fields)}")
-        return DIFFUSION_CONFIG.replace(**config)
-    raise TypeError(f"config must be a sagegen.SageConfig, a dict of SageConfig fields or None, got "
-                    f"{type(config).__name__}")
 
 
 # -- the backend function ------------------------------------------------------------------------------------
