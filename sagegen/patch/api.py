@@ -30,6 +30,7 @@ import torch
 
 from ..config import SageConfig
 from . import backend_route as _route
+from . import fused_blocks as _blocks
 from . import linear_patch as _linear
 from . import processors as _proc
 from .policy import PrecisionPolicy, resolve_blocks
@@ -80,7 +81,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux,
             SD3/SD3.5, HunyuanVideo and Wan processors as one Triton pass writing straight into (joint) Q/K/V
             buffers (`sagegen.patch.fused`, `fused_joint`, `fused_wan`; counted as ``fused_qk_prologue`` in
-            `patch_info`). False: diffusers' own code runs around attention (the same values up to rounding
+            `patch_info`), and Wan blocks' modulated LayerNorms and residual adds as one pass each
+            (`sagegen.patch.fused_blocks`; ``fused_blocks`` in `patch_info`). False: diffusers' own code runs around attention (the same values up to rounding
             order).
         linear: ``None`` (default): the denoiser's ``nn.Linear`` layers are left alone. ``"fp8"``: they run
             as FP8 GEMMs (`sagegen.patch.linear_patch`, docs/fp8-linear.md); needs an sm89+ GPU (on the CPU
@@ -184,6 +186,10 @@ def _patch_one(transformer, modules, full_names, config, policy, backend, fp32_d
         session.config, session.backend, session.fp32_dtype = config, backend, fp32_dtype
         state.policy = policy
     session.fuse_qk_prologue = fuse_prologue
+    if fuse_prologue:
+        _blocks.install(transformer)
+    else:
+        _blocks.remove(transformer)
     session.full_precision_names = full_names
     session.backend_settings = _route.settings_for(session, False)
     session.backend_settings_full = _route.settings_for(session, True)
@@ -227,6 +233,7 @@ def unpatch(obj):
         if state.tracker is not None:
             state.tracker.detach()
         _linear.remove(transformer)
+        _blocks.remove(transformer)
         _install_sparse(state.session, None, None, transformer)
         object.__delattr__(transformer, _STATE_ATTR)
     return obj
@@ -286,7 +293,7 @@ def patch_info(obj) -> dict:
                                               for n in i["full_precision_modules"])
     for key in ("routes", "stats"):
         merged[key] = dict(sum((Counter(i[key]) for i in infos.values()), Counter()))
-    for key in ("wrapped_modules", "attention_modules"):
+    for key in ("wrapped_modules", "attention_modules", "fused_blocks"):
         merged[key] = sum(i[key] for i in infos.values())
     merged["denoisers"] = infos
     return merged
@@ -305,6 +312,7 @@ def _info(transformer, state: _PatchState) -> dict:
         "modules": routes,
         "full_precision_modules": sorted(s.full_precision_names),
         "stats": dict(s.stats),
+        "fused_blocks": _blocks.fused_count(transformer),
     }
     if s.sparse is not None:
         info["sparse"] = s.sparse.cfg.to_dict()

@@ -1,0 +1,130 @@
+"""A gated residual add followed by a modulated LayerNorm, in one Triton pass over each token row.
+
+DiT blocks such as Wan's (diffusers ``WanTransformerBlock``) wrap every sub-layer in fp32 element-wise work:
+``h = (x.float() + y * gate).type_as(x)`` after it and ``(LayerNorm(h.float()) * (1 + scale) + shift)
+.type_as(h)`` before the next one. Eagerly that is about ten kernels and ~170 bytes of memory traffic per
+element of the hidden state per block, with fp32 intermediates; at Wan2.1-14B 720p (75,600 tokens x 5120)
+about 0.75 s of a 9.5 s call. Here one program per row reads x (and y), and writes h (and the normalised row)
+once each, in the activations' dtype.
+
+Roundings as the eager ops: the residual is computed in fp32 (the gate product rounded, no FMA contraction)
+and rounded once to x's dtype; the norm reads that rounded h back, as ``h.float()`` does. The LayerNorm itself
+is two-pass (mean, then the centred variance) in fp32, where PyTorch's kernel uses Welford's update: the fp32
+results agree to a few ulps, so a normalised output can differ from eager by one step of bf16 in rare
+elements (tests/test_residual_norm.py bounds it).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_qk_prologue import FP_FUSION, _to_out
+from .triton_quant import interpreting
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _residual_norm_kernel(
+    X, Y, Gate, W, Bias, Scale, Shift, HOut, NOut,
+    S, C, eps,
+    stride_xr, stride_yr, stride_hr, stride_nr,
+    stride_gb, stride_gs, stride_scb, stride_scs, stride_shb, stride_shs,
+    HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_AFFINE: tl.constexpr,
+    HAS_MOD: tl.constexpr, EXACT_CAST: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    b = row // S
+    s = row % S
+    cols = tl.arange(0, BLOCK_C)
+    ok = cols < C
+    x = tl.load(X + row * stride_xr + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_RES:
+        y = tl.load(Y + row * stride_yr + cols, mask=ok, other=0.0).to(tl.float32)
+        if HAS_GATE:
+            y = y * tl.load(Gate + b * stride_gb + s * stride_gs + cols, mask=ok, other=0.0).to(tl.float32)
+        h = _to_out(x + y, HOut.dtype.element_ty, EXACT_CAST)
+        tl.store(HOut + row * stride_hr + cols, h, mask=ok)
+        x = h.to(tl.float32)
+    if HAS_NORM:
+        mean = tl.sum(x, axis=0) / C
+        centred = tl.where(ok, x - mean, 0.0)
+        var = tl.sum(centred * centred, axis=0) / C
+        n = centred * tl.math.rsqrt(var + eps)
+        if HAS_AFFINE:
+            n = n * tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
+            n = n + tl.load(Bias + cols, mask=ok, other=0.0).to(tl.float32)
+        if HAS_MOD:
+            scale = tl.load(Scale + b * stride_scb + s * stride_scs + cols, mask=ok, other=0.0).to(tl.float32)
+            shift = tl.load(Shift + b * stride_shb + s * stride_shs + cols, mask=ok, other=0.0).to(tl.float32)
+            n = n * (1.0 + scale) + shift
+        tl.store(NOut + row * stride_nr + cols, _to_out(n, NOut.dtype.element_ty, EXACT_CAST), mask=ok)
+
+
+def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int, int]:
+    """(batch, token) strides of a per-row vector [B or 1, S or 1, C] (0 where broadcast)."""
+    if t is None:
+        return 0, 0
+    if t.ndim != 3 or t.shape[0] not in (1, B) or t.shape[1] not in (1, S) or t.stride(2) != 1:
+        raise ValueError(f"{name} must be [B or 1, S or 1, C] with unit stride over C, got shape "
+                         f"{tuple(t.shape)} strides {t.stride()}")
+    return (t.stride(0) if t.shape[0] > 1 else 0), (t.stride(1) if t.shape[1] > 1 else 0)
+
+
+def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Tensor | None = None, *,
+                  norm: bool = True, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                  eps: float = 1e-6, scale: torch.Tensor | None = None, shift: torch.Tensor | None = None):
+    """``h = (x.float() + y.float() * gate).to(x.dtype)`` (or ``h = x`` without ``y``; no gate: a plain add),
+    then ``n = (layer_norm(h.float(), weight, bias, eps) * (1 + scale) + shift).to(x.dtype)``.
+
+    Shapes: x, y [B, S, C] (fp16/bf16, rows contiguous over C); gate, scale, shift [B or 1, S or 1, C]
+    (any float dtype, usually fp32: Wan's per-sample or per-token modulation); weight, bias [C] or None.
+    Returns (h, n): h is x itself without ``y``; n is None with ``norm=False``.
+    """
+    if x.dtype not in _HALF or x.ndim != 3 or x.stride(2) != 1:
+        raise ValueError(f"x must be a [B, S, C] fp16/bf16 tensor with unit stride over C, got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    B, S, C = x.shape
+    if y is not None and (tuple(y.shape) != (B, S, C) or y.stride(2) != 1):
+        raise ValueError(f"y must have x's shape {(B, S, C)} with unit stride over C, got {tuple(y.shape)}")
+    if (scale is None) != (shift is None) or (weight is None) != (bias is None):
+        raise ValueError("scale and shift (and weight and bias) come together")
+    if y is None and not norm:
+        return x, None
+    x2, y2 = x.reshape(B * S, C), (y.reshape(B * S, C) if y is not None else None)
+    h = torch.empty_like(x) if y is not None else x
+    n = torch.empty_like(x) if norm else None
+    h2, n2 = h.view(B * S, C), (n.view(B * S, C) if norm else None)
+    strides = (*_row_strides(gate, B, S, "gate"), *_row_strides(scale, B, S, "scale"),
+               *_row_strides(shift, B, S, "shift"))
+    block_c = triton.next_power_of_2(C)
+    dummy = x2
+    _residual_norm_kernel[(B * S,)](
+        x2, y2 if y2 is not None else dummy, gate if gate is not None else dummy,
+        weight if weight is not None else dummy, bias if bias is not None else dummy,
+        scale if scale is not None else dummy, shift if shift is not None else dummy,
+        h2, n2 if n2 is not None else h2, S, C, float(eps),
+        x2.stride(0), y2.stride(0) if y2 is not None else 0, h2.stride(0), n2.stride(0) if n2 is not None else 0,
+        *strides,
+        HAS_RES=y is not None, HAS_GATE=gate is not None, HAS_NORM=norm, HAS_AFFINE=weight is not None,
+        HAS_MOD=scale is not None, EXACT_CAST=interpreting(), BLOCK_C=block_c,
+        num_warps=4 if block_c <= 1024 else (8 if block_c <= 4096 else 16), enable_fp_fusion=FP_FUSION,
+    )
+    return h, n
+
+
+def residual_norm_reference(x, y=None, gate=None, *, norm=True, weight=None, bias=None, eps=1e-6,
+                            scale=None, shift=None):
+    """`residual_norm` as the eager PyTorch ops of diffusers' Wan block (the oracle and the CPU path)."""
+    h = x
+    if y is not None:
+        h = (x.float() + (y * gate if gate is not None else y.float())).type_as(x)
+    if not norm:
+        return h, None
+    n = torch.nn.functional.layer_norm(h.float(), (h.shape[-1],), weight.float() if weight is not None else None,
+                                       bias.float() if bias is not None else None, eps)
+    if scale is not None:
+        n = n * (1 + scale) + shift
+    return h, n.type_as(x)

@@ -1,0 +1,151 @@
+"""Wan's block-level element-wise work fused: modulated LayerNorms and gated residual adds in one pass each.
+
+diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V) runs its norms, modulation and
+residual adds as eager fp32 ops around the three sub-layers; at 720p they cost about 8% of a stock step and
+16% of a sagegen one (bench/NOTES.md). With the patch's ``fuse_prologue`` (the default) each such block's class
+is swapped for a subclass whose forward computes the same values with four `residual_norm` passes:
+
+    n1 = LN(x)·(1+scale)+shift                          -> attn1
+    x = x + attn1·gate;   n2 = norm2(x)                 -> attn2   (one pass)
+    x = x + attn2;        n3 = LN(x)·(1+c_scale)+c_shift -> ffn     (one pass)
+    x = x + ffn·c_gate
+
+The sub-layers (attention processors, FP8 linears) are called exactly as before. Swapping the class (not the
+instance's ``forward``) keeps diffusers' hooks (context parallelism, caching) working whichever was installed
+first. The subclass runs the stock forward under torch.compile (inductor fuses these ops itself), on CPU
+outside the Triton interpreter, and for anything it does not reproduce: norms of another kind, fp32 models,
+modulation of unexpected shapes. `remove` restores the class; the outputs are then bit-identical to stock.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..api import triton_interpret
+
+_HALF = (torch.float16, torch.bfloat16)
+_WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _wan_block_class():
+    try:
+        import importlib
+
+        return getattr(importlib.import_module(_WAN_BLOCK[0]), _WAN_BLOCK[1])
+    except (ImportError, AttributeError):
+        return None
+
+
+def _plain_layer_norm(norm, dim: int, affine: bool) -> bool:
+    """diffusers' FP32LayerNorm over ``dim`` channels, with (``affine``) or without weight and bias."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    if type(norm) is not FP32LayerNorm or tuple(norm.normalized_shape) != (dim,):
+        return False
+    has = norm.weight is not None
+    return has == affine and (not has or norm.bias is not None)
+
+
+def fusable(block) -> bool:
+    """Whether ``block`` is exactly diffusers' WanTransformerBlock with the norms its forward assumes."""
+    cls = _wan_block_class()
+    if cls is None or type(block) is not cls:
+        return False
+    table = getattr(block, "scale_shift_table", None)
+    if not isinstance(table, torch.Tensor) or table.ndim != 3 or table.shape[:2] != (1, 6):
+        return False
+    dim = table.shape[2]
+    norm2 = block.norm2
+    return (_plain_layer_norm(block.norm1, dim, False) and _plain_layer_norm(block.norm3, dim, False)
+            and (type(norm2) is torch.nn.Identity or _plain_layer_norm(norm2, dim, True)))
+
+
+def _modulation(block, temb, x):
+    """The six [B, 1 or S, C] fp32 modulation vectors as the stock forward derives them; None if their shape
+    is not one the kernel broadcasts over x [B, S, C]."""
+    table = block.scale_shift_table
+    if temb.ndim == 4:  # Wan 2.2 TI2V: per-token [B, S, 6, C]
+        parts = [p.squeeze(2) for p in (table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
+    else:
+        parts = list((table + temb.float()).chunk(6, dim=1))
+    B, S, C = x.shape
+    for p in parts:
+        if p.ndim != 3 or p.shape[0] not in (1, B) or p.shape[1] not in (1, S) or p.shape[2] != C or p.stride(2) != 1:
+            return None
+    return parts
+
+
+def _can_run(x) -> bool:
+    return (not torch.compiler.is_compiling() and isinstance(x, torch.Tensor) and x.dtype in _HALF
+            and x.ndim == 3 and (x.is_cuda or triton_interpret()))
+
+
+def _fused_forward(self, stock, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    mods = _modulation(self, temb, hidden_states) if _can_run(hidden_states) else None
+    if mods is None:
+        return stock(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
+    shift, scale, gate, c_shift, c_scale, c_gate = mods
+    x = hidden_states.contiguous()
+    _, n = _residual_norm(x, scale=scale, shift=shift, eps=self.norm1.eps)
+    y = self.attn1(n, None, None, rotary_emb)
+    norm2 = self.norm2
+    if type(norm2) is torch.nn.Identity:
+        x, _ = _residual_norm(x, y, gate, norm=False)
+        n = x
+    else:
+        x, n = _residual_norm(x, y, gate, weight=norm2.weight, bias=norm2.bias, eps=norm2.eps)
+    y = self.attn2(n, encoder_hidden_states, None, None)
+    x, n = _residual_norm(x, y, scale=c_scale, shift=c_shift, eps=self.norm3.eps)
+    x, _ = _residual_norm(x, self.ffn(n), c_gate, norm=False)
+    return x
+
+
+def _residual_norm(x, y=None, gate=None, **kwargs):
+    """The kernel where it reproduces the stock ops (a sub-layer output of x's dtype and shape), else the
+    eager ops themselves."""
+    from ..kernels.triton_residual_norm import residual_norm, residual_norm_reference
+
+    if y is not None and (y.dtype != x.dtype or y.shape != x.shape):
+        return residual_norm_reference(x, y, gate, **kwargs)
+    if y is not None and y.stride(2) != 1:
+        y = y.contiguous()
+    return residual_norm(x, y, gate, **kwargs)
+
+
+def _subclass(cls: type) -> type:
+    sub = _SUBCLASSES.get(cls)
+    if sub is None:  # the same name, so that class-name lookups (no-split modules, hooks) still match
+        stock = cls.forward
+
+        def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+            # a closure over the stock function: dynamo inlines it (it cannot trace ``type.forward`` lookups)
+            return _fused_forward(self, stock, hidden_states, encoder_hidden_states, temb, rotary_emb)
+
+        sub = type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
+                                          "_sage_fused_block": True, "__qualname__": cls.__qualname__})
+        _SUBCLASSES[cls] = sub
+    return sub
+
+
+def install(transformer) -> int:
+    """Swap every fusable Wan block of ``transformer`` to the fused subclass; returns how many are fused."""
+    count = 0
+    for module in transformer.modules():
+        if getattr(type(module), "_sage_fused_block", False):
+            count += 1
+        elif fusable(module):
+            module.__class__ = _subclass(type(module))
+            count += 1
+    return count
+
+
+def remove(transformer) -> None:
+    """Put the original class back on every fused block."""
+    for module in transformer.modules():
+        if getattr(type(module), "_sage_fused_block", False):
+            module.__class__ = type(module).__mro__[1]
+
+
+def fused_count(transformer) -> int:
+    return sum(1 for m in transformer.modules() if getattr(type(m), "_sage_fused_block", False))
