@@ -32,6 +32,18 @@ def test_run_aliases_are_accepted(name, arch):
     assert bench_architecture(name) == arch
 
 
+def test_every_full_size_preset_has_an_architecture():
+    """`sagegen models` lists them; `sagegen bench NAME` must take each (hunyuanvideo-1.5 was refused)."""
+    from sagegen.models import arch
+    from sagegen.models.presets import PRESETS
+
+    full = [p for p in PRESETS.values() if not p.name.startswith("tiny-")]
+    assert len(full) >= 17
+    for preset in full:
+        assert arch.get_arch(bench_architecture(preset.name)).family == preset.family, preset.name
+    assert bench_architecture("hunyuanvideo-1.5") == "hunyuanvideo-1.5-720p"
+
+
 def test_unknown_and_tiny_models_are_usage_errors():
     r = runner.invoke(app, ["bench", "cogvidx"])
     assert r.exit_code == 2 and "did you mean" in _error(r)

@@ -20,8 +20,11 @@ def bench_architecture(model: str) -> str:
     from ..models.presets import resolve
 
     preset = resolve(model)  # UnknownModel (exit 2) with "did you mean"
-    if preset.name in arch.ARCHS:
-        return preset.name
+    for name in (preset.name, *preset.aliases):  # e.g. hunyuanvideo-1.5 -> its 720p architecture
+        try:
+            return arch.get_arch(name).name
+        except ValueError:
+            pass
     full = [p for p in arch.ARCHS if arch.ARCHS[p].family == preset.family]
     hint = f" (the full-size {preset.family} architectures: {', '.join(full)}; --tiny shrinks them)" if full else ""
     raise UsageProblem(f"{preset.name} has no full-size architecture to benchmark{hint}; choose one of "
