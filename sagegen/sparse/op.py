@@ -16,6 +16,7 @@ import torch
 from ..config import SageConfig
 from ..kernels.block_sparse import BlockSparse
 from ..kernels.spec import device_capability
+from ..kernels.triton_quant import interpreting
 from . import patterns, predictor
 from .config import STATIC, SparseConfig, parse_spec
 
@@ -56,6 +57,9 @@ def _sparse_blocks_op(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor 
     qh, kh = (q, k) if hnd else (q.transpose(1, 2), k.transpose(1, 2))
     if cfg.mode in STATIC:
         keep = patterns.static_keep(cfg, qh.shape[2], kh.shape[2], block_q, block_kv, q.device)
+    elif q.is_cuda or interpreting():  # one selection pass instead of ~25 small kernels
+        return predictor.predict_compact(qh, kh, cfg, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv,
+                                         key_bias=_key_bias(attn_mask, qh.shape[0], kh.shape[2]))
     else:
         keep = predictor.predict_keep(qh, kh, cfg, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv,
                                       key_bias=_key_bias(attn_mask, qh.shape[0], kh.shape[2]))

@@ -86,6 +86,50 @@ def predict_keep(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scal
     return keep & (live > 0)[:, None, None, :]
 
 
+def predict_compact(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scale: float, block_q: int,
+                    block_kv: int, key_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`predict_keep` + `BlockSparse.from_block_dense` with the selection, rules and compaction in one Triton
+    pass (`kernels.triton_block_select`): (counts [B, Hq, NQB], indices [B, Hq, NQB, NKB]) int32. For CUDA
+    tensors or under the Triton interpreter; the same blocks as the PyTorch path up to exact score ties."""
+    from ..kernels.triton_block_select import select_blocks
+
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    (q_mean, q_sim), (k_mean, k_sim) = _pool.pool_blocks(q, block_q), _pool.pool_blocks(k, block_kv)
+    group = Hq // Hkv
+    nqb, nkb = q_mean.shape[2], k_mean.shape[2]
+    # [B, Hkv, group*NQB, D] @ [B, Hkv, D, NKB]: no repeat of K's means for GQA
+    scores = (q_mean.reshape(B, Hkv, group * nqb, D) @ k_mean.transpose(-1, -2)).view(B, Hq, nqb, nkb)
+    live = live_key_counts(Nk, block_kv, key_bias, B, q.device)
+    rows, cols = _rule_vectors(cfg, Nq, Nk, block_q, block_kv, q.device)
+    return select_blocks(scores, live, mode=cfg.mode, value=cfg.value, scale=sm_scale, rows_always=rows,
+                         cols_always=cols, keep_diagonal=cfg.keep_diagonal and Nq == Nk, block_q=block_q,
+                         block_kv=block_kv, q_sim=q_sim, k_sim=k_sim, sim_threshold=cfg.sim_threshold)
+
+
+_RULES: dict = {}
+
+
+def _rule_vectors(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
+    """(rows int8 [NQB], cols int8 [NKB]): the text and first-block rules, built once per shape and device
+    (static, so cached: rebuilding them cost half a dozen launches per call)."""
+    key = (cfg.text, cfg.keep_first, n_q, n_k, block_q, block_kv, str(device))
+    hit = _RULES.get(key)
+    if hit is None:
+        nkb = -(-n_k // block_kv)
+        rows = torch.zeros(-(-n_q // block_q), dtype=torch.bool, device=device)
+        cols = torch.zeros(nkb, dtype=torch.bool, device=device)
+        if cfg.text is not None:
+            rows = rows | block_range(*cfg.text, n_q, block_q, device)
+            cols = cols | block_range(*cfg.text, n_k, block_kv, device)
+        if cfg.keep_first:
+            cols = cols | (torch.arange(nkb, device=device) == 0)
+        if len(_RULES) > 64:
+            _RULES.clear()
+        hit = _RULES[key] = (rows.to(torch.int8), cols.to(torch.int8))
+    return hit
+
+
 def always_keep(cfg: SparseConfig, q_sim, k_sim, hq: int, n_q: int, n_k: int, block_q: int, block_kv: int,
                 device) -> torch.Tensor:
     """bool, broadcastable to [B, Hq, NQB, NKB]: the always-keep rules (judge, text, first, diagonal)."""
