@@ -100,7 +100,11 @@ def predict_compact(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_s
     nqb, nkb = q_mean.shape[2], k_mean.shape[2]
     # [B, Hkv, group*NQB, D] @ [B, Hkv, D, NKB]: no repeat of K's means for GQA
     scores = (q_mean.reshape(B, Hkv, group * nqb, D) @ k_mean.transpose(-1, -2)).view(B, Hq, nqb, nkb)
-    live = live_key_counts(Nk, block_kv, key_bias, B, q.device)
+    if key_bias is None:  # every key live: the counts depend on the shape only (cached with the rules)
+        live = _cached(("live", Nk, block_kv, str(q.device)),
+                       lambda: live_key_counts(Nk, block_kv, None, 1, q.device).contiguous())
+    else:
+        live = live_key_counts(Nk, block_kv, key_bias, B, q.device)
     rows, cols = _rule_vectors(cfg, Nq, Nk, block_q, block_kv, q.device)
     return select_blocks(scores, live, mode=cfg.mode, value=cfg.value, scale=sm_scale, rows_always=rows,
                          cols_always=cols, keep_diagonal=cfg.keep_diagonal and Nq == Nk, block_q=block_q,
@@ -113,21 +117,29 @@ _RULES: dict = {}
 def _rule_vectors(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
     """(rows int8 [NQB], cols int8 [NKB]): the text and first-block rules, built once per shape and device
     (static, so cached: rebuilding them cost half a dozen launches per call)."""
-    key = (cfg.text, cfg.keep_first, n_q, n_k, block_q, block_kv, str(device))
+    return _cached((cfg.text, cfg.keep_first, n_q, n_k, block_q, block_kv, str(device)),
+                   lambda: _build_rules(cfg, n_q, n_k, block_q, block_kv, device))
+
+
+def _cached(key, build):
     hit = _RULES.get(key)
     if hit is None:
-        nkb = -(-n_k // block_kv)
-        rows = torch.zeros(-(-n_q // block_q), dtype=torch.bool, device=device)
-        cols = torch.zeros(nkb, dtype=torch.bool, device=device)
-        if cfg.text is not None:
-            rows = rows | block_range(*cfg.text, n_q, block_q, device)
-            cols = cols | block_range(*cfg.text, n_k, block_kv, device)
-        if cfg.keep_first:
-            cols = cols | (torch.arange(nkb, device=device) == 0)
         if len(_RULES) > 64:
             _RULES.clear()
-        hit = _RULES[key] = (rows.to(torch.int8), cols.to(torch.int8))
+        hit = _RULES[key] = build()
     return hit
+
+
+def _build_rules(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
+    nkb = -(-n_k // block_kv)
+    rows = torch.zeros(-(-n_q // block_q), dtype=torch.bool, device=device)
+    cols = torch.zeros(nkb, dtype=torch.bool, device=device)
+    if cfg.text is not None:
+        rows = rows | block_range(*cfg.text, n_q, block_q, device)
+        cols = cols | block_range(*cfg.text, n_k, block_kv, device)
+    if cfg.keep_first:
+        cols = cols | (torch.arange(nkb, device=device) == 0)
+    return rows.to(torch.int8), cols.to(torch.int8)
 
 
 def always_keep(cfg: SparseConfig, q_sim, k_sim, hq: int, n_q: int, n_k: int, block_q: int, block_kv: int,
