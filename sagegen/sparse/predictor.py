@@ -131,6 +131,13 @@ def _cached(key, build):
 
 
 def _build_rules(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
+    rows, cols = _rule_rows_cols(cfg, n_q, n_k, block_q, block_kv, device)
+    return rows.to(torch.int8), cols.to(torch.int8)
+
+
+def _rule_rows_cols(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
+    """(rows bool [NQB], cols bool [NKB]): query blocks computed densely and key blocks kept for every query
+    (text tokens, the first key block)."""
     nkb = -(-n_k // block_kv)
     rows = torch.zeros(-(-n_q // block_q), dtype=torch.bool, device=device)
     cols = torch.zeros(nkb, dtype=torch.bool, device=device)
@@ -139,20 +146,14 @@ def _build_rules(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: 
         cols = cols | block_range(*cfg.text, n_k, block_kv, device)
     if cfg.keep_first:
         cols = cols | (torch.arange(nkb, device=device) == 0)
-    return rows.to(torch.int8), cols.to(torch.int8)
+    return rows, cols
 
 
 def always_keep(cfg: SparseConfig, q_sim, k_sim, hq: int, n_q: int, n_k: int, block_q: int, block_kv: int,
                 device) -> torch.Tensor:
     """bool, broadcastable to [B, Hq, NQB, NKB]: the always-keep rules (judge, text, first, diagonal)."""
     nqb, nkb = -(-n_q // block_q), -(-n_k // block_kv)
-    rows = torch.zeros(nqb, dtype=torch.bool, device=device)
-    cols = torch.zeros(nkb, dtype=torch.bool, device=device)
-    if cfg.text is not None:
-        rows = rows | block_range(*cfg.text, n_q, block_q, device)
-        cols = cols | block_range(*cfg.text, n_k, block_kv, device)
-    if cfg.keep_first:
-        cols = cols | (torch.arange(nkb, device=device) == 0)
+    rows, cols = _rule_rows_cols(cfg, n_q, n_k, block_q, block_kv, device)
     keep = rows[:, None] | cols[None, :]
     if cfg.keep_diagonal and n_q == n_k:
         # the key blocks that overlap the query block's own tokens
