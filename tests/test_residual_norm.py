@@ -149,3 +149,38 @@ def test_fused_wan_block_falls_back_where_it_cannot_reproduce(seed, monkeypatch)
         monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
         assert torch.equal(fp32(**inputs)[0], unfused) and not calls  # fp32 hidden states: the stock forward
         sagegen.unpatch(fp32)
+
+
+@pytest.mark.parametrize("hook_first", [False, True])
+def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook_first):
+    """diffusers' hooks (context-parallel splits, caches) wrap a module's bound ``forward``. Patched first, the
+    hook wraps the fused forward; hooked first, the hook keeps the stock forward it wrapped. Either way the
+    hook runs, and the output is the fused model's within rounding."""
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    class Count(ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            Count.calls += 1
+            return args, kwargs
+
+    model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=2).to(DEVICE)
+    inputs = _inputs(model, seed=seed % 1000)
+    calls = []
+    with torch.no_grad():
+        sagegen.patch(model, backend="reference", fuse_prologue=False)
+        unfused = model(**inputs)[0]
+        sagegen.unpatch(model)
+        if hook_first:
+            HookRegistry.check_if_exists_or_initialize(model.blocks[0]).register_hook(Count(), "count")
+        sagegen.patch(model, backend="reference")
+        if not hook_first:
+            HookRegistry.check_if_exists_or_initialize(model.blocks[0]).register_hook(Count(), "count")
+        monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
+        out = model(**inputs)[0]
+        sagegen.unpatch(model)
+    assert Count.calls == 1
+    fused_blocks_run = len(model.blocks) - (1 if hook_first else 0)
+    assert len(calls) == 4 * fused_blocks_run
+    assert rel_l1(out, unfused) < 5e-3
