@@ -137,6 +137,25 @@ def test_fused_wan_block_falls_back_where_it_cannot_reproduce(seed, monkeypatch)
         sagegen.unpatch(model)
     assert patch_info(model) == {} and fused_blocks.fused_count(model) == 0
 
+    block = model.blocks[1]  # gradients recorded: the stock forward, so they reach the block's inputs
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
+    sagegen.patch(model, backend="reference")
+    with torch.no_grad():  # the same call without gradients takes the kernel
+        block(torch.randn(1, 4, block.scale_shift_table.shape[-1], device=DEVICE, dtype=torch.bfloat16),
+              torch.randn(1, 3, block.scale_shift_table.shape[-1], device=DEVICE, dtype=torch.bfloat16),
+              torch.randn(1, 6, block.scale_shift_table.shape[-1], device=DEVICE, dtype=torch.bfloat16), None)
+    assert len(calls) == 4
+    calls.clear()
+    x = torch.randn(1, 4, block.scale_shift_table.shape[-1], device=DEVICE, dtype=torch.bfloat16,
+                    requires_grad=True)
+    temb = torch.randn(1, 6, x.shape[-1], device=DEVICE, dtype=torch.bfloat16)
+    ehs = torch.randn(1, 3, x.shape[-1], device=DEVICE, dtype=torch.bfloat16)
+    block(x, ehs, temb, None).float().sum().backward()
+    assert not calls and x.grad is not None and torch.isfinite(x.grad).all()
+    sagegen.unpatch(model)
+
     fp32 = build_tiny_wan_transformer(dtype=torch.float32, seed=1).to(DEVICE)
     inputs = {k: (v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
               for k, v in _inputs(fp32, seed=seed % 1000).items()}

@@ -14,7 +14,7 @@ The sub-layers (attention processors, FP8 linears) are called exactly as before.
 instance's ``forward``) keeps diffusers' hooks (context parallelism, caching) working whichever was installed
 first: a hook installed before the patch keeps the stock forward it wrapped (that block runs unfused), one
 installed after wraps the fused forward (tests/test_residual_norm.py). The subclass runs the stock forward under torch.compile (inductor fuses these ops itself), on CPU
-outside the Triton interpreter, and for anything it does not reproduce: norms of another kind, fp32 models,
+outside the Triton interpreter, when gradients are recorded, and for anything it does not reproduce: norms of another kind, fp32 models,
 modulation of unexpected shapes. `remove` restores the class; the outputs are then bit-identical to stock.
 """
 
@@ -78,8 +78,11 @@ def _modulation(block, temb, x):
 
 
 def _can_run(x) -> bool:
+    """Eager inference on a GPU (or the interpreter): the kernels have no backward, so a call that records
+    gradients runs the stock forward."""
     return (not torch.compiler.is_compiling() and isinstance(x, torch.Tensor) and x.dtype in _HALF
-            and x.ndim == 3 and (x.is_cuda or triton_interpret()))
+            and x.ndim == 3 and (x.is_cuda or triton_interpret())
+            and not (torch.is_grad_enabled() and x.requires_grad))
 
 
 def _fused_forward(self, stock, hidden_states, encoder_hidden_states, temb, rotary_emb):
