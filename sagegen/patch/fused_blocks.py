@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from ..api import triton_interpret
+from .fused_common import _HALF
 
-_HALF = (torch.float16, torch.bfloat16)
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
 _SUBCLASSES: dict[type, type] = {}
 
