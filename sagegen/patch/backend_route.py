@@ -12,8 +12,10 @@ one graph; a `PrecisionPolicy` picks between two such copies (quantized, full pr
 
 Where sagegen has an equivalent of a processor's ``__call__`` that spares the backend work, the copy is made of
 that instead (`call_for`): HunyuanVideo-1.5's main blocks hand over a key mask [B, 1, 1, S] rather than the
-[B, 1, S, S] mask the stock processor builds on every call (`hunyuanvideo15`). The processor object itself is
-never replaced: the copy runs with it as ``self``.
+[B, 1, S, S] mask the stock processor builds on every call (`hunyuanvideo15`); Qwen-Image's joint attention
+gets its Q/K norms and rotary embeddings fused (`qwenimage`), falling back to the routed stock call
+(``_STOCK_CALL`` in the copy's globals). The processor object itself is never replaced: the copy runs with it
+as ``self``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ DISPATCH = "dispatch_attention_fn"
 # the stock processor whose __call__ `hunyuanvideo15` replaces, by name: that module (and diffusers' model
 # module) is imported only when a patched model has it
 _HV15_STOCK_CALL = "HunyuanVideo15AttnProcessor2_0.__call__"
+_QWEN_STOCK_CALL = "QwenDoubleStreamAttnProcessor2_0.__call__"
 
 
 def dispatches(processor) -> bool:
@@ -54,6 +57,10 @@ def call_for(processor):
         from .hunyuanvideo15 import key_mask_call_for
 
         return key_mask_call_for(processor) or fn
+    if fn is not None and fn.__qualname__ == _QWEN_STOCK_CALL:
+        from .qwenimage import fused_call_for
+
+        return fused_call_for(processor) or fn
     return fn
 
 
@@ -65,7 +72,7 @@ def settings_for(session, full_precision: bool) -> BackendSettings:
 def rebind_backend(original, session, member, full_precision: bool):
     """A copy of the processor's ``__call__`` (`call_for`) whose dispatcher calls run the ``"sagegen"`` backend
     with the session's settings (read per call, so a re-patch with another config takes effect)."""
-    fn = call_for(original)
+    fn, stock = call_for(original), call_function(original)
     dispatch = fn.__globals__[DISPATCH]
     attr = "backend_settings_full" if full_precision else "backend_settings"
 
@@ -83,7 +90,11 @@ def rebind_backend(original, session, member, full_precision: bool):
         return dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs,
                         backend=backend, parallel_config=parallel_config)
 
-    return with_globals(fn, {DISPATCH: dispatch_attention_fn})
+    replacements = {DISPATCH: dispatch_attention_fn}
+    if fn is not stock:  # sagegen's equivalent may step aside to the routed stock call; it reads the session
+        replacements["_STOCK_CALL"] = with_globals(stock, {DISPATCH: dispatch_attention_fn})
+        replacements["_SAGEGEN_SESSION"] = None if full_precision else session
+    return with_globals(fn, replacements)
 
 
 def _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):

@@ -55,18 +55,17 @@ def _rope_pair(rope, *shape: int):
     return False
 
 
-def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, **kernel_options) -> torch.Tensor:
-    """One attention call over joint [B, tokens, H, D] Q/K/V buffers filled from ``parts``, each
-    ((q, k, v) projections [B, n, H·D], its token slice, (norm_q, norm_k), rotary tables or None): Q and K
-    normalised (and rotated) straight into place by `rms_norm_rope(**kernel_options)`, V copied (so no
-    concatenations). Returns the attention output [B, tokens, H·D]."""
+def _joint_buffers(parts, heads: int, head_dim: int, **kernel_options) -> list[torch.Tensor]:
+    """Joint [B, tokens, H, D] Q/K/V buffers filled from ``parts``, each ((q, k, v) projections [B, n, H·D],
+    its token slice, (norm_q, norm_k), rotary tables or None): Q and K normalised (and rotated) straight into
+    place by `rms_norm_rope(**kernel_options)`, V copied (so no concatenations)."""
     from ..kernels.triton_qk_prologue import rms_norm_rope
 
     first = parts[0][0][0]
     total = sum(p[0][0].shape[1] for p in parts)
     joint = [torch.empty(first.shape[0], total, heads, head_dim, dtype=first.dtype, device=first.device)
              for _ in range(3)]
-    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
+    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernel takes
     for (q, k, v), rows, (norm_q, norm_k), table in parts:
         for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
             src = src.unflatten(-1, (heads, head_dim))
@@ -75,5 +74,13 @@ def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, **ker
             else:
                 rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), **kernel_options)
         joint[2][:, rows] = v.unflatten(-1, (heads, head_dim))
+    return joint
+
+
+def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, **kernel_options) -> torch.Tensor:
+    """One attention call over the `_joint_buffers` of ``parts``, routed by the session. Returns the attention
+    output [B, tokens, H·D]."""
+    joint = _joint_buffers(parts, heads, head_dim, **kernel_options)
+    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view SDPA takes
     out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False})
-    return out.transpose(1, 2).flatten(2, 3).to(first.dtype)
+    return out.transpose(1, 2).flatten(2, 3).to(joint[0].dtype)
