@@ -1,4 +1,4 @@
-"""An RMSNorm across all heads followed by Wan's rotary embeddings, in one Triton pass.
+"""An RMSNorm across all heads followed by Wan's (or LTX-Video's) rotary embeddings, in one Triton pass.
 
 Wan's attention processor (diffusers ``WanAttnProcessor``) normalises the whole projection of a token,
 ``torch.nn.RMSNorm(heads · head_dim)`` (qk_norm "rms_norm_across_heads"), splits it into heads, and rotates
@@ -16,6 +16,10 @@ rounded once to the activations' dtype (torch.nn.RMSNorm's fused form); the rota
   then rounded to fp32 and to the half dtype, as torch's double -> bfloat16 cast does;
 * with every product and the sum rounded to the half dtype for half-precision tables (a model cast whole
   with ``.to(torch.bfloat16)``), as eager half arithmetic does.
+
+LTX-Video normalises the same way and rotates with fp32 tables of one (cos, sin) per channel of every head
+and sample, [B, N, H·D]: out[2i] = x[2i]·cos[2i] - x[2i+1]·sin[2i], out[2i+1] = x[2i+1]·cos[2i+1] +
+x[2i]·sin[2i+1] (``per_channel_rope``), in fp32 with every product rounded.
 """
 
 from __future__ import annotations
@@ -35,10 +39,11 @@ def _heads_rms_rope_kernel(
     X, Out, W, Cos, Sin,
     stride_xb, stride_xn, stride_xh, stride_xd,
     stride_ob, stride_on, stride_oh, stride_od,
-    stride_cn, stride_cd,
+    stride_cb, stride_cn, stride_cd,
     H, N, D, eps,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-    ROPE: tl.constexpr, TABLE: tl.constexpr, EXACT_CAST: tl.constexpr, FULL_D: tl.constexpr,
+    ROPE: tl.constexpr, TABLE: tl.constexpr, CHANNEL_TABLE: tl.constexpr, EXACT_CAST: tl.constexpr,
+    FULL_D: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -59,7 +64,7 @@ def _heads_rms_rope_kernel(
             x = tl.load(x_ptrs + h * stride_xh, mask=ok, other=0.0).to(tl.float32)
             ssq += tl.sum(x * x, axis=1)
         rstd = tl.math.rsqrt(ssq / (H * D) + eps)  # as torch.rsqrt(x.float().pow(2).mean(-1) + eps)
-    if ROPE:  # one angle per channel pair, shared by the heads: loaded once per token block
+    if ROPE and not CHANNEL_TABLE:  # one angle per channel pair, shared by the heads: loaded once per token block
         offs_i = tl.arange(0, HEAD_DIM // 2)
         t_ok = rows[:, None] & (offs_i < (HEAD_DIM if FULL_D else D) // 2)[None, :]
         t_off = offs_n[:, None].to(tl.int64) * stride_cn + offs_i[None, :] * stride_cd
@@ -76,7 +81,13 @@ def _heads_rms_rope_kernel(
                 x = x * tl.load(W + h * D + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
             x = _to_out(x, dt, EXACT_CAST).to(tl.float32)
         y = x
-        if ROPE:
+        if ROPE and CHANNEL_TABLE:  # LTX: fp32 (cos, sin) per batch, token and channel of all heads [B, N, H·D]
+            xe, xo = tl.split(tl.reshape(x, [BLOCK_N, HEAD_DIM // 2, 2]))
+            t_off = b * stride_cb + offs_n[:, None].to(tl.int64) * stride_cn + (h * D + offs_d[None, :]) * stride_cd
+            ce, co = tl.split(tl.reshape(tl.load(Cos + t_off, mask=ok, other=1.0), [BLOCK_N, HEAD_DIM // 2, 2]))
+            se, so = tl.split(tl.reshape(tl.load(Sin + t_off, mask=ok, other=0.0), [BLOCK_N, HEAD_DIM // 2, 2]))
+            y = tl.reshape(tl.join(xe * ce - xo * se, xo * co + xe * so), [BLOCK_N, HEAD_DIM])
+        elif ROPE:
             xe, xo = tl.split(tl.reshape(x, [BLOCK_N, HEAD_DIM // 2, 2]))
             if TABLE == 1:  # fp64 arithmetic, then double -> float -> half as torch casts
                 xe = xe.to(tl.float64)
@@ -101,13 +112,15 @@ _TABLE_KIND = {torch.float32: _TABLE_FP32, torch.float64: _TABLE_FP64,
 
 def heads_rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float] | None,
                         rope: tuple[torch.Tensor, torch.Tensor] | None,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm over all heads of each token, then pairwise rotary embeddings shared by the heads (Wan).
+                        out: torch.Tensor | None = None, *, per_channel_rope: bool = False) -> torch.Tensor:
+    """RMSNorm over all heads of each token, then rotary embeddings of neighbouring channel pairs.
 
     Args:
         x: [B, N, H, D] fp16/bf16, any strides (e.g. a projection [B, N, H·D] unflattened).
         norm: (weight [H·D] or None, eps) of a torch.nn.RMSNorm over H·D, or None.
-        rope: (cos, sin), each [N, D/2] (one angle per channel pair; fp32, fp64 or x's dtype), or None.
+        rope: (cos, sin), each [N, D/2] (one angle per channel pair, shared by the heads: Wan; fp32, fp64 or
+            x's dtype), or with ``per_channel_rope`` each [B, N, H·D] fp32 (one cos/sin per channel of every
+            head and sample: LTX-Video's ``x·cos + rotate(x)·sin``); or None.
         out: where to write (x's shape and dtype, any strides); default a new contiguous tensor.
 
     Returns:
@@ -129,25 +142,34 @@ def heads_rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float]
                          f"on {weight.device}")
     dummy = x.new_empty(1, dtype=torch.float32)
     cos = sin = dummy
-    strides, table = (0, 0), _TABLE_FP32
+    strides, table = (0, 0, 0), _TABLE_FP32
     if rope is not None:
-        cos, sin = rope
-        if tuple(cos.shape) != (N, D // 2) or tuple(sin.shape) != (N, D // 2) or cos.dtype != sin.dtype:
-            raise ValueError(f"rope: cos and sin must be [{N}, {D // 2}] of one dtype, got {tuple(cos.shape)} "
-                             f"{cos.dtype} and {tuple(sin.shape)} {sin.dtype}")
-        if cos.dtype not in _TABLE_KIND or (cos.dtype in (torch.float16, torch.bfloat16) and cos.dtype != x.dtype):
-            raise ValueError(f"rope: tables must be fp32, fp64 or {x.dtype}, got {cos.dtype}")
-        cos, sin = cos.to(x.device), sin.to(x.device)
-        if cos.stride() != sin.stride():
-            cos, sin = cos.contiguous(), sin.contiguous()
-        strides, table = cos.stride(), _TABLE_KIND[cos.dtype]
+        cos, sin = _check_tables(rope, x, per_channel_rope)
+        strides = cos.stride() if per_channel_rope else (0, *cos.stride())
+        table = _TABLE_KIND[cos.dtype]
     head_dim = triton.next_power_of_2(D)
     block_n = max(1, min(16, 2048 // head_dim))
     _heads_rms_rope_kernel[(triton.cdiv(N, block_n), B)](
         x, out, weight if weight is not None else dummy, cos, sin, x.stride(0), x.stride(1), x.stride(2),
         x.stride(3), out.stride(0), out.stride(1), out.stride(2), out.stride(3), *strides, H, N, D, float(eps),
         BLOCK_N=block_n, HEAD_DIM=head_dim, HAS_NORM=norm is not None, HAS_WEIGHT=weight is not None,
-        ROPE=rope is not None, TABLE=table, EXACT_CAST=interpreting(), FULL_D=head_dim == D, num_warps=4,
-        enable_fp_fusion=FP_FUSION,
+        ROPE=rope is not None, TABLE=table, CHANNEL_TABLE=per_channel_rope, EXACT_CAST=interpreting(),
+        FULL_D=head_dim == D, num_warps=4, enable_fp_fusion=FP_FUSION,
     )
     return out
+
+
+def _check_tables(rope, x: torch.Tensor, per_channel: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    B, N, H, D = x.shape
+    cos, sin = rope
+    shape = (B, N, H * D) if per_channel else (N, D // 2)
+    if tuple(cos.shape) != shape or tuple(sin.shape) != shape or cos.dtype != sin.dtype:
+        raise ValueError(f"rope: cos and sin must be {list(shape)} of one dtype, got {tuple(cos.shape)} "
+                         f"{cos.dtype} and {tuple(sin.shape)} {sin.dtype}")
+    allowed = (torch.float32,) if per_channel else (torch.float32, torch.float64, x.dtype)
+    if cos.dtype not in allowed:
+        raise ValueError(f"rope: tables must be {' or '.join(str(d) for d in allowed)}, got {cos.dtype}")
+    cos, sin = cos.to(x.device), sin.to(x.device)
+    if cos.stride() != sin.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    return cos, sin

@@ -13,21 +13,26 @@ one graph; a `PrecisionPolicy` picks between two such copies (quantized, full pr
 Where sagegen has an equivalent of a processor's ``__call__`` that spares the backend work, the copy is made of
 that instead (`call_for`): HunyuanVideo-1.5's main blocks hand over a key mask [B, 1, 1, S] rather than the
 [B, 1, S, S] mask the stock processor builds on every call (`hunyuanvideo15`); Qwen-Image's joint attention
-gets its Q/K norms and rotary embeddings fused (`qwenimage`), falling back to the routed stock call
+and LTX-Video's attention get their Q/K norms and rotary embeddings fused (`qwenimage`, `ltx`), falling back to the routed stock call
 (``_STOCK_CALL`` in the copy's globals). The processor object itself is never replaced: the copy runs with it
 as ``self``.
 """
 
 from __future__ import annotations
 
+import importlib
+
 from .diffusers_backend import BackendSettings
 from .rebind import call_function, names_global, with_globals
 
 DISPATCH = "dispatch_attention_fn"
-# the stock processor whose __call__ `hunyuanvideo15` replaces, by name: that module (and diffusers' model
-# module) is imported only when a patched model has it
-_HV15_STOCK_CALL = "HunyuanVideo15AttnProcessor2_0.__call__"
-_QWEN_STOCK_CALL = "QwenDoubleStreamAttnProcessor2_0.__call__"
+# stock processor __call__ (by name) -> sagegen's module and the function there that gives its equivalent; the
+# module (and diffusers' model module) is imported only when a patched model has that processor
+_EQUIVALENTS = {
+    "HunyuanVideo15AttnProcessor2_0.__call__": ("hunyuanvideo15", "key_mask_call_for"),
+    "QwenDoubleStreamAttnProcessor2_0.__call__": ("qwenimage", "fused_call_for"),
+    "LTXVideoAttnProcessor.__call__": ("ltx", "fused_call_for"),
+}
 
 
 def dispatches(processor) -> bool:
@@ -53,14 +58,10 @@ def call_for(processor):
     """The function whose copy the backend route runs for ``processor``: sagegen's equivalent where it has
     one, else the processor's own ``__call__``."""
     fn = call_function(processor)
-    if fn is not None and fn.__qualname__ == _HV15_STOCK_CALL:  # imported only for this processor
-        from .hunyuanvideo15 import key_mask_call_for
-
-        return key_mask_call_for(processor) or fn
-    if fn is not None and fn.__qualname__ == _QWEN_STOCK_CALL:
-        from .qwenimage import fused_call_for
-
-        return fused_call_for(processor) or fn
+    equivalent = _EQUIVALENTS.get(getattr(fn, "__qualname__", None))
+    if equivalent is not None:
+        module = importlib.import_module(f"{__package__}.{equivalent[0]}")
+        return getattr(module, equivalent[1])(processor) or fn
     return fn
 
 

@@ -27,7 +27,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
-from .fused_common import _joint_buffers, _kernel_can_run
+from .fused_common import _backend_copy_can_fuse, _joint_buffers
 from .fused_joint import _diffusers_rms_params
 from .rebind import call_function
 
@@ -48,14 +48,10 @@ def _pair_tables(freqs, n: int, heads: int, head_dim: int):
 
 def _fusable(session, self, attn, hidden_states, encoder_hidden_states, attention_mask) -> bool:
     # (the session is passed in: this helper's globals are the module's, not the route's copy's)
-    if (session is None or not session.fuse_qk_prologue or session.attention_override is not None
-            or torch.compiler.is_compiling() or getattr(self, "_parallel_config", None) is not None):
-        return False
-    if attention_mask is not None or not all(isinstance(t, torch.Tensor) and t.dim() == 3
-                                             for t in (hidden_states, encoder_hidden_states)):
+    if attention_mask is not None or not (isinstance(encoder_hidden_states, torch.Tensor)
+                                          and encoder_hidden_states.dim() == 3):
         return False  # (the stock call raises for a mask or a missing text stream)
-    weight = getattr(attn.to_q, "weight", None)
-    return _kernel_can_run(weight, hidden_states) and hidden_states.dtype == weight.dtype
+    return _backend_copy_can_fuse(session, self, hidden_states, getattr(attn.to_q, "weight", None))
 
 
 def fused_call(self, attn, hidden_states, encoder_hidden_states=None, encoder_hidden_states_mask=None,
