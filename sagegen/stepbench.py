@@ -60,6 +60,8 @@ def parse_args(argv=None):
                    help="the architecture's full size with random weights (always: nothing is downloaded)")
     p.add_argument("--tiny", action="store_true", help="CPU smoke mode (shrunk architecture, small inputs)")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of both sides")
+    p.add_argument("--compiled-only", action="store_true",
+                   help="with --compile: time only stock eager (the reference) and the compiled variants")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
     p.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead", "max-autotune",
                                                             "max-autotune-no-cudagraphs"],
@@ -90,6 +92,8 @@ def parse_args(argv=None):
                    help="also one profiled step of each eager side: GPU time by kernel group (attention, "
                         "quantization, the fused Q/K prologue, the rest)")
     args = p.parse_args(argv)
+    if args.compiled_only and not args.compile:
+        p.error("--compiled-only needs --compile")
     if args.warmup < 0 or args.repeats < 1:
         p.error("--warmup must be >= 0 and --repeats >= 1")
     for name in ("batch", "height", "width", "frames"):
@@ -218,6 +222,30 @@ def device_info(device: torch.device) -> dict:
             "threads": torch.get_num_threads()}
 
 
+def _summary(results: dict, outputs: dict) -> dict:
+    """Ratios between the variants measured so far (a partial run has some of them)."""
+    t = {k: v["median_s"] for k, v in results.items()}
+    summary = {"diff_vs_stock": {v: compare(o, outputs["stock"]) for v, o in outputs.items() if v != "stock"}}
+    pairs = {"speedup": ("stock", "sagegen"), "speedup_compiled": ("stock_compiled", "sagegen_compiled"),
+             "speedup_fp8": ("stock", "sagegen_fp8"), "fp8_vs_attention_only": ("sagegen", "sagegen_fp8"),
+             "speedup_fp8_compiled": ("stock_compiled", "sagegen_fp8_compiled"),
+             "compiled_vs_eager_stock": ("stock", "stock_compiled")}
+    summary.update({name: t[a] / t[b] for name, (a, b) in pairs.items() if a in t and b in t})
+    if "no_attention" in t:
+        summary["attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["stock"]
+        if "sagegen" in t:
+            summary["sagegen_attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["sagegen"]
+    return summary
+
+
+def _write(path: str, report: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     arch = archs.get_arch(args.model)
@@ -244,12 +272,38 @@ def main(argv=None) -> dict:
     inputs = archs.example_inputs(args.model, batch=batch, dtype=dtype, device=device, seed=args.seed + 1, **size)
     timer = Timer(device)
     results, outputs = {}, {}
+    route, stats, linear_info, profiles = None, {}, None, {}
+    backend = "auto" if args.tiny else args.backend
 
     def forward(m):
         def run():
             with torch.inference_mode():
                 return m(**inputs)[0]
         return run
+
+    def build_report() -> dict:
+        summary = _summary(results, outputs)
+        cfg = dict(model.config)
+        report = {
+            "benchmark": "model_step", "model": args.model, "tiny": args.tiny, "arch_source": arch.source,
+            "patch_family": route,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
+            "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,
+            "compile_mode": args.compile_mode if args.compile else None,
+            "sage_config": config.to_dict(), "backend": backend,
+            "sparse": [{"spec": spec, "config": c.to_dict()} for spec, c in args.sparse],
+            "warmup": args.warmup, "repeats": args.repeats,
+            "build_s": build_s,
+            "inputs": {"batch": batch, **size, "tokens_per_sample": archs.tokens_per_sample(args.model, **size),
+                       "heads": cfg.get("num_attention_heads"), "head_dim": cfg.get("attention_head_dim"),
+                       "layers": cfg.get("num_layers"), "single_layers": cfg.get("num_single_layers"),
+                       "shapes": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}},
+            "patch_stats": stats, "linear": linear_info, "results": results, **summary,
+        }
+        if profiles:
+            report["profile"] = profiles
+        return report
 
     def record(variant, fn):
         out, times, peak = timer.measure(fn, args.warmup, args.repeats)
@@ -262,22 +316,23 @@ def main(argv=None) -> dict:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        _write(args.out, {**build_report(), "partial": True})  # a run cut short keeps what it measured
 
-    profiles = {}
     profiling = args.profile and device.type == "cuda"
     if args.profile and not profiling:
         print("note: --profile needs a CUDA GPU (it reads GPU kernel times); skipped on CPU", flush=True)
     record("stock", forward(model))
     if profiling:
         profiles["stock"] = profile_step(forward(model))
-    backend = "auto" if args.tiny else args.backend
     # allow_generic: the newer classes (LTX-Video, Qwen-Image, HunyuanVideo-1.5) are not in SUPPORTED_MODELS
     # and take the generic route; the five families and Wan keep their fused routes either way
     sagegen.patch(model, config, backend=backend, allow_generic=True)
     route = patch_info(model)["family"]
     reset_stats(model)
-    record("sagegen", forward(model))
-    stats = dict(patch_info(model)["stats"])
+    stats = {}
+    if not args.compiled_only:
+        record("sagegen", forward(model))
+        stats = dict(patch_info(model)["stats"])
     if profiling:
         profiles["sagegen"] = profile_step(forward(model))
         for side, prof in profiles.items():
@@ -295,13 +350,12 @@ def main(argv=None) -> dict:
         print(f"  {name}: density {d.get('overall')} ({len(d.get('per_step_layer', []))} layer calls "
               f"recorded over all timed runs)", flush=True)
         sagegen.patch(model, config, backend=backend)  # back to dense for the variants below
-    if not args.no_zero_attention:
+    if not (args.no_zero_attention or args.compiled_only):
         set_attention_override(model, lambda q, k, v, mask, is_causal, scale: torch.zeros_like(q))
         record("no_attention", forward(model))
         set_attention_override(model, None)
     sagegen.unpatch(model)
-    linear_info = None
-    if args.linear:
+    if args.linear and not args.compiled_only:
         sagegen.patch(model, config, backend=backend, linear=args.linear, linear_policy=args.linear_policy)
         record("sagegen_fp8", forward(model))
         if profiling:
@@ -328,59 +382,24 @@ def main(argv=None) -> dict:
             sagegen.unpatch(model)
             torch._dynamo.reset()
 
-    stock = results["stock"]["median_s"]
-    summary = {
-        "speedup": stock / results["sagegen"]["median_s"],
-        "diff_vs_stock": {v: compare(o, outputs["stock"]) for v, o in outputs.items() if v != "stock"},
-    }
-    if "no_attention" in results:
-        summary["attention_share_lower_bound"] = 1.0 - results["no_attention"]["median_s"] / stock
-        summary["sagegen_attention_share_lower_bound"] = (
-            1.0 - results["no_attention"]["median_s"] / results["sagegen"]["median_s"])
-    if args.compile:
-        summary["speedup_compiled"] = results["stock_compiled"]["median_s"] / results["sagegen_compiled"]["median_s"]
-    if args.linear:
-        summary["speedup_fp8"] = stock / results["sagegen_fp8"]["median_s"]
-        summary["fp8_vs_attention_only"] = results["sagegen"]["median_s"] / results["sagegen_fp8"]["median_s"]
-        if args.compile:
-            summary["speedup_fp8_compiled"] = (results["stock_compiled"]["median_s"]
-                                               / results["sagegen_fp8_compiled"]["median_s"])
-    cfg = dict(model.config)
-    report = {
-        "benchmark": "model_step", "model": args.model, "tiny": args.tiny, "arch_source": arch.source,
-        "patch_family": route,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
-        "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,
-        "compile_mode": args.compile_mode if args.compile else None,
-        "sage_config": config.to_dict(), "backend": backend,
-        "sparse": [{"spec": spec, "config": c.to_dict()} for spec, c in args.sparse],
-        "warmup": args.warmup, "repeats": args.repeats,
-        "build_s": build_s,
-        "inputs": {"batch": batch, **size, "tokens_per_sample": archs.tokens_per_sample(args.model, **size),
-                   "heads": cfg.get("num_attention_heads"), "head_dim": cfg.get("attention_head_dim"),
-                   "layers": cfg.get("num_layers"), "single_layers": cfg.get("num_single_layers"),
-                   "shapes": {k: list(v.shape) for k, v in inputs.items() if isinstance(v, torch.Tensor)}},
-        "patch_stats": stats, "linear": linear_info, "results": results, **summary,
-    }
-    if profiles:
-        report["profile"] = profiles
-    if stats.get("fallback") or not stats.get("routed"):
+    report = build_report()
+    summary = {k: report[k] for k in ("speedup", "diff_vs_stock", "speedup_fp8", "fp8_vs_attention_only")
+               if k in report}
+    if not args.compiled_only and (stats.get("fallback") or not stats.get("routed")):
         print(f"warning: the patched step routed {stats.get('routed', 0)} attention calls and fell back on "
               f"{stats.get('fallback', 0)}: {stats}", file=sys.stderr)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, args.out)
-    d = summary["diff_vs_stock"]["sagegen"]
-    if args.linear:
+    _write(args.out, report)
+    if "speedup_fp8" in summary:
         d8 = summary["diff_vs_stock"]["sagegen_fp8"]
         print(f"attention + FP8 linears: speedup {summary['speedup_fp8']:.3f}x ({summary['fp8_vs_attention_only']:.3f}x "
               f"over attention only); vs stock: cosine {d8['cosine']:.6f}, rel-L1 {d8['rel_l1']:.4f}")
-    print(f"speedup {summary['speedup']:.3f}x; sagegen vs stock: cosine {d['cosine']:.6f}, rel-L1 {d['rel_l1']:.4f}; "
-          f"wrote {args.out}")
+    if "speedup" in summary:
+        d = summary["diff_vs_stock"]["sagegen"]
+        print(f"speedup {summary['speedup']:.3f}x; sagegen vs stock: cosine {d['cosine']:.6f}, "
+              f"rel-L1 {d['rel_l1']:.4f}")
+    if "speedup_compiled" in report:
+        print(f"compiled: speedup {report['speedup_compiled']:.3f}x over compiled stock")
+    print(f"wrote {args.out}")
     return report
 
 

@@ -39,6 +39,38 @@ def test_tiny_mode_writes_a_complete_report(model, tmp_path, seed):
     assert diff["no_attention"]["rel_l1"] > 5 * diff["sagegen"]["rel_l1"]  # attention matters in the model
     assert diff["sagegen_compiled"]["rel_l1"] < 0.05
     assert on_disk["inputs"]["batch"] == arch.get_arch(model).batch
+    assert "partial" not in on_disk and on_disk["speedup_compiled"] > 0
+
+
+def test_compiled_only_and_partial_reports(tmp_path, monkeypatch):
+    """--compiled-only times stock eager (the reference) and the compiled sides only; a run cut short after a
+    variant leaves a report marked partial with what it measured."""
+    bench = load_bench()
+    out = tmp_path / "step.json"
+    report = bench.main(["flux.1-dev", "--tiny", "--out", str(out), "--warmup", "0", "--repeats", "1",
+                         "--compile", "--compile-backend", "eager", "--compiled-only"])
+    assert set(report["results"]) == {"stock", "stock_compiled", "sagegen_compiled"}
+    assert "speedup" not in report and report["speedup_compiled"] > 0
+    assert json.loads(out.read_text())["results"].keys() == report["results"].keys()
+    with pytest.raises(SystemExit):
+        bench.main(["flux.1-dev", "--tiny", "--out", str(out), "--compiled-only"])  # needs --compile
+
+    measured = []
+    real = bench.Timer.measure
+
+    def cut_short(self, fn, warmup, repeats):
+        if len(measured) == 2:
+            raise KeyboardInterrupt  # the third variant never finishes
+        measured.append(1)
+        return real(self, fn, warmup, repeats)
+
+    monkeypatch.setattr(bench.Timer, "measure", cut_short)
+    partial = tmp_path / "partial.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["flux.1-dev", "--tiny", "--out", str(partial), "--warmup", "0", "--repeats", "1"])
+    on_disk = json.loads(partial.read_text())
+    assert on_disk["partial"] is True and set(on_disk["results"]) == {"stock", "sagegen"}
+    assert on_disk["speedup"] > 0 and not list(tmp_path.glob("*.tmp"))
 
 
 def test_profile_kernel_groups():
