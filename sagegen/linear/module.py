@@ -20,6 +20,9 @@ before compiling; a layer compiled before calibrating stays plain FP8 in that gr
 pre-GELU tensor and the GELU runs inside the quantization kernel (every path, bf16 fallback included, computes
 the layer of GELU(x)).
 
+Eager calls inside an attention processor whose input another FP8 projection there has quantized (Q, K and V
+of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation.
+
 Calls with fewer than ``min_rows`` tokens (modulation and embedding projections of one timestep vector) run
 the original bf16 linear: FP8 does not pay there.
 """
@@ -30,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from . import numerics
-from .ops import blockwise_weight_scale_for_gemm, fp8_linear, fp8_linear_eager
+from .ops import blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, quantize_eager
+from .shared import shared
 
 OUTLIER_MODES = ("off", "smooth", "split")
 
@@ -112,9 +116,20 @@ class FP8Linear(torch.nn.Module):
         if not self.calibrated and not compiling:
             self.calibrate(numerics.gelu_tanh(x2) if self.prologue else x2)
         on_gpu = x2.is_cuda and not self.emulate
-        op = fp8_linear if compiling else fp8_linear_eager  # the custom op where dynamo traces, else no dispatch
-        y = op(x2, self.w_q, self.w_scale_gemm if on_gpu else self.w_scale, bias,
-                       self.col_scale, self.act_granularity, self.emulate, self.fast_accum, self.prologue)
+        w_scale = self.w_scale_gemm if on_gpu else self.w_scale
+        if compiling:  # the custom op, which dynamo keeps whole
+            y = fp8_linear(x2, self.w_q, w_scale, bias, self.col_scale, self.act_granularity, self.emulate,
+                           self.fast_accum, self.prologue)
+        else:  # no dispatch; a plain input already quantized for another projection is reused (`shared`)
+            cache = shared() if self.col_scale is None and self.prologue is None else None
+            # keyed on the input as passed (its reshape is a new object per call, with no _base in inference mode)
+            xq_xs = cache.get(x, self.act_granularity, self.emulate) if cache is not None else None
+            if xq_xs is None:
+                xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, self.prologue)
+                if cache is not None:
+                    cache.put(x, self.act_granularity, self.emulate, xq_xs)
+            y = gemm_eager(*xq_xs, self.w_q, w_scale, bias, self.act_granularity, self.emulate, self.fast_accum,
+                           x2.dtype)
         if self.w_outlier is not None:
             xo = x2.index_select(1, self.outlier_idx)
             y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ self.w_outlier.t()

@@ -117,14 +117,39 @@ def blockwise_supported(device_index: int) -> tuple[bool, str]:
         return False, f"block-scaled scaled_mm failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
 
 
+def quantize_eager(x: torch.Tensor, act_granularity: str, emulate: bool, col_scale: torch.Tensor | None = None,
+                   prologue: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` [M, K] -> (e4m3 [M, K], fp32 scales) as `gemm_eager` reads them: the Triton kernel on a GPU (block
+    scales K-major, as cuBLASLt wants them), the emulation elsewhere."""
+    if emulate or x.device.type != "cuda":
+        return numerics.quantize_activations(x, act_granularity, col_scale, prologue)
+    from ..kernels.fp8_quant import quantize_fp8_rows
+
+    return quantize_fp8_rows(x, act_granularity, col_scale, prologue=prologue,
+                             scales_k_major=act_granularity == "per_block")
+
+
+def gemm_eager(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+               bias: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool,
+               out_dtype: torch.dtype) -> torch.Tensor:
+    """The product of a `quantize_eager` activation and the FP8 weight -> [M, N] in ``out_dtype``."""
+    if emulate or xq.device.type != "cuda":
+        y = numerics.dequantize_activations(xq, xs) @ numerics.dequantize_weight(w_q, w_scale).t()
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(out_dtype)
+    if act_granularity == "per_token":
+        return _gemm_rowwise(xq, xs, w_q, w_scale, bias, out_dtype, fast_accum)
+    return _gemm_blockwise(xq, xs, w_q, w_scale, bias, out_dtype)
+
+
 def fp8_linear_eager(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                      col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,
                      prologue: str | None = None) -> torch.Tensor:
     """`fp8_linear` without the custom-op dispatch, for eager calls: on an H100 the dispatch alone cost ~60 us
     of host time a call (bench/probes/probe_fp8_overhead.py), which made a Flux step launch-bound."""
-    if emulate or x.device.type != "cuda":
-        return numerics.fp8_linear_reference(x, w_q, w_scale, bias, act_granularity, col_scale, prologue)
-    return _gpu_forward(x, w_q, w_scale, bias, act_granularity, col_scale, fast_accum, prologue)
+    xq, xs = quantize_eager(x, act_granularity, emulate, col_scale, prologue)
+    return gemm_eager(xq, xs, w_q, w_scale, bias, act_granularity, emulate, fast_accum, x.dtype)
 
 
 @torch.library.custom_op("sagegen::fp8_linear", mutates_args=())

@@ -52,6 +52,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import api as _api
 from ..config import SUPPORTED_HEAD_DIMS, SageConfig
+from ..linear.shared import sharing
 from . import fused_route as _fused
 from .rebind import rebind
 
@@ -346,7 +347,10 @@ def wrapper_class(original_cls: type) -> type:
     base = SageModuleProcessorBase if issubclass(original_cls, torch.nn.Module) else SageProcessorBase
 
     def __call__(self, attn, *args, **kwargs):
-        return self._sage_call(attn, args, kwargs)
+        if torch.compiler.is_compiling():
+            return self._sage_call(attn, args, kwargs)
+        with sharing():  # FP8 projections of one input (Q, K, V) quantize it once (`sagegen.linear.shared`)
+            return self._sage_call(attn, args, kwargs)
 
     try:
         __call__.__signature__ = inspect.signature(original_cls.__call__)
