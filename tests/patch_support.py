@@ -110,3 +110,17 @@ class AttentionSpy(TorchFunctionMode):
 
 def pipeline_roots(pipe) -> dict[str, torch.nn.Module]:
     return {name: c for name, c in pipe.components.items() if isinstance(c, torch.nn.Module)}
+
+
+def half_model_with_distinct_norms(model, inputs, device, seed: int = 0):
+    """``model`` and ``inputs`` in bf16 on ``device``, the Q/K norm weights (ones at init) set to distinct random
+    values first, so that a norm applied to the wrong tensor or stream changes the output."""
+    g = torch.Generator().manual_seed(seed + 7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".norm_" in name and name.endswith("weight"):
+                p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.25)
+    model = model.to(device, torch.bfloat16)
+    inputs = {k: (v.to(device, torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point()
+                  else v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    return model, inputs

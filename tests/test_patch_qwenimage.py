@@ -9,7 +9,7 @@ import torch
 
 import sagegen
 from dispatch_models import tiny_qwenimage
-from patch_support import rel_l1
+from patch_support import half_model_with_distinct_norms, rel_l1
 from sagegen.kernels.triton_qk_prologue import rms_norm_rope
 from sagegen.patch import patch_info, set_attention_override
 from sagegen.patch.qwenimage import _pair_tables
@@ -18,16 +18,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton ker
 
 
 def _model(seed=0):
-    model, inputs = tiny_qwenimage(seed)
-    g = torch.Generator().manual_seed(seed + 7)
-    with torch.no_grad():  # distinct norm weights (they start as ones), so a norm applied to the wrong stream shows
-        for name, p in model.named_parameters():
-            if ".norm_" in name and name.endswith("weight"):
-                p.copy_(torch.rand(p.shape, generator=g) * 1.5 + 0.25)
-    model = model.to(DEVICE, torch.bfloat16)
-    inputs = {k: (v.to(DEVICE, torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point()
-                  else v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-    return model, inputs
+    return half_model_with_distinct_norms(*tiny_qwenimage(seed), DEVICE, seed)
 
 
 def _run(model, inputs):
