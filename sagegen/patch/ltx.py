@@ -15,19 +15,16 @@ Imports diffusers.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
 
 from .fused_common import _backend_copy_can_fuse
 from .fused_wan import _heads_rms_params
-from .rebind import call_function
+from .rebind import equivalent_for
 
 _SAGEGEN_SESSION = None  # set in the backend route's copy
 _STOCK_CALL = None       # set in the backend route's copy
-_PARAMETERS = ("self", "attn", "hidden_states", "encoder_hidden_states", "attention_mask", "image_rotary_emb")
 
 
 def _channel_tables(rope, shape: tuple[int, int, int]):
@@ -79,9 +76,6 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, attention_
 
 
 def fused_call_for(processor):
-    """`fused_call` where ``processor`` runs the stock ``LTXVideoAttnProcessor.__call__`` of the signature it
-    mirrors; None otherwise (the processor's own ``__call__`` runs)."""
-    stock = LTXVideoAttnProcessor.__call__
-    if call_function(processor) is not stock:
-        return None
-    return fused_call if tuple(inspect.signature(stock).parameters) == _PARAMETERS else None
+    """`fused_call` where ``processor`` runs the stock ``LTXVideoAttnProcessor.__call__`` (of the signature it mirrors);
+    None otherwise (the processor's own ``__call__`` runs)."""
+    return equivalent_for(processor, LTXVideoAttnProcessor.__call__, fused_call)

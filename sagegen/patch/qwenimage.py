@@ -21,20 +21,16 @@ attention override. Imports diffusers.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
 from .fused_common import _backend_copy_can_fuse, _joint_buffers
 from .fused_joint import _diffusers_rms_params
-from .rebind import call_function
+from .rebind import equivalent_for
 
 _SAGEGEN_SESSION = None  # set in the backend route's copy
 _STOCK_CALL = None       # set in the backend route's copy
-_PARAMETERS = ("self", "attn", "hidden_states", "encoder_hidden_states", "encoder_hidden_states_mask",
-               "attention_mask", "image_rotary_emb")
 
 
 def _pair_tables(freqs, n: int, heads: int, head_dim: int):
@@ -98,9 +94,6 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, encoder_hi
 
 
 def fused_call_for(processor):
-    """`fused_call` where ``processor`` runs the stock ``QwenDoubleStreamAttnProcessor2_0.__call__`` of the
-    signature it mirrors; None otherwise (the processor's own ``__call__`` runs)."""
-    stock = QwenDoubleStreamAttnProcessor2_0.__call__
-    if call_function(processor) is not stock:
-        return None
-    return fused_call if tuple(inspect.signature(stock).parameters) == _PARAMETERS else None
+    """`fused_call` where ``processor`` runs the stock ``QwenDoubleStreamAttnProcessor2_0.__call__`` (of the signature it mirrors);
+    None otherwise (the processor's own ``__call__`` runs)."""
+    return equivalent_for(processor, QwenDoubleStreamAttnProcessor2_0.__call__, fused_call)

@@ -43,6 +43,15 @@ def call_function(processor) -> types.FunctionType | None:
     return fn if isinstance(fn, types.FunctionType) else None
 
 
+def equivalent_for(processor, stock: types.FunctionType, equivalent: types.FunctionType):
+    """``equivalent`` where ``processor`` runs exactly ``stock`` as its ``__call__`` and both take the same
+    parameters (a diffusers release that changed the stock signature gets its own code); else None."""
+    if call_function(processor) is not stock:
+        return None
+    same = tuple(inspect.signature(stock).parameters) == tuple(inspect.signature(equivalent).parameters)
+    return equivalent if same else None
+
+
 def names_global(fn: types.FunctionType, name: str) -> bool:
     """Whether ``fn``'s code (or code nested in it) reads the global ``name``."""
     stack = [fn.__code__]
