@@ -20,8 +20,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def random_blocks(b, h, nqb, nkb, density, empty_row=True, device=DEVICE):
-    """A random bool block matrix with about `density` of the blocks, one q-block with none (if asked)."""
+    """A random bool block matrix with about `density` of the blocks, one q-block with none (if asked).
+    The first q-block of every (batch, head) keeps one random key block, so the output is never all zeros
+    (a relative error against zeros is undefined)."""
     blocks = torch.rand(b, h, nqb, nkb, device=device) < density
+    blocks[:, :, 0, torch.randint(nkb, ())] = True
     if empty_row:
         blocks[0, 0, nqb - 1] = False
     return blocks
