@@ -11,6 +11,10 @@ the pipeline batches guidance (CogVideoX, Mochi, SD3.5 large/medium), in up to f
   stock_compiled / sagegen_compiled   the same under ``torch.compile`` (with --compile)
   sagegen_fp8     (with --linear fp8) patched with FP8 linears too (``linear="fp8"``, --linear-policy JSON);
                   sagegen_fp8_compiled with --compile as well
+  torchao_fp8 / sagegen_torchao_fp8   (with --torchao) the same linears quantized by torchao instead
+                  (Float8DynamicActivationFloat8WeightConfig, per-row: its float8 dynamic inference recipe),
+                  with stock or sagegen attention; *_compiled with --compile. Applied last and in place
+                  (torchao's quantize_ cannot be undone)
 
 Median of --repeats runs after --warmup runs, timed with CUDA events; peak memory per variant; the output
 difference (cosine, relative L1, max abs) of each variant against stock at the same inputs. Writes JSON with
@@ -83,6 +87,9 @@ def parse_args(argv=None):
                         "with --compile)")
     p.add_argument("--linear-policy", default=None,
                    help='JSON object of sagegen.linear.LinearPolicy fields, e.g. \'{"keep_blocks": [0]}\'')
+    p.add_argument("--torchao", action="store_true",
+                   help="also time torchao's float8 dynamic per-row quantization of the layers --linear fp8 "
+                        "quantizes (variants torchao_fp8, sagegen_torchao_fp8; compiled with --compile)")
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
     p.add_argument("--sparse", action="append", default=[], metavar="SPEC",
                    help="also time sagegen with block-sparse attention (repeatable), e.g. topk=0.5, cdf=0.95, "
@@ -229,7 +236,12 @@ def _summary(results: dict, outputs: dict) -> dict:
     pairs = {"speedup": ("stock", "sagegen"), "speedup_compiled": ("stock_compiled", "sagegen_compiled"),
              "speedup_fp8": ("stock", "sagegen_fp8"), "fp8_vs_attention_only": ("sagegen", "sagegen_fp8"),
              "speedup_fp8_compiled": ("stock_compiled", "sagegen_fp8_compiled"),
-             "compiled_vs_eager_stock": ("stock", "stock_compiled")}
+             "compiled_vs_eager_stock": ("stock", "stock_compiled"),
+             "speedup_torchao_fp8": ("stock", "torchao_fp8"),
+             "speedup_sagegen_torchao_fp8": ("stock", "sagegen_torchao_fp8"),
+             "speedup_torchao_fp8_compiled": ("stock_compiled", "torchao_fp8_compiled"),
+             "speedup_sagegen_torchao_fp8_compiled": ("stock_compiled", "sagegen_torchao_fp8_compiled"),
+             "sagegen_fp8_vs_torchao_compiled": ("sagegen_torchao_fp8_compiled", "sagegen_fp8_compiled")}
     summary.update({name: t[a] / t[b] for name, (a, b) in pairs.items() if a in t and b in t})
     if "no_attention" in t:
         summary["attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["stock"]
@@ -365,7 +377,7 @@ def main(argv=None) -> dict:
         info = patch_info(model)["linear"]
         print(f"fp8 layers: {info['fp8_layer_count']}, emulated: {info['emulated']} {info['note']}", flush=True)
         linear_info = {k: info[k] for k in ("policy", "emulated", "note", "fp8_layer_count", "fp8_calls",
-                                            "fp8_weight_bytes_added")}
+                                            "fp8_weight_bytes_added", "fp8_layers")}
         linear_info["bf16_layer_count"] = len(info["bf16_layers"])
         sagegen.unpatch(model)
     if args.compile:
@@ -381,6 +393,11 @@ def main(argv=None) -> dict:
             record("sagegen_fp8_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))
             sagegen.unpatch(model)
             torch._dynamo.reset()
+
+    if args.torchao:
+        from .stepbench_torchao import torchao_variants
+
+        torchao_variants(model, forward, record, args, config, backend, linear_info)
 
     report = build_report()
     summary = {k: report[k] for k in ("speedup", "diff_vs_stock", "speedup_fp8", "fp8_vs_attention_only")

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+import sagegen
 from sagegen.models import arch
 
 
@@ -171,3 +172,47 @@ def test_sagegen_bench_command(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "unknown model 'not-a-model'" in r.output
     r = runner.invoke(app, ["bench", "cogvideox-2b", "--tiny", "--repeats", "many"])
     assert r.exit_code == 2 and "argument --repeats: invalid int value: 'many'" in r.output
+
+
+def test_torchao_variants_quantize_the_same_layers(tmp_path, monkeypatch):
+    """--torchao hands torchao's quantize_ exactly the layers sagegen's FP8 quantizes, then times both
+    attentions with them. torchao refuses float8 on a CPU, so a stand-in module records what it is given
+    (the real one runs on the GPU: bench/NOTES.md)."""
+    seen = {}
+
+    class Config:
+        def __init__(self, granularity):
+            seen["granularity"] = granularity
+
+    def quantize_(model, config, filter_fn):
+        seen["layers"] = {n for n, m in model.named_modules() if filter_fn(m, n)}
+
+    from sagegen import stepbench_torchao
+
+    monkeypatch.setattr(stepbench_torchao, "load_torchao", lambda: (Config, lambda: "row", quantize_))
+    bench = load_bench()
+    for extra in ([], ["--linear", "fp8"]):  # layer names from a patch/unpatch cycle, or from the fp8 variant
+        seen.clear()
+        report = bench.main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "t.json"), "--warmup", "0",
+                             "--repeats", "1", "--torchao", "--no-zero-attention", "--linear-policy",
+                             '{"keep_blocks": []}', *extra])
+        assert {"torchao_fp8", "sagegen_torchao_fp8"} <= set(report["results"])
+        assert seen["granularity"] == "row" and seen["layers"]
+        model = bench.archs.build_transformer("flux.1-dev", dtype=torch.bfloat16, device="cpu", seed=0,
+                                              config_overrides=bench.archs.smoke_overrides("flux.1-dev"))
+        sagegen.patch(model, linear="fp8", linear_policy=sagegen.LinearPolicy(keep_blocks=()))
+        assert seen["layers"] == set(sagegen.patch_info(model)["linear"]["fp8_layers"])
+        assert report["speedup_torchao_fp8"] > 0 and report["speedup_sagegen_torchao_fp8"] > 0
+
+
+def test_torchao_missing_is_reported_not_fatal(tmp_path, monkeypatch, capsys):
+    from sagegen import stepbench_torchao
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'torchao'")
+
+    monkeypatch.setattr(stepbench_torchao, "load_torchao", missing)
+    report = load_bench().main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "t.json"), "--warmup", "0",
+                                "--repeats", "1", "--torchao", "--no-zero-attention"])
+    assert "torchao_fp8" not in report["results"] and "sagegen" in report["results"]
+    assert "torchao variants skipped" in capsys.readouterr().out
