@@ -10,12 +10,14 @@ For each (model, layer, M tokens, K in, N out) it times, with triton.testing.do_
                    than 8192), with its GB/s and the launch
   gemm_fast / gemm_precise   the _scaled_mm alone
   fp8_blockwise    1x128 activations x 128x128 weights via F.scaled_mm block-wise recipes (if supported here)
-  torchao_rowwise  torchao Float8DynamicActivationFloat8WeightConfig(PerRow) (if torchao imports)
+  torchao_rowwise  torchao Float8DynamicActivationFloat8WeightConfig(PerRow) (if torchao imports), eager, and
+                   torchao_rowwise_compiled under torch.compile (--torchao-compile)
 and, for an MLP's second layer (input = the pre-GELU tensor, GELU tanh-approximate):
   bf16_gelu        F.gelu + F.linear in bf16 (what stock runs)
   fp8_gelu_eager   F.gelu in bf16, then fp8_fast;   fp8_gelu_fused   GELU inside the quantization kernel
 Errors (rel. L1, cosine) against bf16 on the first 8192 rows: fast and precise accumulation, and the fused GELU.
-Writes JSON (device, versions, date) to --out; prints one line per shape.
+Writes JSON (device, versions, date) to --out after every shape (marked partial until the end); prints one
+line per shape.
 
     python bench/bench_fp8_linear.py --quick --out bench/results/fp8-linear-quick.json   # < 2 min, 11 shapes
     python bench/bench_fp8_linear.py --out bench/results/fp8-linear-h100-$(date +%F).json  # all shapes
@@ -121,7 +123,8 @@ def _quant_sweep(x, bench) -> dict:
     return out
 
 
-def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, sweep, device="cuda") -> dict:
+def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, sweep, device="cuda",
+                torchao_compile=False) -> dict:
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16, generator=g)
     w = (torch.randn(N, K, device=device, generator=g) / K ** 0.5).to(torch.bfloat16)
@@ -179,6 +182,12 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
             with torch.inference_mode():
                 timed("torchao_rowwise", lambda: ao(x))
                 row["error_vs_bf16"]["torchao_rowwise"] = _err(ao(xe), ref)
+            if torchao_compile:  # how torchao users run it: inductor fuses its quantization into one kernel
+                torch._dynamo.reset()
+                aoc = torch.compile(ao, dynamic=False)
+                with torch.inference_mode():
+                    timed("torchao_rowwise_compiled", lambda: aoc(x))
+                torch._dynamo.reset()
         else:
             row["torchao_error"] = why
     base = row["ms"]["bf16"]
@@ -191,12 +200,31 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
     return row
 
 
+def _report(device, argv, block_ok, block_why, rows, partial=False) -> dict:
+    props = torch.cuda.get_device_properties(device)
+    report = {"benchmark": "fp8_linear",
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": {"name": props.name, "capability": list(torch.cuda.get_device_capability(device))},
+              "versions": _versions(), "argv": sys.argv[1:] if argv is None else argv,
+              "blockwise_supported": block_ok, "blockwise_note": block_why, "rows": rows}
+    return {**report, "partial": True} if partial else report
+
+
+def _write(path, report) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--quick", action="store_true", help="the main shapes of each model (< 2 min on an H100)")
     p.add_argument("--max-m", type=int, default=None, help="cap M (tokens) for a faster run")
     p.add_argument("--no-torchao", action="store_true")
+    p.add_argument("--torchao-compile", action="store_true",
+                   help="also time torch.compile(torchao's layer) per shape (a compile each)")
     p.add_argument("--no-sweep", action="store_true", help="skip the quantization launch sweep")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -214,8 +242,10 @@ def main(argv=None) -> dict:
     for model, layer, M, K, N, gelu in (QUICK if args.quick else SHAPES):
         if args.max_m:
             M = min(M, args.max_m)
-        row = bench_shape(model, layer, M, K, N, gelu, bench, not args.no_torchao, block_ok, not args.no_sweep)
+        row = bench_shape(model, layer, M, K, N, gelu, bench, not args.no_torchao, block_ok, not args.no_sweep,
+                          torchao_compile=args.torchao_compile)
         rows.append(row)
+        _write(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))  # a cut-short run keeps rows
         ms, err = row["ms"], row["error_vs_bf16"]
         best = row.get("quant_best")
         print(f"{model:>12} {layer:<19} M={M:<6} K={K:<5} N={N:<5} bf16 {ms['bf16']:7.3f} ms | "
@@ -225,17 +255,8 @@ def main(argv=None) -> dict:
               + f" gemm fast/precise {ms['gemm_fast']:.3f}/{ms['gemm_precise']:.3f} ms"
               + f" | relL1 fast {err['fp8_fast']['rel_l1']:.4f} precise {err['fp8_precise']['rel_l1']:.4f}",
               flush=True)
-    props = torch.cuda.get_device_properties(device)
-    report = {"benchmark": "fp8_linear",
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "device": {"name": props.name, "capability": list(torch.cuda.get_device_capability(device))},
-              "versions": _versions(), "argv": sys.argv[1:] if argv is None else argv,
-              "blockwise_supported": block_ok, "blockwise_note": block_why, "rows": rows}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, args.out)
+    report = _report(device, argv, block_ok, block_why, rows)
+    _write(args.out, report)
     print(f"wrote {args.out}")
     return report
 
