@@ -16,7 +16,7 @@ the pipeline batches guidance (CogVideoX, Mochi, SD3.5 large/medium), in up to f
                   with stock or sagegen attention; *_compiled with --compile. Applied last and in place
                   (torchao's quantize_ cannot be undone)
 
-Median of --repeats runs after --warmup runs, timed with CUDA events; peak memory per variant; the output
+--only NAMES times just those variants besides stock (fewer compiles). Median of --repeats runs after --warmup runs, timed with CUDA events; peak memory per variant; the output
 difference (cosine, relative L1, max abs) of each variant against stock at the same inputs. Writes JSON with
 the device, torch/triton/diffusers/sagegen versions and the date.
 
@@ -91,6 +91,10 @@ def parse_args(argv=None):
                    help="also time torchao's float8 dynamic per-row quantization of the layers --linear fp8 "
                         "quantizes (variants torchao_fp8, sagegen_torchao_fp8; compiled with --compile)")
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
+    p.add_argument("--only", default=None, metavar="NAMES",
+                   help="comma-separated variants to time besides the stock reference, among those the other "
+                        "options enable (e.g. stock_compiled,sagegen_fp8_compiled,torchao_fp8_compiled): "
+                        "fewer compiles when device time is short")
     p.add_argument("--sparse", action="append", default=[], metavar="SPEC",
                    help="also time sagegen with block-sparse attention (repeatable), e.g. topk=0.5, cdf=0.95, "
                         "sta, radial (docs/sparse.md); one step, so no dense first steps; the first block stays "
@@ -113,6 +117,13 @@ def parse_args(argv=None):
         args.sparse = [(spec, parse_sparse_arg(spec).replace(dense_steps=0.0)) for spec in args.sparse]
     except ValueError as exc:
         p.error(str(exc))
+    enabled = enabled_variants(args)
+    if args.only is not None:
+        args.only = {name.strip() for name in args.only.split(",") if name.strip()}
+        unknown = sorted(args.only - set(enabled))
+        if unknown or not args.only:
+            p.error(f"--only: {', '.join(unknown) or 'no names'} not among the variants these options enable "
+                    f"({', '.join(enabled)}); --compile, --linear fp8, --torchao and --sparse enable more")
     if args.sage_config:
         try:
             args.sage_config = json.loads(args.sage_config)
@@ -131,6 +142,20 @@ def parse_args(argv=None):
         except (ValueError, TypeError) as exc:
             p.error(f"--linear-policy: {exc}")
     return args
+
+
+def enabled_variants(args) -> list[str]:
+    """The variants (besides stock) that the options ask for, in the order they run."""
+    eager = not args.compiled_only
+    names = ["sagegen"] if eager else []
+    names += [f"sagegen_sparse[{spec}]" for spec, _ in args.sparse] if eager else []
+    names += ["no_attention"] if eager and not args.no_zero_attention else []
+    names += ["sagegen_fp8"] if eager and args.linear else []
+    names += ["stock_compiled", "sagegen_compiled"] if args.compile else []
+    names += ["sagegen_fp8_compiled"] if args.compile and args.linear else []
+    for base in ("torchao_fp8", "sagegen_torchao_fp8") if args.torchao else ():
+        names += ([base] if eager else []) + ([f"{base}_compiled"] if args.compile else [])
+    return names
 
 
 class Timer:
@@ -318,6 +343,8 @@ def main(argv=None) -> dict:
         return report
 
     def record(variant, fn):
+        if args.only is not None and variant != "stock" and variant not in args.only:
+            return
         out, times, peak = timer.measure(fn, args.warmup, args.repeats)
         outputs[variant] = out.float().cpu()
         results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak}
@@ -345,17 +372,20 @@ def main(argv=None) -> dict:
     if not args.compiled_only:
         record("sagegen", forward(model))
         stats = dict(patch_info(model)["stats"])
-    if profiling:
+    if profiling and "sagegen" in results:
         profiles["sagegen"] = profile_step(forward(model))
         for side, prof in profiles.items():
             print(f"profile {side}: " + ", ".join(f"{g} {t:.3f} s" for g, t in prof["groups_s"].items()), flush=True)
-    for spec, sparse_cfg in args.sparse:  # block-sparse variants (sagegen.sparse), density recorded
+    for spec, sparse_cfg in [] if args.compiled_only else args.sparse:  # block-sparse variants, density recorded
         sagegen.patch(model, config, backend=backend, sparse=sparse_cfg)
         reset_stats(model)
         name = f"sagegen_sparse[{spec}]"
         record(name, forward(model))
+        if name not in results:  # left out by --only
+            continue
         results[name]["density"] = sparse_density(model)
-        results[name]["speedup_vs_sagegen"] = results["sagegen"]["median_s"] / results[name]["median_s"]
+        if "sagegen" in results:
+            results[name]["speedup_vs_sagegen"] = results["sagegen"]["median_s"] / results[name]["median_s"]
         results[name]["speedup_vs_stock"] = results["stock"]["median_s"] / results[name]["median_s"]
         results[name]["patch_stats"] = dict(patch_info(model)["stats"])
         d = results[name]["density"]
@@ -370,7 +400,7 @@ def main(argv=None) -> dict:
     if args.linear and not args.compiled_only:
         sagegen.patch(model, config, backend=backend, linear=args.linear, linear_policy=args.linear_policy)
         record("sagegen_fp8", forward(model))
-        if profiling:
+        if profiling and "sagegen_fp8" in results:
             profiles["sagegen_fp8"] = profile_step(forward(model))
             print("profile sagegen_fp8: " + ", ".join(f"{k['name'][:60]} {k['s'] * 1000:.1f} ms x{k['count']}"
                                                      for k in profiles["sagegen_fp8"]["top_kernels"]), flush=True)
@@ -402,7 +432,7 @@ def main(argv=None) -> dict:
     report = build_report()
     summary = {k: report[k] for k in ("speedup", "diff_vs_stock", "speedup_fp8", "fp8_vs_attention_only")
                if k in report}
-    if not args.compiled_only and (stats.get("fallback") or not stats.get("routed")):
+    if "sagegen" in results and (stats.get("fallback") or not stats.get("routed")):
         print(f"warning: the patched step routed {stats.get('routed', 0)} attention calls and fell back on "
               f"{stats.get('fallback', 0)}: {stats}", file=sys.stderr)
     _write(args.out, report)

@@ -216,3 +216,29 @@ def test_torchao_missing_is_reported_not_fatal(tmp_path, monkeypatch, capsys):
                                 "--repeats", "1", "--torchao", "--no-zero-attention"])
     assert "torchao_fp8" not in report["results"] and "sagegen" in report["results"]
     assert "torchao variants skipped" in capsys.readouterr().out
+
+
+def test_only_times_the_named_variants(tmp_path, capsys):
+    """--only keeps the stock reference and the named variants (no compile for the rest); names outside what
+    the options enable are a usage error that lists the valid ones."""
+    bench = load_bench()
+    report = bench.main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "t.json"), "--warmup", "0", "--repeats",
+                         "1", "--compile", "--compile-backend", "eager", "--linear", "fp8",
+                         "--only", "sagegen_fp8_compiled, sagegen"])
+    assert set(report["results"]) == {"stock", "sagegen", "sagegen_fp8_compiled"}
+    assert report["speedup"] > 0
+    assert "speedup_fp8_compiled" not in report  # its reference (compiled stock) was left out
+    for bad in (["--only", "sagegen_fp8"], ["--compile", "--only", "torchao_fp8_compiled"], ["--only", ","]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "x.json"), *bad])
+        assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "not among the variants" in err and "stock_compiled" in err
+
+
+def test_sparse_with_compiled_only_runs_no_sparse_variant(tmp_path):
+    """The sparse variants are eager; --compiled-only leaves them out (it used to fail looking up sagegen)."""
+    report = load_bench().main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "t.json"), "--warmup", "0",
+                                "--repeats", "1", "--compile", "--compile-backend", "eager", "--compiled-only",
+                                "--sparse", "topk=0.5"])
+    assert set(report["results"]) == {"stock", "stock_compiled", "sagegen_compiled"}
