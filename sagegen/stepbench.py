@@ -16,9 +16,10 @@ the pipeline batches guidance (CogVideoX, Mochi, SD3.5 large/medium), in up to f
                   with stock or sagegen attention; *_compiled with --compile. Applied last and in place
                   (torchao's quantize_ cannot be undone)
 
---only NAMES times just those variants besides stock (fewer compiles). Median of --repeats runs after --warmup runs, timed with CUDA events; peak memory per variant; the output
-difference (cosine, relative L1, max abs) of each variant against stock at the same inputs. Writes JSON with
-the device, torch/triton/diffusers/sagegen versions and the date.
+--only NAMES times just those variants besides stock (fewer compiles). Median of --repeats runs after --warmup
+runs, timed with CUDA events; peak memory per variant; the output difference (cosine, relative L1, max abs) of
+each variant against stock at the same inputs. Writes JSON with the device, torch/triton/diffusers/sagegen
+versions and the date.
 
     sagegen bench cogvideox-5b --random-weights --out bench/results/model-step-cogvideox-5b-h100.json
     sagegen bench hunyuanvideo --compile --out bench/results/model-step-hunyuanvideo-h100.json
