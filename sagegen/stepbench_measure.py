@@ -1,0 +1,107 @@
+"""Measurement helpers of `sagegen.stepbench`: CUDA-event timing, output comparison, kernel-group profiles,
+versions and device description."""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+
+import sagegen
+
+
+class Timer:
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def measure(self, fn, warmup: int, repeats: int):
+        """(output of the last run, list of seconds per timed run, peak memory in GB or None)."""
+        out = None
+        for _ in range(warmup):
+            out = fn()
+        self.sync()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(repeats):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) / 1000.0)
+            else:
+                t0 = time.perf_counter()
+                out = fn()
+                times.append(time.perf_counter() - t0)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
+        return out, times, peak
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    a, b = out.double().flatten(), ref.double().flatten()
+    return {"cosine": float(torch.nn.functional.cosine_similarity(a, b, dim=0)),
+            "rel_l1": float((a - b).abs().sum() / b.abs().sum()),
+            "max_abs": float((a - b).abs().max()), "finite": bool(torch.isfinite(out).all())}
+
+
+# Kernel-name fragments that identify attention and quantization kernels in a profile.
+ATTENTION_KERNELS = ("_attn_fwd", "fmha", "flash_fwd", "sdpa")  # sagegen's, PyTorch's efficient/flash/cuDNN
+QUANT_KERNELS = ("_quant_", "_kv_stats")
+PROLOGUE_KERNELS = ("_norm_rope_kernel",)  # the patch's fused Q/K norms + rotary embeddings (CogVideoX, Mochi)
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    if any(k in low for k in QUANT_KERNELS):
+        return "quantization"
+    if any(k in low for k in PROLOGUE_KERNELS):
+        return "qk_prologue"
+    if any(k in low for k in ATTENTION_KERNELS):
+        return "attention"
+    return "other"
+
+
+def profile_step(fn) -> dict:
+    """GPU time of one call of fn by kernel group, and its ten largest kernels (CUDA only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    groups: dict[str, float] = {"attention": 0.0, "quantization": 0.0, "qk_prologue": 0.0, "other": 0.0}
+    kernels = []
+    for e in prof.key_averages():
+        t = e.device_time_total / 1e6  # us -> s
+        if t > 0:
+            groups[kernel_group(e.key)] += t
+            kernels.append({"name": e.key[:120], "s": t, "count": e.count})
+    kernels.sort(key=lambda k: -k["s"])
+    return {"groups_s": groups, "total_s": sum(groups.values()), "top_kernels": kernels[:10]}
+
+
+def versions() -> dict:
+    import diffusers
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001 - CPU machines may lack it
+        triton_version = None
+    return {"torch": torch.__version__, "triton": triton_version, "diffusers": diffusers.__version__,
+            "sagegen": sagegen.__version__, "python": platform.python_version(), "cuda": torch.version.cuda}
+
+
+def device_info(device: torch.device) -> dict:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {"name": props.name, "capability": list(torch.cuda.get_device_capability(device)),
+                "memory_gb": round(props.total_memory / 2**30, 1)}
+    return {"name": platform.processor() or platform.machine(), "capability": None, "memory_gb": None,
+            "threads": torch.get_num_threads()}
