@@ -31,7 +31,7 @@ import sagegen  # noqa: E402
 from sagegen.linear import FP8Linear, LinearPolicy  # noqa: E402
 from sagegen.models import arch as archs  # noqa: E402
 from sagegen.patch import patch_info  # noqa: E402
-from sagegen.stepbench import compare, versions  # noqa: E402
+from sagegen.stepbench_measure import compare, versions  # noqa: E402
 
 
 def _layer_errors(model, inputs) -> dict:
