@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from sagegen.cli.cp_option import parse_cp  # noqa: E402
-from sagegen.stepbench import compare, device_info, versions  # noqa: E402
+from sagegen.stepbench_measure import compare, device_info, versions  # noqa: E402
 
 ARCH = {"hunyuanvideo": "hunyuanvideo", "wan2.1-14b": "wan2.1-t2v-14b",     # sagegen.models.arch names
         "hunyuanvideo-1.5": "hunyuanvideo-1.5-720p"}
