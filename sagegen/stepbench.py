@@ -50,7 +50,7 @@ import torch
 import sagegen
 from sagegen.models import arch as archs
 from sagegen.patch import patch_info, reset_stats, set_attention_override, sparse_density
-from sagegen.stepbench_measure import Timer, compare, device_info, kernel_group, profile_step, versions  # noqa: F401
+from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -76,7 +76,7 @@ def test_compiled_only_and_partial_reports(tmp_path, monkeypatch):
 
 def test_profile_kernel_groups():
     """--profile sorts kernels into attention / quantization / the rest by name (real kernel names)."""
-    group = load_bench().kernel_group
+    from sagegen.stepbench_measure import kernel_group as group
     for name in ("_attn_fwd_sm90", "_attn_fwd_kernel",
                  "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7",
                  "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >",
