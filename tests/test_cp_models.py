@@ -17,7 +17,10 @@ def _check(res, identical=False, exact_split=False):
     if exact_split:    # the same split with exact attention per chunk: fp32 rounding (~2e-7) from one process.
         # HunyuanVideo-1.5 with its stock processor under Ring 2: 2.7e-3, though within 1.3x sagegen's error
         assert res["rel_l1_cp_full_vs_exact"] <= 1e-5, res
-    assert res["rel_l1_cp_vs_exact"] <= 1.3 * e, res
+    # Ulysses computes every head as one process does (ratio ~1.0); Ring quantizes each KV chunk on its own, so
+    # its error against exact is another draw of the same size: up to 1.29x over 150 seeds of the four Ring
+    # cases (1.3 failed ~1 run in 50), while a wrong mask or split is off by several times
+    assert res["rel_l1_cp_vs_exact"] <= (1.3 if identical else 1.6) * e, res
     if identical:      # Ulysses: every head over the whole sequence, as in one process. The layers around
         # attention run on sequence chunks, so fp32 rounding differs slightly and an INT8 rounding step can flip
         # (seen: 1.3% of the quantization error); a broken plan is off by several times it.
