@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 from sagegen.kernels.fp8_quant import per_token_launch, quantize_fp8_rows
 from sagegen.linear import fp8_linear, quantize_weight
 from sagegen.linear.ops import _gemm_rowwise, blockwise_supported
+from sagegen.runfiles import atomic_write_json
 
 # (model, layer, M, K, N, gelu: the layer is an MLP's second layer after a tanh GELU). M: tokens per denoiser
 # call at the model's default size (CFG batch included where the pipeline batches it). Flux 1024²: 4096 image +
@@ -210,13 +210,6 @@ def _report(device, argv, block_ok, block_why, rows, partial=False) -> dict:
     return {**report, "partial": True} if partial else report
 
 
-def _write(path, report) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(path + ".tmp", path)
-
-
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="JSON file to write")
@@ -245,7 +238,7 @@ def main(argv=None) -> dict:
         row = bench_shape(model, layer, M, K, N, gelu, bench, not args.no_torchao, block_ok, not args.no_sweep,
                           torchao_compile=args.torchao_compile)
         rows.append(row)
-        _write(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))  # a cut-short run keeps rows
+        atomic_write_json(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))  # a cut-short run keeps rows
         ms, err = row["ms"], row["error_vs_bf16"]
         best = row.get("quant_best")
         print(f"{model:>12} {layer:<19} M={M:<6} K={K:<5} N={N:<5} bf16 {ms['bf16']:7.3f} ms | "
@@ -256,7 +249,7 @@ def main(argv=None) -> dict:
               + f" | relL1 fast {err['fp8_fast']['rel_l1']:.4f} precise {err['fp8_precise']['rel_l1']:.4f}",
               flush=True)
     report = _report(device, argv, block_ok, block_why, rows)
-    _write(args.out, report)
+    atomic_write_json(args.out, report)
     print(f"wrote {args.out}")
     return report
 

@@ -40,7 +40,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
 import statistics
 import sys
 import time
@@ -50,6 +49,7 @@ import torch
 import sagegen
 from sagegen.models import arch as archs
 from sagegen.patch import patch_info, reset_stats, set_attention_override, sparse_density
+from sagegen.runfiles import atomic_write_json
 from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -181,11 +181,7 @@ def _summary(results: dict, outputs: dict) -> dict:
 
 
 def _write(path: str, report: dict) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, path)
+    atomic_write_json(path, report)
 
 
 def main(argv=None) -> dict:
