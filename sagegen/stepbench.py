@@ -91,6 +91,9 @@ def parse_args(argv=None):
     p.add_argument("--torchao", action="store_true",
                    help="also time torchao's float8 dynamic per-row quantization of the layers --linear fp8 "
                         "quantizes (variants torchao_fp8, sagegen_torchao_fp8; compiled with --compile)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="also time the eager variants with each forward replayed as a CUDA graph (stock_graphs, "
+                        "sagegen_graphs, sagegen_fp8_graphs with --linear; sagegen.patch(cuda_graphs=True))")
     p.add_argument("--no-zero-attention", action="store_true", help="skip the no_attention variant")
     p.add_argument("--only", default=None, metavar="NAMES",
                    help="comma-separated variants to time besides the stock reference, among those the other "
@@ -152,6 +155,8 @@ def enabled_variants(args) -> list[str]:
     names += [f"sagegen_sparse[{spec}]" for spec, _ in args.sparse] if eager else []
     names += ["no_attention"] if eager and not args.no_zero_attention else []
     names += ["sagegen_fp8"] if eager and args.linear else []
+    if eager and args.cuda_graphs:
+        names += ["stock_graphs", "sagegen_graphs"] + (["sagegen_fp8_graphs"] if args.linear else [])
     names += ["stock_compiled", "sagegen_compiled"] if args.compile else []
     names += ["sagegen_fp8_compiled"] if args.compile and args.linear else []
     for base in ("torchao_fp8", "sagegen_torchao_fp8") if args.torchao else ():
@@ -171,7 +176,10 @@ def _summary(results: dict, outputs: dict) -> dict:
              "speedup_sagegen_torchao_fp8": ("stock", "sagegen_torchao_fp8"),
              "speedup_torchao_fp8_compiled": ("stock_compiled", "torchao_fp8_compiled"),
              "speedup_sagegen_torchao_fp8_compiled": ("stock_compiled", "sagegen_torchao_fp8_compiled"),
-             "sagegen_fp8_vs_torchao_compiled": ("sagegen_torchao_fp8_compiled", "sagegen_fp8_compiled")}
+             "sagegen_fp8_vs_torchao_compiled": ("sagegen_torchao_fp8_compiled", "sagegen_fp8_compiled"),
+             "stock_graphs_vs_stock": ("stock", "stock_graphs"), "speedup_graphs": ("stock", "sagegen_graphs"),
+             "speedup_fp8_graphs": ("stock", "sagegen_fp8_graphs"),
+             "speedup_fp8_graphs_vs_stock_graphs": ("stock_graphs", "sagegen_fp8_graphs")}
     summary.update({name: t[a] / t[b] for name, (a, b) in pairs.items() if a in t and b in t})
     if "no_attention" in t:
         summary["attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["stock"]
@@ -311,6 +319,10 @@ def main(argv=None) -> dict:
                                             "fp8_weight_bytes_added", "fp8_layers")}
         linear_info["bf16_layer_count"] = len(info["bf16_layers"])
         sagegen.unpatch(model)
+    if args.cuda_graphs and not args.compiled_only:
+        from .stepbench_graphs import graph_variants
+
+        graph_variants(model, forward, record, args, config, backend)
     if args.compile:
         torch._dynamo.reset()
         record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))

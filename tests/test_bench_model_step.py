@@ -242,3 +242,32 @@ def test_sparse_with_compiled_only_runs_no_sparse_variant(tmp_path):
                                 "--repeats", "1", "--compile", "--compile-backend", "eager", "--compiled-only",
                                 "--sparse", "topk=0.5"])
     assert set(report["results"]) == {"stock", "stock_compiled", "sagegen_compiled"}
+
+
+def test_cuda_graph_variants_time_replays(tmp_path, monkeypatch):
+    """--cuda-graphs times stock, sagegen and sagegen + FP8 with graph replays (a recording stand-in for the
+    capture on the CPU, as in test_patch_graphs): every timed run is a replay, and the replayed outputs match
+    the eager variants'."""
+    from test_patch_graphs import _RecordedGraph
+
+    from sagegen.patch import graphs
+
+    def capture(fn):
+        g = _RecordedGraph(fn, fn())
+        return g, g.output
+
+    monkeypatch.setattr(graphs, "on_gpu", lambda t: True)
+    monkeypatch.setattr(graphs, "capture", capture)
+    replays = []
+    original = graphs.GraphedForward._replay
+    monkeypatch.setattr(graphs.GraphedForward, "_replay",
+                        lambda self, entry, leaves: replays.append(1) or original(self, entry, leaves))
+    report = load_bench().main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "t.json"), "--warmup", "1",
+                                "--repeats", "2", "--cuda-graphs", "--linear", "fp8", "--no-zero-attention"])
+    assert {"stock_graphs", "sagegen_graphs", "sagegen_fp8_graphs"} <= set(report["results"])
+    assert len(replays) == 3 * 3  # per variant: the capture's replay (warm-up) and the two timed runs
+    diff = report["diff_vs_stock"]
+    assert diff["stock_graphs"]["rel_l1"] == 0.0
+    assert diff["sagegen_graphs"]["rel_l1"] == diff["sagegen"]["rel_l1"]
+    assert diff["sagegen_fp8_graphs"]["rel_l1"] == diff["sagegen_fp8"]["rel_l1"]
+    assert report["speedup_fp8_graphs"] > 0 and report["stock_graphs_vs_stock"] > 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections import Counter
 
 import torch
@@ -31,6 +32,7 @@ import torch
 from ..config import SageConfig
 from . import backend_route as _route
 from . import fused_blocks as _blocks
+from . import graphs as _graphs
 from . import linear_patch as _linear
 from . import processors as _proc
 from .policy import PrecisionPolicy, resolve_blocks
@@ -63,7 +65,8 @@ class _PatchState:
 
 def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPolicy | None = None,
           backend: str = "auto", allow_generic: bool = True, fp32_dtype: torch.dtype = torch.bfloat16,
-          fuse_prologue: bool = True, linear: str | None = None, linear_policy=None, sparse=None):
+          fuse_prologue: bool = True, linear: str | None = None, linear_policy=None, sparse=None,
+          cuda_graphs: bool = False):
     """Route the attention of a diffusers pipeline's denoisers (or of one transformer) to sagegen.
 
     Args:
@@ -95,6 +98,11 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
             cross-attention and calls under ``min_tokens`` keys. `sparse_density(obj)` reports what ran.
             It applies on every route (on the backend route, sparse calls run the SDPA route's path; not
             under context parallelism).
+        cuda_graphs: replay each denoiser's forward as a CUDA graph (`sagegen.patch.graphs`): the first call
+            of a shape runs eagerly, the second is captured, later ones replay. It takes the host's launch
+            cost out of eager steps (FP8 linears at ~4k tokens are host-bound without it); it costs one
+            activation-sized memory pool per shape. Calls that cannot be captured run eagerly (warned, counted
+            in ``patch_info(...)["cuda_graphs"]``). Not with ``sparse`` (its per-call density records).
 
     Patching an already patched object again updates its config/policy/backend and wraps any processor that
     was replaced in the meantime; it never wraps twice. Returns ``obj``.
@@ -117,6 +125,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
     if fp32_dtype not in _FP32_DTYPES:
         raise ValueError(f"fp32_dtype={fp32_dtype!r} is not supported; use torch.bfloat16 or torch.float16")
     _linear.check_mode(linear, linear_policy)
+    if not isinstance(cuda_graphs, bool):
+        raise TypeError(f"cuda_graphs must be True or False, got {cuda_graphs!r}")
     if policy.last_steps and pipe is None and policy.num_steps is None:
         raise ValueError("PrecisionPolicy.last_steps needs the number of denoising steps: patch the pipeline "
                          "(its scheduler knows it) or set PrecisionPolicy(num_steps=...)")
@@ -124,6 +134,9 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
     if sparse_cfg is not None and sparse_cfg.dense_steps > 0 and pipe is None and policy.num_steps is None:
         raise ValueError("sparse dense_steps needs the number of denoising steps: patch the pipeline (its "
                          "scheduler knows it), set PrecisionPolicy(num_steps=...), or SparseConfig(dense_steps=0)")
+    if cuda_graphs and sparse_cfg is not None:
+        raise ValueError("cuda_graphs=True does not combine with sparse=... (replays would skip the per-call "
+                         "density records); use one or the other")
 
     plans = []  # everything is checked before anything changes
     for attr, transformer in transformers.items():
@@ -152,7 +165,16 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         _linear.apply(transformer, linear, linear_policy, fallback=config.fallback, backend=backend,
                       attention_names=list(modules))
         _install_sparse(state.session, sparse_state, state.tracker, transformer)
+        if cuda_graphs:  # last: FP8 layers swapped in above change the parameters the graphs read
+            _graphs.enable(transformer, state_fn=functools.partial(_graph_state, state.session))
+        else:
+            _graphs.disable(transformer)
     return obj
+
+
+def _graph_state(session) -> tuple:
+    """The Python-side state a patched forward reads per call: a change selects (or captures) another graph."""
+    return session.step_full_precision, id(session.attention_override)
 
 
 def _install_sparse(session, sparse_state, tracker, transformer) -> None:
@@ -234,6 +256,7 @@ def unpatch(obj):
             state.tracker.detach()
         _linear.remove(transformer)
         _blocks.remove(transformer)
+        _graphs.disable(transformer)
         _install_sparse(state.session, None, None, transformer)
         object.__delattr__(transformer, _STATE_ATTR)
     return obj
@@ -253,7 +276,9 @@ def patched(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPo
         s = state.session
         saved = dict(config=s.config, policy=state.policy, backend=s.backend, fp32_dtype=s.fp32_dtype,
                      fuse_prologue=s.fuse_qk_prologue, sparse=s.sparse.cfg if s.sparse is not None else None)
-        saved["linear"], saved["linear_policy"] = _linear.current(_with_models(obj, previous)[attr][0])
+        model = _with_models(obj, previous)[attr][0]
+        saved["linear"], saved["linear_policy"] = _linear.current(model)
+        saved["cuda_graphs"] = _graphs.info(model) is not None
     patch(obj, config, policy=policy, **kwargs)
     try:
         yield obj
@@ -319,6 +344,7 @@ def _info(transformer, state: _PatchState) -> dict:
     if state.tracker is not None:
         info["step"] = {"index": state.tracker.index, "total": state.tracker.total}
     info["linear"] = _linear.info(transformer)
+    info["cuda_graphs"] = _graphs.info(transformer)
     return info
 
 

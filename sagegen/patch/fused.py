@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from .graphs import value_checks_allowed
 from .fused_common import _arguments, _joint_attention, _kernel_can_run, _rope_pair
 
 
@@ -92,7 +93,7 @@ def _rms_norm_params(norm, head_dim: int):
 
 def _prefix_lengths(mask: torch.Tensor, batch: int, text_len: int):
     """Valid text tokens per sample [B] when the mask [B, T] keeps a prefix of them; else None (one sync)."""
-    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (batch, text_len):
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (batch, text_len) or not value_checks_allowed():
         return None
     valid = mask != 0
     lengths = valid.sum(1)

@@ -54,6 +54,7 @@ from .. import api as _api
 from ..config import SUPPORTED_HEAD_DIMS, SageConfig
 from ..linear.shared import sharing
 from . import fused_route as _fused
+from .graphs import value_checks_allowed
 from .rebind import rebind
 
 _SDPA = F.scaled_dot_product_attention
@@ -113,7 +114,8 @@ class PatchSession:
             self.count("overridden")
             out = self.attention_override(q, k, v, bound["attn_mask"], bool(bound["is_causal"]), bound["scale"])
             return out if out.dtype == in_dtype else out.to(in_dtype)
-        mask, rows = (bound["attn_mask"], None) if _compiling() else _simplify_mask(bound["attn_mask"], q.shape[2])
+        mask, rows = ((_simplify_mask(bound["attn_mask"], q.shape[2]) if value_checks_allowed()
+                       else (bound["attn_mask"], None)))
         block_mask = None
         if self.sparse is not None:
             from .sparse_policy import block_mask_for
@@ -134,7 +136,6 @@ class PatchSession:
 def _compiling() -> bool:
     """Whether dynamo is tracing this code (a constant True to dynamo, False when run eagerly)."""
     return torch.compiler.is_compiling()
-
 
 def _auto_prefers_sdpa(n_q: int, n_kv: int, batch_heads: int = 1, head_dim: int = 128) -> bool:
     from ..kernels import backends

@@ -1,0 +1,224 @@
+"""CUDA graphs for a denoiser's forward: ``sagegen.patch(pipe, cuda_graphs=True)``.
+
+Why: an eager step at ~4k tokens (Flux, SD3.5 at 1024²) is bound by the host. Every FP8 linear adds two
+launches (quantization, GEMM), and the GPU waits for Python (bench/NOTES.md v5.0: a Flux FP8 step took
+104 ms of GPU time and 126-197 ms of wall time). Replaying the whole forward as one CUDA graph takes those
+launches off the host without `torch.compile`'s compile time.
+
+How: the module's ``forward`` is replaced (an instance attribute; `disable` deletes it) by a `GraphedForward`.
+Each call gets a key made of everything that decides what the forward launches:
+- the pytree structure of its arguments, each tensor's shape, dtype, strides and device, every other leaf's value;
+- grad and inference mode, ``module.training``;
+- ``state_fn()``: Python-side state read inside the forward (sagegen's step policies, attention overrides).
+The storage addresses of the module's parameters and buffers are checked on every call; when they change
+(the model was moved, offloaded, re-patched) every graph is dropped.
+
+The first call with a new key runs eagerly: it warms up (Triton compiles, FP8 layers calibrate, cuBLAS picks
+its kernels). The second captures a graph and replays it; later calls copy their tensors into the graph's
+inputs and replay. Outputs are cloned, since the next replay overwrites the graph's own.
+These calls run eagerly instead (counted in `info`): calls under ``torch.compile`` tracing, with autograd
+recording, with CPU tensors among the arguments (their values would be baked into the graph), with arguments
+other than tensors, numbers, strings, dtypes, devices and enums (nested in lists, tuples, dicts), keys past
+``max_graphs``, and keys whose capture failed (e.g. a host sync such as ``.item()`` in the forward; warned
+once, with the reason).
+
+Costs: each graph keeps a private memory pool the size of the forward's activations. Counters inside the
+forward (`patch_info` stats, FP8 call counts) see the eager and capture calls, not the replays.
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from collections import Counter
+from typing import Callable
+
+import torch
+from torch.utils import _pytree as pytree
+
+_ATTR = "_sagegen_graphs"
+# non-tensor arguments keyed by value (anything else makes the call eager)
+_VALUE_TYPES = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.memory_format, enum.Enum)
+
+
+def value_checks_allowed() -> bool:
+    """Whether code may read tensor values on the host (mask simplifications): not while dynamo traces, and
+    not while a CUDA graph is being captured, where a host sync fails the capture (the checks are skipped:
+    the unsimplified path computes the same result)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives where graphs are captured (a seam: CPU tests replace it, with `capture`)."""
+    return t.is_cuda
+
+
+def capture(fn: Callable[[], object]):
+    """Capture ``fn()`` into a CUDA graph -> (graph, its output). The graph gets its own memory pool;
+    ``thread_local``: other threads' CUDA calls do not invalidate it."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        output = fn()
+    return graph, output
+
+
+class _Graph:
+    __slots__ = ("graph", "tensor_positions", "static_leaves", "output")
+
+    def __init__(self, graph, tensor_positions, static_leaves, output):
+        self.graph, self.tensor_positions = graph, tensor_positions
+        self.static_leaves, self.output = static_leaves, output
+
+
+class GraphedForward:
+    """A module's forward answered by CUDA graph replays (see the module doc)."""
+
+    def __init__(self, module: torch.nn.Module, forward: Callable, state_fn: Callable[[], object] | None = None,
+                 max_graphs: int = 4):
+        if not isinstance(max_graphs, int) or max_graphs < 1:
+            raise ValueError(f"max_graphs must be a positive int, got {max_graphs!r}")
+        self.forward = forward
+        self.module_type = type(module).__name__
+        self._tensors = lambda: [*module.parameters(), *module.buffers()]
+        self._training = lambda: module.training
+        self.state_fn = state_fn
+        self.max_graphs = max_graphs
+        self.graphs: dict = {}
+        self.seen: set = set()       # keys that ran their eager warm-up call
+        self.failed: dict = {}       # key -> why its capture failed
+        self.stats: Counter = Counter()
+        self._storage = None
+
+    def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return self.forward(*args, **kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        why = self._eager_reason(leaves)
+        if why is not None:
+            self.stats[f"eager:{why}"] += 1
+            return self.forward(*args, **kwargs)
+        key = self._key(leaves, spec)
+        if isinstance(key, str):
+            self.stats[f"eager:{key}"] += 1
+            return self.forward(*args, **kwargs)
+        entry = self.graphs.get(key)
+        if entry is None:
+            if key in self.failed:
+                self.stats["eager:capture_failed"] += 1
+                return self.forward(*args, **kwargs)
+            if key not in self.seen:
+                if len(self.seen) >= self.max_graphs:
+                    self.stats["eager:max_graphs"] += 1
+                    return self.forward(*args, **kwargs)
+                self.seen.add(key)
+                self.stats["warmup"] += 1
+                return self.forward(*args, **kwargs)
+            entry = self._capture(key, leaves, spec)
+            if entry is None:
+                return self.forward(*args, **kwargs)
+        return self._replay(entry, leaves)
+
+    # -- keys -------------------------------------------------------------------------------------------------
+    def _eager_reason(self, leaves) -> str | None:
+        tensors = self._tensors()
+        if not tensors or not on_gpu(tensors[0]):
+            return "not_cuda"
+        storage = tuple(t.data_ptr() for t in tensors)
+        if storage != self._storage:  # moved, offloaded or re-patched: the graphs read the old addresses
+            self.drop()
+            self._storage = storage
+        if torch.is_grad_enabled() and (any(t.requires_grad for t in tensors) or
+                                        any(isinstance(x, torch.Tensor) and x.requires_grad for x in leaves)):
+            return "autograd"
+        if any(isinstance(x, torch.Tensor) and not on_gpu(x) for x in leaves):
+            return "cpu_tensor_argument"
+        return None
+
+    def _key(self, leaves, spec):
+        """The call's key, or a str saying why it cannot have one (an argument of a type whose value is not
+        known to be what its hash says: keying it by identity could replay another object's baked-in value)."""
+        parts = []
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                parts.append((tuple(x.shape), x.dtype, x.stride(), x.device))
+            elif x is None or isinstance(x, _VALUE_TYPES):
+                parts.append((type(x), x))
+            else:
+                return f"argument_type:{type(x).__name__}"
+        state = self.state_fn() if self.state_fn is not None else None
+        return (spec, tuple(parts), torch.is_inference_mode_enabled(), self._training(), state)
+
+    # -- capture and replay -----------------------------------------------------------------------------------
+    def _capture(self, key, leaves, spec) -> _Graph | None:
+        positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        static = list(leaves)
+        for i in positions:
+            static[i] = torch.empty_like(leaves[i]).copy_(leaves[i])  # strides kept where dense (else contiguous)
+        args, kwargs = pytree.tree_unflatten(static, spec)
+        try:
+            graph, output = capture(lambda: self.forward(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - anything the forward cannot do under capture: eager from now on
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            self.failed[key] = reason
+            self.stats["capture_failed"] += 1
+            warnings.warn(f"sagegen cuda_graphs: {self.module_type}.forward could not be captured ({reason}); "
+                          "these calls run eagerly", RuntimeWarning, stacklevel=3)
+            return None
+        out_leaves = pytree.tree_leaves(output)
+        if any(isinstance(t, torch.Tensor) and not on_gpu(t) for t in out_leaves):
+            self.failed[key] = "the forward returned a CPU tensor"
+            self.stats["capture_failed"] += 1
+            return None
+        entry = _Graph(graph, positions, static, output)
+        self.graphs[key] = entry
+        self.stats["captured"] += 1
+        return entry
+
+    def _replay(self, entry: _Graph, leaves):
+        for i in entry.tensor_positions:
+            entry.static_leaves[i].copy_(leaves[i])
+        entry.graph.replay()
+        self.stats["replayed"] += 1
+        return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.output)
+
+    def drop(self) -> None:
+        """Forget every graph (their memory pools are freed once nothing else holds them)."""
+        self.graphs.clear()
+        self.seen.clear()
+        self.failed.clear()
+
+    def info(self) -> dict:
+        return {"graphs": len(self.graphs), "failed": dict(self.failed), "calls": dict(self.stats)}
+
+
+def enable(module: torch.nn.Module, state_fn: Callable[[], object] | None = None, max_graphs: int = 4
+           ) -> GraphedForward:
+    """Answer ``module``'s forward with CUDA graph replays (see the module doc). Enabling again replaces the
+    previous wrapper (its graphs are dropped)."""
+    disable(module)
+    graphed = GraphedForward(module, module.forward, state_fn, max_graphs)
+    object.__setattr__(module, "forward", graphed)
+    object.__setattr__(module, _ATTR, graphed)
+    return graphed
+
+
+def disable(module: torch.nn.Module) -> None:
+    """Undo `enable`: the class's forward (or whatever forward was set before) answers again."""
+    graphed = module.__dict__.get(_ATTR)
+    if graphed is None:
+        return
+    graphed.drop()
+    if module.__dict__.get("forward") is graphed:
+        if getattr(graphed.forward, "__self__", None) is module and graphed.forward.__func__ is type(module).forward:
+            object.__delattr__(module, "forward")
+        else:
+            object.__setattr__(module, "forward", graphed.forward)
+    object.__delattr__(module, _ATTR)
+
+
+def info(module: torch.nn.Module) -> dict | None:
+    """The wrapper's graph count, failed captures and call counts; None when not enabled."""
+    graphed = module.__dict__.get(_ATTR)
+    return graphed.info() if graphed is not None else None

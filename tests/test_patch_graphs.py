@@ -1,0 +1,271 @@
+"""`sagegen.patch(..., cuda_graphs=True)` and `sagegen.patch.graphs` on the CPU.
+
+No CUDA graph can be captured here, so `graphs.capture` is replaced by a recording stand-in whose replay runs
+the captured function again on the graph's own inputs and writes into the captured outputs, as a real replay
+writes into its buffers. What these tests check is the wrapper's bookkeeping: keys, static-input copies,
+cloned outputs, warm-up, invalidation, fallbacks, patch/unpatch. tests/test_gpu_graphs.py captures for real."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+import sagegen
+from helpers import rel_l1
+from sagegen.models import arch as archs
+from sagegen.patch import graphs, patch_info, set_attention_override
+
+
+class _RecordedGraph:
+    def __init__(self, fn, output):
+        self.fn, self.output, self.replays = fn, output, 0
+
+    def replay(self):
+        for dst, src in zip(pytree.tree_leaves(self.output), pytree.tree_leaves(self.fn())):
+            dst.copy_(src)
+        self.replays += 1
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Every tensor counts as on the GPU, except those listed in the returned set (by id)."""
+    host: set[int] = set()
+    captured: list[_RecordedGraph] = []
+
+    def capture(fn):
+        graph = _RecordedGraph(fn, fn())
+        captured.append(graph)
+        return graph, graph.output
+
+    monkeypatch.setattr(graphs, "on_gpu", lambda t: id(t) not in host)
+    monkeypatch.setattr(graphs, "capture", capture)
+    return host, captured
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x, *, scale=1.0, extra=None, opts=None):
+        self.calls += 1
+        y = self.lin(x) * scale
+        return (y + extra if extra is not None else y, {"sum": y.sum(-1)})
+
+
+def _net():
+    torch.manual_seed(0)
+    return _Net().requires_grad_(False)
+
+
+def test_warm_up_then_capture_then_replay_with_fresh_inputs(fake_gpu):
+    _, captured = fake_gpu
+    net = _net()
+    wrapper = graphs.enable(net)
+    xs = [torch.randn(3, 8) for _ in range(4)]
+    outs = [net(x) for x in xs]
+    assert wrapper.stats == {"warmup": 1, "captured": 1, "replayed": 3}
+    assert net.calls == 1 + 1 + 3  # eager warm-up, capture, then the stand-in's replays re-run the forward
+    graphs.disable(net)
+    for x, out in zip(xs, outs):  # each call answered for its own input, not the captured one
+        want = net(x)
+        assert torch.equal(out[0], want[0]) and torch.equal(out[1]["sum"], want[1]["sum"])
+    assert captured[0].replays == 3
+
+
+def test_outputs_are_clones_that_later_replays_do_not_touch(fake_gpu):
+    net = _net()
+    graphs.enable(net)
+    net(torch.randn(2, 8))
+    first = net(torch.randn(2, 8))[0]
+    kept = first.clone()
+    net(torch.randn(2, 8) * 100)
+    assert torch.equal(first, kept)
+
+
+def test_each_shape_and_non_tensor_value_has_its_own_graph_up_to_max_graphs(fake_gpu):
+    net = _net()
+    wrapper = graphs.enable(net, max_graphs=2)
+    for _ in range(2):
+        net(torch.randn(2, 8))
+        net(torch.randn(5, 8))
+    assert wrapper.stats["captured"] == 2 and len(wrapper.graphs) == 2
+    x = torch.randn(2, 8)
+    out = net(x, scale=3.0)  # a third key: past max_graphs, eager
+    assert wrapper.stats["eager:max_graphs"] == 1
+    assert torch.equal(out[0], net.lin(x) * 3.0)
+
+
+def test_state_fn_selects_another_graph(fake_gpu):
+    net = _net()
+    state = {"full": False}
+    wrapper = graphs.enable(net, state_fn=lambda: state["full"])
+    x = torch.randn(2, 8)
+    net(x), net(x)
+    state["full"] = True
+    net(x)
+    assert wrapper.stats == {"warmup": 2, "captured": 1, "replayed": 1}
+
+
+def test_new_parameter_storage_drops_every_graph(fake_gpu):
+    net = _net()
+    wrapper = graphs.enable(net)
+    x = torch.randn(2, 8)
+    net(x), net(x)
+    assert len(wrapper.graphs) == 1
+    net.lin.weight = torch.nn.Parameter(net.lin.weight.detach() * 2, requires_grad=False)  # a move or reload
+    out = net(x)
+    assert len(wrapper.graphs) == 0 and wrapper.stats["warmup"] == 2
+    assert torch.equal(out[0], net.lin(x))
+
+
+def test_cpu_tensor_arguments_autograd_and_unhashable_values_stay_eager(fake_gpu):
+    host, _ = fake_gpu
+    net = _net()
+    wrapper = graphs.enable(net)
+    x = torch.randn(2, 8)
+    extra = torch.ones(8)
+    host.add(id(extra))
+    for _ in range(3):
+        net(x, extra=extra)
+    assert wrapper.stats == {"eager:cpu_tensor_argument": 3}
+    net.requires_grad_(True)
+    for _ in range(2):
+        net(x)
+    assert wrapper.stats["eager:autograd"] == 2
+    with torch.no_grad():
+        net(x), net(x)
+    assert wrapper.stats["captured"] == 1
+    net.requires_grad_(False)
+    wrapper = graphs.enable(net)
+    opts = {"fast"}  # neither a tensor nor a plain value: its contents could change under the same identity
+    for _ in range(3):
+        net(x, opts=opts)
+    assert wrapper.stats == {"eager:argument_type:set": 3}
+    for _ in range(3):  # nested plain values are keyed by value
+        net(x, opts={"mode": ("fast", 2, None, torch.bfloat16)})
+    assert wrapper.stats["captured"] == 1 and wrapper.stats["replayed"] == 2
+
+
+def test_a_failed_capture_warns_once_and_the_key_stays_eager(fake_gpu, monkeypatch):
+    def failing(fn):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(graphs, "capture", failing)
+    net = _net()
+    wrapper = graphs.enable(net)
+    x = torch.randn(2, 8)
+    net(x)
+    with pytest.warns(RuntimeWarning, match="could not be captured .*not permitted"):
+        out = net(x)
+    assert torch.equal(out[0], net.lin(x))
+    net(x)
+    assert wrapper.stats == {"warmup": 1, "capture_failed": 1, "eager:capture_failed": 1}
+    assert "not permitted" in wrapper.info()["failed"][next(iter(wrapper.failed))]
+
+
+def test_cpu_modules_run_eagerly_without_the_stand_in():
+    net = _net()
+    wrapper = graphs.enable(net)
+    x = torch.randn(2, 8)
+    for _ in range(3):
+        assert torch.equal(net(x)[0], net.lin(x))
+    assert wrapper.stats == {"eager:not_cuda": 3}
+
+
+def test_disable_restores_the_class_forward_and_enable_replaces():
+    net = _net()
+    first = graphs.enable(net)
+    second = graphs.enable(net)
+    assert net.forward is second and first is not second
+    graphs.disable(net)
+    assert "forward" not in net.__dict__ and graphs.info(net) is None
+    graphs.disable(net)  # not enabled: nothing to do
+
+    def own_forward(x, **kwargs):
+        return (x, {})
+
+    net.forward = own_forward  # a forward set on the instance before enabling is put back
+    graphs.enable(net)
+    graphs.disable(net)
+    assert net.forward is own_forward
+
+
+def test_max_graphs_must_be_positive():
+    with pytest.raises(ValueError, match="max_graphs"):
+        graphs.enable(_net(), max_graphs=0)
+
+
+def _tiny(name="flux.1-dev"):
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
+                                    config_overrides=archs.smoke_overrides(name))
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64)
+    return model, inputs
+
+
+def test_patch_with_cuda_graphs_matches_the_eager_patch_and_unpatches(fake_gpu):
+    model, inputs = _tiny()
+    with torch.inference_mode():
+        stock = model(**inputs)[0]
+        sagegen.patch(model, linear="fp8")
+        eager = model(**inputs)[0]
+        sagegen.patch(model, linear="fp8", cuda_graphs=True)
+        outs = [model(**inputs)[0] for _ in range(3)]
+        info = patch_info(model)["cuda_graphs"]
+        assert info["calls"] == {"warmup": 1, "captured": 1, "replayed": 2} and info["graphs"] == 1
+        for out in outs:
+            assert torch.equal(out, eager)
+        # a new input value goes through the same graph and gives that input's answer
+        other = dict(inputs, hidden_states=inputs["hidden_states"] * -1)
+        got = model(**other)[0]
+        sagegen.patch(model, linear="fp8")
+        assert patch_info(model)["cuda_graphs"] is None
+        assert torch.equal(got, model(**other)[0])
+        sagegen.patch(model, linear="fp8", cuda_graphs=True)
+        set_attention_override(model, lambda q, k, v, mask, causal, scale: torch.zeros_like(q))
+        model(**inputs), model(**inputs)
+        set_attention_override(model, None)
+        model(**inputs)  # back to the first state: a warm-up again (re-patching dropped the earlier graph)
+        assert patch_info(model)["cuda_graphs"]["calls"] == {"warmup": 2, "captured": 1, "replayed": 1}
+        sagegen.unpatch(model)
+        assert "forward" not in model.__dict__
+        assert torch.equal(model(**inputs)[0], stock)
+    assert rel_l1(eager, stock) < 0.1
+
+
+def test_patched_context_keeps_the_previous_cuda_graphs_setting(fake_gpu):
+    model, inputs = _tiny()
+    sagegen.patch(model, cuda_graphs=True)
+    with sagegen.patched(model):
+        assert patch_info(model)["cuda_graphs"] is None
+    assert patch_info(model)["cuda_graphs"] is not None
+    sagegen.unpatch(model)
+
+
+def test_bad_cuda_graphs_arguments_are_refused_before_anything_changes():
+    model, _ = _tiny()
+    with pytest.raises(TypeError, match="cuda_graphs must be True or False"):
+        sagegen.patch(model, cuda_graphs="yes")
+    with pytest.raises(ValueError, match="cuda_graphs=True does not combine with sparse"):
+        sagegen.patch(model, cuda_graphs=True, sparse="topk=0.5", policy=sagegen.PrecisionPolicy(num_steps=4))
+    assert not sagegen.is_patched(model) and "forward" not in model.__dict__
+
+
+def test_compiled_model_traces_through_the_wrapper(fake_gpu):
+    model, inputs = _tiny()
+    with torch.inference_mode():
+        sagegen.patch(model, cuda_graphs=True)
+        eager = model(**inputs)[0]
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        got = compiled(**inputs)[0]
+    torch._dynamo.reset()
+    assert patch_info(model)["cuda_graphs"]["calls"] == {"warmup": 1}  # the compiled call bypassed it
+    assert rel_l1(got, eager) < 1e-2
+    sagegen.unpatch(model)
+
+
+def test_value_checks_are_allowed_in_plain_eager_code():
+    assert graphs.value_checks_allowed()
