@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ import sagegen  # noqa: E402
 from sagegen.linear import FP8Linear, LinearPolicy  # noqa: E402
 from sagegen.models import arch as archs  # noqa: E402
 from sagegen.patch import patch_info  # noqa: E402
+from sagegen.runfiles import atomic_write_json  # noqa: E402
 from sagegen.stepbench_measure import compare, versions  # noqa: E402
 
 
@@ -112,17 +112,14 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("fp8_layer_accuracy.py needs a CUDA GPU")
-    results = [measure(name, args) for name in args.models]
     props = torch.cuda.get_device_properties(0)
     report = {"benchmark": "fp8_layer_accuracy",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": {"name": props.name, "capability": list(torch.cuda.get_device_capability(0))},
-              "versions": versions(), "argv": sys.argv[1:] if argv is None else argv, "results": results}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, args.out)
+              "versions": versions(), "argv": sys.argv[1:] if argv is None else argv, "results": []}
+    for name in args.models:  # written after each model, so a run cut short keeps what it measured
+        report["results"].append(measure(name, args))
+        atomic_write_json(args.out, {**report, "partial": name != args.models[-1]})
     print(f"wrote {args.out}")
     return report
 

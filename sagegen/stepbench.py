@@ -351,8 +351,14 @@ def main(argv=None) -> dict:
     _write(args.out, report)
     if "speedup_fp8" in summary:
         d8 = summary["diff_vs_stock"]["sagegen_fp8"]
-        print(f"attention + FP8 linears: speedup {summary['speedup_fp8']:.3f}x ({summary['fp8_vs_attention_only']:.3f}x "
-              f"over attention only); vs stock: cosine {d8['cosine']:.6f}, rel-L1 {d8['rel_l1']:.4f}")
+        over = (f" ({summary['fp8_vs_attention_only']:.3f}x over attention only)"
+                if "fp8_vs_attention_only" in summary else "")  # --only may leave attention only out
+        print(f"attention + FP8 linears: speedup {summary['speedup_fp8']:.3f}x{over}; vs stock: cosine "
+              f"{d8['cosine']:.6f}, rel-L1 {d8['rel_l1']:.4f}")
+    if "speedup_fp8_graphs" in report:
+        print(f"CUDA graphs: attention + FP8 linears {report['speedup_fp8_graphs']:.3f}x stock eager"
+              + (f", {report['speedup_fp8_graphs_vs_stock_graphs']:.3f}x stock under graphs"
+                 if "speedup_fp8_graphs_vs_stock_graphs" in report else ""))
     if "speedup" in summary:
         d = summary["diff_vs_stock"]["sagegen"]
         print(f"speedup {summary['speedup']:.3f}x; sagegen vs stock: cosine {d['cosine']:.6f}, "

@@ -101,6 +101,15 @@ def test_a_forward_that_syncs_runs_eagerly_and_cuda_stays_usable():
     torch.cuda.synchronize()
     assert wrapper.stats["capture_failed"] == 1 and wrapper.stats["eager:capture_failed"] == 1
     assert torch.equal(out, net.lin(x)) and (torch.ones(4, device="cuda") * 2).sum().item() == 8
+    # random ops work after the failed capture (torch left the generator in capture mode; graphs ends it)
+    torch.nn.Linear(64, 64, device="cuda")
+    assert torch.randn(1000, device="cuda").std().item() > 0.5
+    # and a capture after it still works
+    wrapper = graphs.enable(torch.nn.Linear(64, 64, device="cuda").requires_grad_(False))
+    lin = wrapper.forward.__self__
+    with torch.inference_mode():
+        outs = [lin(x * i) for i in range(3)]
+    assert wrapper.stats["replayed"] == 2 and torch.equal(outs[2], torch.nn.functional.linear(x * 2, lin.weight, lin.bias))
 
 
 def test_moving_the_model_drops_its_graphs():

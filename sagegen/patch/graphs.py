@@ -59,9 +59,26 @@ def capture(fn: Callable[[], object]):
     """Capture ``fn()`` into a CUDA graph -> (graph, its output). The graph gets its own memory pool;
     ``thread_local``: other threads' CUDA calls do not invalidate it."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        output = fn()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            output = fn()
+    except BaseException:
+        _end_generator_capture()
+        raise
     return graph, output
+
+
+def _end_generator_capture() -> None:
+    """After a failed capture the device's random generator is left in capture mode (torch ends that mode only
+    when a capture succeeds), and every random op after it fails ("Offset increment outside graph capture
+    encountered unexpectedly", seen on an H100 with torch 2.11). A capture of nothing ends it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "the CUDA graph is empty"
+        try:
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+        except Exception:  # noqa: BLE001 - best effort; the original failure is what gets reported
+            pass
 
 
 class _Graph:
