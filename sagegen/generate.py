@@ -57,6 +57,7 @@ class Job:
     device: str = "auto"
     offload: str = "none"
     compile: bool = False
+    cuda_graphs: bool = False  # every variant's denoiser calls replayed as CUDA graphs (sagegen.patch.graphs)
     warmup: int = 1           # untimed warm-up calls per variant (Triton / torch.compile / autotuning)
     model_path: str | None = None
     command: list[str] = field(default_factory=list)
@@ -226,7 +227,8 @@ def attention(pipe, variant: str, job: Job, setup: dict):
     """Patch the pipeline with sagegen's attention for the ``sage`` variant (and undo it after)."""
     if variant != "sage":
         setup["patch_s"] = 0.0
-        yield
+        with _stock_graphs(pipe, job.cuda_graphs, setup):
+            yield
         return
     patch, unpatch = _patcher()
     t0 = time.perf_counter()
@@ -235,6 +237,8 @@ def attention(pipe, variant: str, job: Job, setup: dict):
         kwargs["linear"] = job.linear
     if job.sparse is not None:
         kwargs["sparse"] = job.sparse
+    if job.cuda_graphs:
+        kwargs["cuda_graphs"] = True
     # every preset's denoiser is tested with sagegen (tests/test_models_*.py); the classes outside
     # SUPPORTED_MODELS (LTX-Video, Qwen-Image, HunyuanVideo-1.5) take the generic route
     kwargs["allow_generic"] = True
@@ -251,6 +255,8 @@ def attention(pipe, variant: str, job: Job, setup: dict):
 
             info = patch_info(pipe)
             setup["attention_calls"] = dict(info.get("stats", {}))
+            if info.get("cuda_graphs"):
+                setup["cuda_graphs"] = info["cuda_graphs"]
             if info.get("linear"):  # which layers ran FP8 (docs/fp8-linear.md)
                 setup["linear"] = {k: info["linear"][k] for k in ("fp8_layer_count", "fp8_calls", "fp8_layers",
                                                                   "emulated", "note", "fp8_weight_bytes_added")}
@@ -260,6 +266,26 @@ def attention(pipe, variant: str, job: Job, setup: dict):
 
                 setup["sparse"] = {"config": job.sparse.to_dict(), "density": sparse_density(pipe)}
         unpatch(pipe)
+
+
+@contextlib.contextmanager
+def _stock_graphs(pipe, enabled: bool, setup: dict):
+    """The stock variant's denoisers under the same CUDA-graph wrapper as the patched ones (a fair timing)."""
+    if not enabled:
+        yield
+        return
+    from .patch import graphs
+    from .patch.targets import denoisers
+
+    models = list(denoisers(pipe)[0].values())
+    for model in models:
+        graphs.enable(model)
+    try:
+        yield
+    finally:
+        setup["cuda_graphs"] = graphs.info(models[0])  # graphs, failed captures, eager/replayed calls
+        for model in models:
+            graphs.disable(model)
 
 
 def _compile(pipe) -> None:

@@ -44,6 +44,7 @@ def run_command(
     vae_tiling: jobs.VaeTiling = False,
     vae_slicing: jobs.VaeSlicing = False,
     compile: jobs.Compile = False,
+    cuda_graphs: jobs.CudaGraphs = False,
     warmup: jobs.Warmup = 1,
     out: jobs.Out = None,
     quiet: jobs.Quiet = False,
