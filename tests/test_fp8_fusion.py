@@ -115,10 +115,12 @@ def test_wan_transformer_runs_fp8_linears_with_the_fused_gelu():
     assert info["gelu_fused_layers"] == [f"blocks.{i}.ffn.net.2" for i in range(3)]
     assert info["fp8_calls"] > 0
     assert cosine(out, stock) > 0.99 and rel_l1(out, stock) < 0.15
-    default = LinearPolicy()  # the first and last blocks stay bf16 by default
+    default = LinearPolicy()  # the first and last blocks stay bf16 by default; the GELU is fused by default
     sagegen.patch(model, linear="fp8", linear_policy=default, allow_generic=True)
     assert all(n.startswith("blocks.1.") for n in patch_info(model)["linear"]["fp8_layers"])
-    assert patch_info(model)["linear"]["gelu_fused_layers"] == []  # fusion is opt-in (fuse_gelu=True)
+    assert patch_info(model)["linear"]["gelu_fused_layers"] == ["blocks.1.ffn.net.2"]
+    sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(fuse_gelu=False), allow_generic=True)
+    assert patch_info(model)["linear"]["gelu_fused_layers"] == []
     assert not any(isinstance(m, GeluInputOnly) for m in model.modules())
     sagegen.unpatch(model)
     assert not any(isinstance(m, (FP8Linear, GeluInputOnly)) for m in model.modules())

@@ -18,9 +18,10 @@ The numerics are those of `sagegen.linear.numerics.quantize_activations` bit for
 rounded fp32 operations (so that every implementation agrees, the GPU's torch included, which divides by a
 Python scalar as a multiplication by its reciprocal): ``scale = amax * fp32(1/448)`` (1 where that is 0),
 ``inv = 1 / scale`` (IEEE division, once per row/block), values ``clamp(x * inv, ±448)`` rounded to nearest even.
-NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them). The fused GELU uses the GPU's
-``tanhf`` (libdevice, as torch's CUDA GELU) and, in the interpreter, an exp formula: it matches eager GELU to a
-rounding of the last bit on a few elements, not bit for bit everywhere.
+NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them). The fused GELU computes tanh as
+``1 - 2 / (2^(2u log2 e) + 1)`` (``tanh="libdevice"``: the CUDA math library's ``tanhf``, as torch's CUDA GELU,
+which made the fused kernel compute-bound at 3x the plain quantizer's time on an H100): it matches eager GELU
+to a rounding of the last bit on a few elements, not bit for bit everywhere.
 
 One program per tile of rows (per token: the whole row in registers up to 16384 channels, one read; wider rows
 in two passes, the second from L2) or per (row tile, 1x128 block). Loads are 16-byte vectors when the row
@@ -52,16 +53,19 @@ PROLOGUES = (None, "gelu_tanh")
 _GELU_BETA = tl.constexpr(float(torch.tensor(2.0 ** 0.5 * (2.0 / 3.141592653589793 ** 0.5) * 0.5,
                                              dtype=torch.float32).item()))
 _GELU_KAPPA = tl.constexpr(float(torch.tensor(0.044715, dtype=torch.float32).item()))
+_TWO_LOG2E = tl.constexpr(float(torch.tensor(2.0 / 0.6931471805599453, dtype=torch.float32).item()))
+TANH_IMPLS = ("exp2", "libdevice")
 
 
 @triton.jit
-def _gelu_tanh(x, INTERPRET: tl.constexpr):
+def _gelu_tanh(x, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     # torch's CUDA kernel: inner = beta * (x + kappa * x^3) (nvcc contracts to an fma), 0.5 * x * (1 + tanh(inner))
     inner = _GELU_BETA * tl.fma(_GELU_KAPPA, x * x * x, x)
-    if INTERPRET:  # no libdevice in the interpreter
-        t = 1.0 - 2.0 / (tl.exp(tl.minimum(2.0 * inner, 80.0)) + 1.0)
-    else:
+    if TANH_LIBDEVICE and not INTERPRET:  # the CUDA math library's tanhf, as torch (no libdevice in the interpreter)
         t = libdevice.tanh(inner)
+    else:  # tanh(u) = 1 - 2 / (e^2u + 1): one exp2 and one division; its error (~1e-7 absolute) stays far
+        # below the bf16 rounding that follows, since GELU adds 1 to it
+        t = 1.0 - 2.0 / (tl.exp2(tl.minimum(inner * _TWO_LOG2E, 126.0)) + 1.0)
     return (0.5 * x) * (1.0 + t)
 
 
@@ -75,10 +79,10 @@ def _round_to_bf16_grid(x):
 
 @triton.jit
 def _load_act(X, offs, ok, C, cols, col_ok, HAS_COL: tl.constexpr, GELU: tl.constexpr,
-              INTERPRET: tl.constexpr):
+              INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     x = tl.load(X + offs, mask=ok, other=0.0)
     if GELU:  # the eager GELU stores its output in x's dtype: round there before quantizing
-        g = _gelu_tanh(x.to(tl.float32), INTERPRET)
+        g = _gelu_tanh(x.to(tl.float32), INTERPRET, TANH_LIBDEVICE)
         if INTERPRET and X.dtype.element_ty == tl.bfloat16:
             x = _round_to_bf16_grid(g)
         else:
@@ -109,7 +113,8 @@ def _quantize_tile(x, inv, INTERPRET: tl.constexpr):
 @triton.jit
 def _fp8_quant_per_token_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, n_tiles,
                                 HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                SINGLE_PASS: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr):
+                                SINGLE_PASS: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr,
+                                TANH_LIBDEVICE: tl.constexpr):
     pid = tl.program_id(0)
     for tile in range(pid, n_tiles, tl.num_programs(0)):  # one tile per program unless fewer programs asked
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -117,19 +122,21 @@ def _fp8_quant_per_token_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, n_tiles,
         rows64 = rows.to(tl.int64)
         if SINGLE_PASS:  # the whole row fits one tile (BLOCK_K >= K): one read
             _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_K,
-                                GELU, INTERPRET)
+                                GELU, INTERPRET, TANH_LIBDEVICE)
         else:
             _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_M,
-                                 BLOCK_K, GELU, INTERPRET)
+                                 BLOCK_K, GELU, INTERPRET, TANH_LIBDEVICE)
 
 
 @triton.jit
 def _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr):
+                        BLOCK_K: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr,
+                        TANH_LIBDEVICE: tl.constexpr):
     cols = tl.arange(0, BLOCK_K)
     col_ok = cols < K
     ok = row_ok[:, None] & col_ok[None, :]
-    x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU, INTERPRET)
+    x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU, INTERPRET,
+                  TANH_LIBDEVICE)
     scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
     q = _quantize_tile(x, inv[:, None], INTERPRET)
     tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
@@ -139,14 +146,14 @@ def _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_q
 @triton.jit
 def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr,
-                         INTERPRET: tl.constexpr):
+                         INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # pass 1: the row's amax
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         ok = row_ok[:, None] & col_ok[None, :]
         x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
-                      INTERPRET)
+                      INTERPRET, TANH_LIBDEVICE)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
     scale, inv = _scale_and_inverse(amax)
     for k0 in range(0, K, BLOCK_K):  # pass 2: quantize (the tile is back from L2)
@@ -154,7 +161,7 @@ def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_
         col_ok = cols < K
         ok = row_ok[:, None] & col_ok[None, :]
         x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
-                      INTERPRET)
+                      INTERPRET, TANH_LIBDEVICE)
         q = _quantize_tile(x, inv[:, None], INTERPRET)
         tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
     tl.store(S + rows, scale, mask=row_ok)
@@ -163,7 +170,7 @@ def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_
 @triton.jit
 def _fp8_quant_per_block_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, stride_sm, stride_sk, n_tiles_m,
                                 n_kb, HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                GELU: tl.constexpr, INTERPRET: tl.constexpr):
+                                GELU: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     pid = tl.program_id(0)
     for t in range(pid, n_tiles_m * n_kb, tl.num_programs(0)):
         # consecutive programs take consecutive K blocks of the same rows: neighbouring reads
@@ -176,7 +183,7 @@ def _fp8_quant_per_block_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, stride_s
         ok = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
         x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
-                      INTERPRET)
+                      INTERPRET, TANH_LIBDEVICE)
         scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
         q = _quantize_tile(x, inv[:, None], INTERPRET)
         tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
@@ -201,11 +208,16 @@ def per_token_launch(K: int, *, block_m: int | None = None, num_warps: int | Non
 def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale: torch.Tensor | None = None,
                       *, prologue: str | None = None, scales_k_major: bool = False, block_m: int | None = None,
                       num_warps: int | None = None, programs: int | None = None,
-                      max_single_pass_k: int = SINGLE_PASS_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+                      max_single_pass_k: int = SINGLE_PASS_ELEMENTS, tanh: str = "exp2"
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D activation to FP8 e4m3 with per-token or 1x128-block scales (see the module doc).
 
     ``block_m`` / ``num_warps`` override the launch heuristics; ``programs`` caps the grid (the programs then
-    walk the tiles, grid-stride)."""
+    walk the tiles, grid-stride). ``tanh``: how the GELU prologue computes tanh on the GPU, ``"exp2"`` (default,
+    one exp2 and one division) or ``"libdevice"`` (the CUDA math library's tanhf, as torch; several times
+    slower inside this kernel)."""
+    if tanh not in TANH_IMPLS:
+        raise ValueError(f"tanh={tanh!r} is not supported; use one of {TANH_IMPLS}")
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity={granularity!r} is not supported; use one of {GRANULARITIES}")
     if prologue not in PROLOGUES:
@@ -234,7 +246,7 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
             grid = (min(n_tiles, programs) if programs else n_tiles,)
             _fp8_quant_per_token_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), n_tiles,
                                               HAS_COL=col_scale is not None, GELU=gelu, INTERPRET=interp,
-                                              **launch)
+                                              TANH_LIBDEVICE=tanh == "libdevice", **launch)
         return q, scales
     n_kb = triton.cdiv(K, BLOCK_K_SCALE)
     if scales_k_major:
@@ -248,5 +260,6 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
         _fp8_quant_per_block_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), scales.stride(0),
                                           scales.stride(1), triton.cdiv(M, bm), n_kb,
                                           HAS_COL=col_scale is not None, BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE,
-                                          GELU=gelu, INTERPRET=interp, num_warps=num_warps or 4)
+                                          GELU=gelu, INTERPRET=interp, TANH_LIBDEVICE=tanh == "libdevice",
+                                          num_warps=num_warps or 4)
     return q, scales
