@@ -1,4 +1,5 @@
-"""Wan's block-level element-wise work fused: modulated LayerNorms and gated residual adds in one pass each.
+"""Wan's (and SD3's, `fused_blocks_sd3`) block-level element-wise work fused: modulated LayerNorms and gated
+residual adds in one pass each.
 
 diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V) runs its norms, modulation and
 residual adds as eager fp32 ops around the three sub-layers; at 720p they cost about 8% of a stock step and
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..api import triton_interpret
+from . import fused_blocks_sd3 as _sd3
 from .fused_common import _HALF
 
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
@@ -117,14 +119,27 @@ def _residual_norm(x, y=None, gate=None, **kwargs):
     return residual_norm(x, y, gate, **kwargs)
 
 
-def _subclass(cls: type) -> type:
+def _sd3_forward(self, stock, *args, **kwargs):
+    return _sd3.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+
+
+def _fused_kind(block):
+    """The fused forward that reproduces ``block``'s (Wan's or SD3's), or None."""
+    if fusable(block):
+        return _fused_forward
+    if _sd3.fusable(block):
+        return _sd3_forward
+    return None
+
+
+def _subclass(cls: type, fused) -> type:
     sub = _SUBCLASSES.get(cls)
     if sub is None:  # the same name, so that class-name lookups (no-split modules, hooks) still match
         stock = cls.forward
 
-        def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+        def forward(self, *args, **kwargs):
             # a closure over the stock function: dynamo inlines it (it cannot trace ``type.forward`` lookups)
-            return _fused_forward(self, stock, hidden_states, encoder_hidden_states, temb, rotary_emb)
+            return fused(self, stock, *args, **kwargs)
 
         sub = type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
                                           "_sage_fused_block": True, "__qualname__": cls.__qualname__})
@@ -133,13 +148,13 @@ def _subclass(cls: type) -> type:
 
 
 def install(transformer) -> int:
-    """Swap every fusable Wan block of ``transformer`` to the fused subclass; returns how many are fused."""
+    """Swap every fusable Wan or SD3 block of ``transformer`` to its fused subclass; returns how many are fused."""
     count = 0
     for module in transformer.modules():
         if getattr(type(module), "_sage_fused_block", False):
             count += 1
-        elif fusable(module):
-            module.__class__ = _subclass(type(module))
+        elif (fused := _fused_kind(module)) is not None:
+            module.__class__ = _subclass(type(module), fused)
             count += 1
     return count
 

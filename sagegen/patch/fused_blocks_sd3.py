@@ -1,0 +1,80 @@
+"""SD3 / SD3.5 joint blocks' element-wise work fused: one `residual_norm` pass per norm and residual.
+
+diffusers' ``JointTransformerBlock.forward`` runs, per stream (image and text), a LayerNorm, the modulation
+``* (1 + scale) + shift``, the gate product and the residual add as separate bf16 kernels around attention and
+the feed-forward: about ten launches and passes over the hidden state per stream and block, ~20 ms of an
+SD3.5-large FP8 step at 1024² on an H100 (bench/NOTES.md v5.4). The fused forward computes, per stream:
+
+    n1 = LN(x)·(1+scale_msa)+shift_msa                       -> joint attention
+    x = x + attn·gate_msa;   n2 = LN(x)·(1+scale_mlp)+shift_mlp  -> ff       (one pass)
+    x = x + ff·gate_mlp                                                       (one pass)
+
+The modulation vectors come from the block's own ``norm1`` / ``norm1_context`` linear (so FP8 or hooks on it
+still apply). Values: the stock ops round every intermediate to bf16 ((1 + scale), the product, the sum); the
+pass computes in fp32 and rounds once, so outputs differ from stock by bf16 rounding of intermediates
+(tests/test_fused_blocks_sd3.py bounds it). Blocks with dual attention (SD3.5-medium's first layers), the
+last block (``context_pre_only``), a chunked feed-forward, other norm types, fp32 models, compile, autograd and
+CPU outside the interpreter take the stock forward. `fused_blocks` swaps the class and puts it back.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+_SD3_BLOCK = ("diffusers.models.attention", "JointTransformerBlock")
+
+
+def block_class():
+    try:
+        return getattr(importlib.import_module(_SD3_BLOCK[0]), _SD3_BLOCK[1])
+    except (ImportError, AttributeError):
+        return None
+
+
+def _plain_norm(norm, dim: int) -> bool:
+    return (type(norm) is torch.nn.LayerNorm and tuple(norm.normalized_shape) == (dim,)
+            and norm.weight is None and norm.bias is None)
+
+
+def _ada_zero(norm, dim: int) -> bool:
+    from diffusers.models.normalization import AdaLayerNormZero
+
+    return (type(norm) is AdaLayerNormZero and getattr(norm, "emb", None) is None and _plain_norm(norm.norm, dim)
+            and isinstance(norm.linear, torch.nn.Module))
+
+
+def fusable(block) -> bool:
+    """Whether ``block`` is exactly diffusers' JointTransformerBlock in the form the fused forward reproduces."""
+    cls = block_class()
+    if cls is None or type(block) is not cls or block.use_dual_attention or block.context_pre_only:
+        return False
+    dim = getattr(block.norm2, "normalized_shape", (None,))[0]
+    return (isinstance(dim, int) and _ada_zero(block.norm1, dim) and _ada_zero(block.norm1_context, dim)
+            and _plain_norm(block.norm2, dim) and _plain_norm(block.norm2_context, dim))
+
+
+def _modulation(norm, temb):
+    """shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp as [B, 1, C] views (AdaLayerNormZero's)."""
+    emb = norm.linear(norm.silu(temb))
+    return [p.unsqueeze(1) for p in emb.chunk(6, dim=1)]
+
+
+def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hidden_states, temb,
+                  joint_attention_kwargs=None):
+    """`JointTransformerBlock.forward` with the per-stream element-wise work in `residual_norm` passes."""
+    if (self._chunk_size is not None or not can_run(hidden_states) or not can_run(encoder_hidden_states)
+            or not isinstance(temb, torch.Tensor) or temb.ndim != 2 or hidden_states.dtype != temb.dtype):
+        return stock(self, hidden_states, encoder_hidden_states, temb, joint_attention_kwargs)
+    x, c = hidden_states.contiguous(), encoder_hidden_states.contiguous()
+    shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = _modulation(self.norm1, temb)
+    c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(self.norm1_context, temb)
+    _, n = residual_norm(x, scale=scale, shift=shift, eps=self.norm1.norm.eps)
+    _, cn = residual_norm(c, scale=c_scale, shift=c_shift, eps=self.norm1_context.norm.eps)
+    attn, c_attn = self.attn(hidden_states=n, encoder_hidden_states=cn, **(joint_attention_kwargs or {}))
+    x, n = residual_norm(x, attn, gate, scale=scale_mlp, shift=shift_mlp, eps=self.norm2.eps)
+    x, _ = residual_norm(x, self.ff(n), gate_mlp, norm=False)
+    c, cn = residual_norm(c, c_attn, c_gate, scale=c_scale_mlp, shift=c_shift_mlp, eps=self.norm2_context.eps)
+    c, _ = residual_norm(c, self.ff_context(cn), c_gate_mlp, norm=False)
+    return c, x
