@@ -248,16 +248,12 @@ def test_cuda_graph_variants_time_replays(tmp_path, monkeypatch):
     """--cuda-graphs times stock, sagegen and sagegen + FP8 with graph replays (a recording stand-in for the
     capture on the CPU, as in test_patch_graphs): every timed run is a replay, and the replayed outputs match
     the eager variants'."""
-    from test_patch_graphs import _RecordedGraph
+    from test_patch_graphs import recording_capture
 
     from sagegen.patch import graphs
 
-    def capture(fn):
-        g = _RecordedGraph(fn, fn())
-        return g, g.output
-
     monkeypatch.setattr(graphs, "on_gpu", lambda t: True)
-    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(graphs, "capture", recording_capture)
     replays = []
     original = graphs.GraphedForward._replay
     monkeypatch.setattr(graphs.GraphedForward, "_replay",

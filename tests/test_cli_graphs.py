@@ -9,20 +9,13 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from cli_fakes import isolated  # noqa: F401 (fixture)
+
 from sagegen.cli import jobs
 from sagegen.cli.app import app
 from sagegen.patch import graphs
 
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("SAGEGEN_RUNS", str(tmp_path / "runs"))
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(k, raising=False)
 
 
 @pytest.mark.parametrize("extra, match", [
@@ -37,14 +30,10 @@ def test_cuda_graphs_usage_errors(extra, match):
 
 
 def test_compare_with_cuda_graphs_replays_both_variants(tmp_path, monkeypatch):
-    from test_patch_graphs import _RecordedGraph
-
-    def capture(fn):
-        g = _RecordedGraph(fn, fn())
-        return g, g.output
+    from test_patch_graphs import recording_capture
 
     monkeypatch.setattr(graphs, "on_gpu", lambda t: True)
-    monkeypatch.setattr(graphs, "capture", capture)
+    monkeypatch.setattr(graphs, "capture", recording_capture)
     monkeypatch.setattr(jobs, "_check_device", lambda device: True)  # the device stays the CPU
     out = tmp_path / "cmp"
     r = runner.invoke(app, ["compare", "tiny-sd3", "--prompt", "a", "--seed", "0-1", "--steps", "2",

@@ -27,6 +27,12 @@ class _RecordedGraph:
         self.replays += 1
 
 
+def recording_capture(fn):
+    """`graphs.capture` on the CPU: runs ``fn`` once and returns a graph whose replay runs it again."""
+    graph = _RecordedGraph(fn, fn())
+    return graph, graph.output
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """Every tensor counts as on the GPU, except those listed in the returned set (by id)."""
@@ -34,9 +40,9 @@ def fake_gpu(monkeypatch):
     captured: list[_RecordedGraph] = []
 
     def capture(fn):
-        graph = _RecordedGraph(fn, fn())
+        graph, output = recording_capture(fn)
         captured.append(graph)
-        return graph, graph.output
+        return graph, output
 
     monkeypatch.setattr(graphs, "on_gpu", lambda t: id(t) not in host)
     monkeypatch.setattr(graphs, "capture", capture)

@@ -20,20 +20,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from sagegen.kernels.fp8_quant import quantize_fp8_rows  # noqa: E402
 from sagegen.stepbench_measure import versions  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+from probe_util import bench_ms  # noqa: E402
+
 SHAPES = [("flux ff down", 4608, 12288), ("sd3.5-large ff down", 8858, 9728), ("cogvideox-5b ff down", 35552, 12288),
           ("wan2.1-14b ffn down", 75600, 13824)]
-
-
-def timed(fn, reps=20):
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def main():
@@ -45,9 +36,9 @@ def main():
         x = (torch.randn(M, K, device="cuda") * 2).to(torch.bfloat16)
         ref_q, ref_s = quantize_fp8_rows(F.gelu(x, approximate="tanh"))
         row = {"shape": name, "M": M, "K": K, "ms": {}, "codes_differing": {}}
-        row["ms"]["quant_plain"] = timed(lambda: quantize_fp8_rows(x))
-        row["ms"]["gelu_eager"] = timed(lambda: F.gelu(x, approximate="tanh"))
-        row["ms"]["eager_gelu_then_quant"] = timed(lambda: quantize_fp8_rows(F.gelu(x, approximate="tanh")))
+        row["ms"]["quant_plain"] = bench_ms(lambda: quantize_fp8_rows(x))
+        row["ms"]["gelu_eager"] = bench_ms(lambda: F.gelu(x, approximate="tanh"))
+        row["ms"]["eager_gelu_then_quant"] = bench_ms(lambda: quantize_fp8_rows(F.gelu(x, approximate="tanh")))
         for tanh in ("exp2", "libdevice"):
             for passes, extra in (("one_pass", {}), ("two_pass", {"max_single_pass_k": 0}),
                                   ("one_pass_32w", {"num_warps": 32} if K > 8192 else None)):
@@ -55,7 +46,7 @@ def main():
                     continue
                 key = f"fused_{tanh}_{passes}"
                 fn = lambda: quantize_fp8_rows(x, prologue="gelu_tanh", tanh=tanh, **extra)  # noqa: E731
-                row["ms"][key] = timed(fn)
+                row["ms"][key] = bench_ms(fn)
                 q, s = fn()
                 row["codes_differing"][key] = (q.view(torch.uint8) != ref_q.view(torch.uint8)).float().mean().item()
         print(name, {k: round(v, 3) for k, v in row["ms"].items()}, {k: f"{v:.1e}" for k, v in row["codes_differing"].items()},
