@@ -112,6 +112,48 @@ def test_a_forward_that_syncs_runs_eagerly_and_cuda_stays_usable():
     assert wrapper.stats["replayed"] == 2 and torch.equal(outs[2], torch.nn.functional.linear(x * 2, lin.weight, lin.bias))
 
 
+class _HostValues(torch.nn.Module):
+    """Small host values copied to the GPU inside the forward (Qwen-Image's text length does this)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64, device="cuda")
+        self.table = torch.tensor([0.5, 2.0, -1.0, 4.0])  # a CPU buffer outside the module's tensors
+
+    def forward(self, x, mask):
+        n = torch.as_tensor(mask.shape[1], device=x.device)
+        last = torch.where(mask.any(dim=1), mask.float().argmax(dim=1), n)
+        return self.lin(x) * self.table.to(x.device).repeat(16) + last[:, None]
+
+
+def test_small_host_values_become_graph_constants():
+    net = _HostValues().requires_grad_(False)
+    inputs = [(torch.randn(3, 64, device="cuda"), torch.rand(3, 10, device="cuda") > t) for t in (0.5, 0.9, 1.0, 0.2)]
+    with torch.inference_mode():
+        eager = [net(*x) for x in inputs]
+        wrapper = graphs.enable(net)
+        got = [net(*x) for x in inputs]
+    assert wrapper.stats["captured"] == 1 and wrapper.stats["replayed"] == 3 and not wrapper.failed, wrapper.info()
+    for a, b in zip(got, eager):
+        _same(a, b)
+
+
+def test_qwen_image_captures():
+    """Qwen-Image's forward copied its text length from the host: it could not be captured (NOTES v5.4)."""
+    model, make = _model("qwen-image", size=128)
+    inputs = [make(s) for s in (1, 2, 3)]
+    with torch.inference_mode():
+        sagegen.patch(model)
+        eager = [model(**x)[0] for x in inputs]
+        sagegen.patch(model, cuda_graphs=True)
+        got = [model(**x)[0] for x in inputs]
+    info = patch_info(model)["cuda_graphs"]
+    sagegen.unpatch(model)
+    assert info["calls"].get("captured") == 1 and not info["failed"], info
+    for a, b in zip(got[1:], eager[1:]):
+        _same(a, b)
+
+
 def test_moving_the_model_drops_its_graphs():
     model, make = _model("flux.1-dev", size=128)
     x = make(1)

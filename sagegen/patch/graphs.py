@@ -20,7 +20,8 @@ These calls run eagerly instead (counted in `info`): calls under ``torch.compile
 recording, with CPU tensors among the arguments (their values would be baked into the graph), with arguments
 other than tensors, numbers, strings, dtypes, devices and enums (nested in lists, tuples, dicts), keys past
 ``max_graphs``, and keys whose capture failed (e.g. a host sync such as ``.item()`` in the forward; warned
-once, with the reason).
+once, with the reason). A small host tensor the forward itself copies to the GPU (Qwen-Image's text length)
+is captured as a constant (`host_constants`).
 
 Costs: each graph keeps a private memory pool the size of the forward's activations. Counters inside the
 forward (`patch_info` stats, FP8 call counts) see the eager and capture calls, not the replays.
@@ -35,6 +36,8 @@ from typing import Callable
 
 import torch
 from torch.utils import _pytree as pytree
+
+from .host_constants import HostConstants
 
 _ATTR = "_sagegen_graphs"
 # non-tensor arguments keyed by value (anything else makes the call eager)
@@ -57,10 +60,11 @@ def on_gpu(t: torch.Tensor) -> bool:
 
 def capture(fn: Callable[[], object]):
     """Capture ``fn()`` into a CUDA graph -> (graph, its output). The graph gets its own memory pool;
-    ``thread_local``: other threads' CUDA calls do not invalidate it."""
+    ``thread_local``: other threads' CUDA calls do not invalidate it. Small host values the forward copies to
+    the GPU become constants of the graph (`host_constants`)."""
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"), HostConstants():
             output = fn()
     except BaseException:
         _end_generator_capture()
