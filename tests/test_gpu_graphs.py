@@ -150,8 +150,10 @@ def test_qwen_image_captures():
     info = patch_info(model)["cuda_graphs"]
     sagegen.unpatch(model)
     assert info["calls"].get("captured") == 1 and not info["failed"], info
-    for a, b in zip(got[1:], eager[1:]):
-        _same(a, b)
+    # (under capture its all-valid text mask is not simplified away by a host check: equal within rounding)
+    for a, b in zip(got, eager):
+        assert rel_l1(a, b) < 1e-2, rel_l1(a, b)
+    assert not torch.equal(got[1], got[2])
 
 
 def test_moving_the_model_drops_its_graphs():
