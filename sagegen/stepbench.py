@@ -252,8 +252,9 @@ def main(argv=None) -> dict:
         return report
 
     def record(variant, fn):
+        """Time ``fn``; returns the variant's result entry (None when --only skips it)."""
         if args.only is not None and variant != "stock" and variant not in args.only:
-            return
+            return None
         out, times, peak = timer.measure(fn, args.warmup, args.repeats)
         outputs[variant] = out.float().cpu()
         results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak}
@@ -265,6 +266,7 @@ def main(argv=None) -> dict:
         if device.type == "cuda":
             torch.cuda.empty_cache()
         _write(args.out, {**build_report(), "partial": True})  # a run cut short keeps what it measured
+        return results[variant]
 
     profiling = args.profile and device.type == "cuda"
     if args.profile and not profiling:

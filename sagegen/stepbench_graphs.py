@@ -15,7 +15,12 @@ def graph_variants(model, forward, record, args, config, backend) -> None:
     def timed(name):
         if args.only is None or name in args.only:
             forward(model)()  # eager warm-up; the timer's warm-up call captures
-            record(name, forward(model))
+            entry = record(name, forward(model))
+            info = graphs.info(model)
+            if entry is not None and info is not None:  # captured or not, and why not
+                entry["cuda_graphs"] = info
+                print(f"  {name}: {info['graphs']} graph(s), calls {info['calls']}"
+                      + (f", capture failed: {info['failed']}" if info["failed"] else ""), flush=True)
 
     graphs.enable(model)
     timed("stock_graphs")
