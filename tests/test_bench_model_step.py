@@ -262,6 +262,9 @@ def test_cuda_graph_variants_time_replays(tmp_path, monkeypatch):
                                 "--repeats", "2", "--cuda-graphs", "--linear", "fp8", "--no-zero-attention"])
     assert {"stock_graphs", "sagegen_graphs", "sagegen_fp8_graphs"} <= set(report["results"])
     assert len(replays) == 3 * 3  # per variant: the capture's replay (warm-up) and the two timed runs
+    for name in ("stock_graphs", "sagegen_graphs", "sagegen_fp8_graphs"):
+        info = report["results"][name]["cuda_graphs"]
+        assert info["graphs"] == 1 and info["calls"]["captured"] == 1 and not info["failed"], (name, info)
     diff = report["diff_vs_stock"]
     assert diff["stock_graphs"]["rel_l1"] == 0.0
     assert diff["sagegen_graphs"]["rel_l1"] == diff["sagegen"]["rel_l1"]
