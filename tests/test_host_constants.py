@@ -94,6 +94,7 @@ def test_qwen_image_forward_copies_its_text_length_and_the_mode_answers_it():
     model = archs.build_transformer(name, dtype=torch.float32, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
     x = archs.example_inputs(name, batch=1, dtype=torch.float32, device="cpu", seed=1, height=128, width=128)
+    x["encoder_hidden_states_mask"] = torch.ones(x["encoder_hidden_states"].shape[:2], dtype=torch.long)
     with torch.inference_mode():
         want = model(**x)[0]
         with HostConstants(device_type="cpu") as mode:

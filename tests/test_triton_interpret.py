@@ -292,6 +292,33 @@ def test_gluon_build_failure_falls_back_to_the_triton_kernel(monkeypatch, seed):
                                                         triton_attn.MaskSpec())
 
 
+def test_key_mask_under_graph_capture_takes_the_triton_kernel_without_a_host_check(monkeypatch, seed):
+    """While a CUDA graph is captured, the host check that lets the Gluon kernel take a key-padding mask as key
+    lengths would fail the capture: the Triton kernel applies the mask instead, with the same result as the
+    plain Triton path (where the Gluon kernel would otherwise run, as `gluon_applies` is made to say here)."""
+    from sagegen.kernels import gluon_attn, triton_attn
+
+    q, k, v = qkv(2, 2, 2, 70, 140, 64, device=DEVICE)
+    keep = torch.ones(2, 140, dtype=torch.bool, device=DEVICE)
+    keep[1, 100:] = False
+    mask = keep[:, None, None, :]
+    monkeypatch.setenv("SAGEGEN_KERNEL", "triton")
+    expected = sagegen.sageattn(q, k, v, attn_mask=mask, backend="triton")
+    unmasked = sagegen.sageattn(q, k, v, backend="triton")
+    assert rel_l1(expected, unmasked) > 1e-3  # the mask matters here
+    monkeypatch.delenv("SAGEGEN_KERNEL")
+    monkeypatch.setattr(triton_attn, "gluon_applies", lambda *a, **kw: None)
+    monkeypatch.setattr(triton_attn, "capturing", lambda: True)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("no host check and no Gluon launch while capturing")
+
+    monkeypatch.setattr(triton_attn, "key_prefix_lengths", fail)
+    monkeypatch.setattr(gluon_attn, "launch", fail)
+    out = sagegen.sageattn(q, k, v, attn_mask=mask, backend="triton")
+    assert torch.equal(out, expected)
+
+
 @pytest.mark.parametrize("d,start,norm,rope", [(64, 7, True, True), (48, 0, True, True), (128, 3, False, True),
                                                (64, 5, True, False)])
 def test_layer_norm_rope_matches_diffusers_eager_ops(seed, d, start, norm, rope):

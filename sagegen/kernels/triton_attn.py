@@ -280,6 +280,11 @@ def gluon_quantizes_q() -> bool:
     return gluon_attn.QUANT_Q_IN_KERNEL
 
 
+def capturing() -> bool:
+    """Whether this thread's current CUDA stream is being captured into a CUDA graph."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def key_prefix_lengths(key_bias: torch.Tensor) -> torch.Tensor | None:
     """int32 [B] valid-key counts when a key-padding bias [B, Nk] is 0 on a prefix of the keys and -inf after
     it (text padded at the end, as HunyuanVideo's), with at least one valid key; else None. One host sync."""
@@ -356,8 +361,11 @@ def sage_attention(
         why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, MaskSpec() if key_bias is not None
                                 else mask)
         if why_not is None and key_bias is not None:  # the host sync only when the mask is all that is left
-            key_lengths = key_prefix_lengths(key_bias)
-            why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, mask, key_lengths)
+            if capturing():  # a host sync would fail a CUDA graph capture: the Triton kernel applies any key mask
+                why_not = "a key-padding mask while a CUDA graph is being captured (no host check of its form)"
+            else:
+                key_lengths = key_prefix_lengths(key_bias)
+                why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, mask, key_lengths)
     if choice == "gluon" and why_not:
         raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
     use_gluon = why_not is None

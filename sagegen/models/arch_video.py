@@ -145,11 +145,12 @@ def ltx_inputs(config: dict, *, batch: int, height: int, width: int, frames: int
 def qwenimage_inputs(config: dict, *, batch: int, height: int, width: int, frames: int | None, text_tokens: int,
                      randn, device: torch.device, dtype: torch.dtype, text_mask: torch.Tensor) -> dict:
     """QwenImageTransformer2DModel kwargs as QwenImagePipeline passes them: packed latents [B, (H/16)(W/16),
-    64], Qwen2.5-VL embeddings (trimmed to the prompt, so all valid), timestep / 1000, the image shapes."""
+    64], Qwen2.5-VL embeddings (trimmed to the prompt, so all valid, and then the pipeline passes no mask:
+    ``encode_prompt`` drops an all-True one), timestep / 1000, the image shapes."""
     lh, lw = height // 16, width // 16
     return dict(hidden_states=randn(batch, lh * lw, config["in_channels"]),
                 encoder_hidden_states=randn(batch, text_tokens, config["joint_attention_dim"]),
-                encoder_hidden_states_mask=torch.ones(batch, text_tokens, dtype=torch.long, device=device),
+                encoder_hidden_states_mask=None,
                 timestep=torch.full((batch,), 0.5, device=device, dtype=dtype), img_shapes=[[(1, lh, lw)]] * batch)
 
 

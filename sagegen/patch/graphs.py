@@ -211,7 +211,8 @@ class GraphedForward:
         self.failed.clear()
 
     def info(self) -> dict:
-        return {"graphs": len(self.graphs), "failed": dict(self.failed), "calls": dict(self.stats)}
+        """Graph count, why each failed capture failed (a list, one per call key), call counts: JSON-ready."""
+        return {"graphs": len(self.graphs), "failed": list(self.failed.values()), "calls": dict(self.stats)}
 
 
 def enable(module: torch.nn.Module, state_fn: Callable[[], object] | None = None, max_graphs: int = 4
