@@ -285,7 +285,9 @@ def _sageattn_op(
     mask = normalize_mask(attn_mask, qh.shape[0], kh.shape[2])
     choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once,
                                      n_kv=kh.shape[2], sparse=sparse is not None)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    # q's own memory layout where it is dense (as SDPA's flash kernels do): a processor that passes [B, H, N, D]
+    # views of [B, N, H, D] projections gets a [B, N, H, D] buffer back, so its transpose + reshape is a view
+    out = torch.empty_like(q)
     lse = backends.run(choice, qh, kh, vh, hnd(out), sm_scale=sm_scale, is_causal=is_causal, mask=mask,
                        attn_mask=attn_mask, config=config, return_lse=return_lse, block_sparse=sparse)
     if lse is None:
@@ -295,7 +297,7 @@ def _sageattn_op(
 
 @_sageattn_op.register_fake
 def _(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend, *config_and_sparse_args):
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    out = torch.empty_like(q)  # the real op's layout rule (the compiled graph relies on the strides)
     if not return_lse:
         return out, q.new_empty(0, dtype=torch.float32)
     b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if tensor_layout == "HND" else (q.shape[0], q.shape[2],
