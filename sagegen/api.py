@@ -74,7 +74,8 @@ def sageattn(
             ``torch.compile(fullgraph=True)`` still traces the call. See docs/sparse.md.
 
     Returns:
-        out in q's layout and dtype, or ``(out, lse)`` when ``return_lse``.
+        out in q's layout, dtype and memory layout (q's strides where q is dense, else the dense order of
+        q's strides), or ``(out, lse)`` when ``return_lse``.
     """
     config = _check_config(config)
     _validate(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, return_lse, backend)
