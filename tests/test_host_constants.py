@@ -29,6 +29,8 @@ CASES = [
     ("to device and dtype", lambda: torch.arange(5).to("cpu", torch.float64)),
     ("to keyword device", lambda: torch.linspace(0, 1, 9).to(device="cpu", dtype=torch.bfloat16)),
     ("to other tensor", lambda: torch.arange(4).to(torch.zeros(1, dtype=torch.float16))),
+    ("to with copy", lambda: torch.arange(4).to("cpu", torch.float32, False, True)),
+    ("to with copy keyword", lambda: torch.arange(4).to(device="cpu", copy=True)),
     ("copy_ into device tensor", lambda: torch.zeros(2, 3).copy_(torch.arange(6).view(2, 3))),
     ("copy_ broadcast", lambda: torch.zeros(4, 3).copy_(torch.tensor([1.0, 2.0, 3.0]))),
 ]

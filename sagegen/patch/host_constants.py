@@ -86,7 +86,17 @@ def _to(mode, args, kwargs):
     self = args[0]
     if not _pageable_host(self):
         return NotImplemented
-    device, dtype, _, memory_format = torch._C._nn._parse_to(*args[1:], **kwargs)
+    # `copy` (keyword, or the second positional bool after non_blocking) does not matter for a copy to another
+    # device, and the parser refuses it
+    rest, kw, bools = [], {k: v for k, v in kwargs.items() if k != "copy"}, 0
+    for a in args[1:]:
+        bools += isinstance(a, bool)
+        if not (isinstance(a, bool) and bools == 2):
+            rest.append(a)
+    try:
+        device, dtype, _, memory_format = torch._C._nn._parse_to(*rest, **kw)
+    except (RuntimeError, TypeError):  # a form this parser refuses: the plain call decides
+        return NotImplemented
     if not mode.targets(device) or memory_format not in (None, torch.preserve_format):
         return NotImplemented
     return mode.constant(self if dtype is None else self.to(dtype), device)
