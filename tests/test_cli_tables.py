@@ -3,7 +3,8 @@
 import pytest
 from rich.console import Console
 
-from sagegen.cli.tables import (attention_warnings, compare_table, cpu_note, run_table, setup_lines, speedups)
+from sagegen.cli.tables import (attention_warnings, compare_table, cpu_note, fp8_eager_note, run_notes, run_table,
+                                setup_lines, speedups)
 
 
 def _manifest():
@@ -57,3 +58,19 @@ def test_attention_warnings_and_cpu_note():
     assert "fell back" in attention_warnings(m)[0]
     m["runtime"]["device"] = "cpu"
     assert "emulation" in cpu_note(m)
+
+
+def test_fp8_eager_note_only_for_eager_gpu_fp8_on_image_models():
+    m = _manifest()
+    m["model"]["kind"] = "image"
+    m["runtime"].update(compile=False, cuda_graphs=False)
+    assert fp8_eager_note(m) is None  # no FP8 layers
+    m["setup"]["sage"]["rank0"]["linear"] = {"fp8_layer_count": 474, "emulated": False}
+    assert "--cuda-graphs" in fp8_eager_note(m) and run_notes(m) == [fp8_eager_note(m)]
+    for change in ({"runtime": {"device": "cuda", "cuda_graphs": True}}, {"runtime": {"device": "cuda", "compile": True}},
+                   {"model": {"name": "m", "kind": "video"}}):
+        assert fp8_eager_note({**m, **change}) is None, change
+    m["setup"]["sage"]["rank0"]["linear"]["emulated"] = True
+    assert fp8_eager_note(m) is None
+    m["runtime"]["device"] = "cpu"
+    assert run_notes(m) == [cpu_note(m)]

@@ -52,7 +52,7 @@ def compare_command(
     from rich.console import Console
 
     from .. import distributed
-    from .tables import attention_warnings, compare_table, cpu_note, result_console, setup_lines
+    from .tables import attention_warnings, compare_table, result_console, run_notes, setup_lines
 
     job, warnings = jobs.build_job(**params, variants=["sdpa", "sage"])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -72,8 +72,8 @@ def compare_command(
                       markup=False)
     for warning in attention_warnings(m):
         console.print(warning, style="yellow", markup=False)
-    if cpu_note(m):
-        console.print(cpu_note(m), style="yellow", markup=False)
+    for note in run_notes(m):
+        console.print(note, style="yellow", markup=False)
     console.print(f"Output: {result.run_dir}", markup=False)
     console.print(f"Next: sagegen eval {result.run_dir}  ·  sagegen report {result.run_dir}", style="dim",
                   markup=False)

@@ -72,7 +72,7 @@ def run_command(
 
 
 def _print_outcome(result, variant) -> None:
-    from .tables import attention_warnings, cpu_note, result_console, run_table, setup_lines
+    from .tables import attention_warnings, result_console, run_notes, run_table, setup_lines
 
     console = result_console()
     m = result.manifest
@@ -85,8 +85,8 @@ def _print_outcome(result, variant) -> None:
     console.print(f"{done}/{len(m['samples'])} sample(s) finished{extra}.", markup=False)
     for warning in attention_warnings(m):
         console.print(warning, style="yellow", markup=False)
-    if cpu_note(m):
-        console.print(cpu_note(m), style="yellow", markup=False)
+    for note in run_notes(m):
+        console.print(note, style="yellow", markup=False)
     console.print(f"Output: {result.run_dir}", markup=False)
     _print_media(console, result.run_dir, variant, m)
 

@@ -23,6 +23,27 @@ def cpu_note(manifest: dict) -> str | None:
     return None
 
 
+def fp8_eager_note(manifest: dict) -> str | None:
+    """Eager FP8 linears on an image model's GPU run: ~4-7k tokens a call leave the step bound by the host,
+    and FP8 adds launches (bench/NOTES.md v5.1-v5.5), so it can be slower than attention alone."""
+    runtime = manifest.get("runtime", {})
+    if (runtime.get("device") in (None, "cpu") or runtime.get("compile") or runtime.get("cuda_graphs")
+            or manifest.get("model", {}).get("kind") != "image"):
+        return None
+    fp8 = any(rank.get("linear", {}).get("fp8_layer_count") and not rank["linear"].get("emulated")
+              for variant in manifest.get("setup", {}).values() for rank in variant.values()
+              if isinstance(rank, dict))
+    if not fp8:
+        return None
+    return ("note: eager FP8 linears on an image model are host-bound (~4-7k tokens a call) and can be slower than "
+            "attention alone; add --cuda-graphs (docs/cuda-graphs.md)")
+
+
+def run_notes(manifest: dict) -> list[str]:
+    """The notes `run` and `compare` print after their tables."""
+    return [n for n in (cpu_note(manifest), fp8_eager_note(manifest)) if n]
+
+
 def _short(text: str, n: int = 28) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
