@@ -41,6 +41,11 @@ SAMPLE_TOKENS = 1024
 CAPABILITY_ENV = "SAGEGEN_CAPABILITY"
 
 
+def capturing() -> bool:
+    """Whether this thread's current CUDA stream is being captured into a CUDA graph (where a host sync fails)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def device_capability(device: torch.device) -> tuple[int, int]:
     """The compute capability sagegen plans for: the device's, or SAGEGEN_CAPABILITY ("major.minor")."""
     forced = os.environ.get(CAPABILITY_ENV)

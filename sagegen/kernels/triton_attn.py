@@ -24,7 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
 from .block_sparse import kernel_tiles, sparse_args
-from .spec import LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, device_capability
+from .spec import LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, capturing, device_capability
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
@@ -278,11 +278,6 @@ def gluon_quantizes_q() -> bool:
     from . import gluon_attn
 
     return gluon_attn.QUANT_Q_IN_KERNEL
-
-
-def capturing() -> bool:
-    """Whether this thread's current CUDA stream is being captured into a CUDA graph."""
-    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def key_prefix_lengths(key_bias: torch.Tensor) -> torch.Tensor | None:

@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 from torch.utils import _pytree as pytree
 
+from ..kernels.spec import capturing
 from .host_constants import HostConstants
 
 _ATTR = "_sagegen_graphs"
@@ -50,7 +51,7 @@ def value_checks_allowed() -> bool:
     the unsimplified path computes the same result)."""
     if torch.compiler.is_compiling():
         return False
-    return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+    return not capturing()
 
 
 def on_gpu(t: torch.Tensor) -> bool:
