@@ -269,8 +269,9 @@ def test_kernel_switches_reject_bad_values(monkeypatch):
         sagegen.sageattn(q, k, v, backend="triton")
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout):
+def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout, backend):
     """A processor's [B, H, N, D] views of [B, N, H, D] projections get a [B, N, H, D] buffer back (so its
     transpose + reshape needs no copy), as from SDPA's flash kernels; the registered fake gives the same
     strides (torch.compile builds on them)."""
@@ -278,10 +279,11 @@ def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout):
     base = torch.randn(b, n, h, d).to(torch.bfloat16) if layout == "HND" else torch.randn(b, h, n, d).to(torch.bfloat16)
     q = base.transpose(1, 2)  # HND: a view of NHD storage (and the other way round)
     k, v = torch.randn_like(q.float()).to(torch.bfloat16), torch.randn_like(q.float()).to(torch.bfloat16)
-    out = sagegen.sageattn(q, k, v, tensor_layout=layout, backend="reference")
+    out = sagegen.sageattn(q, k, v, tensor_layout=layout, backend=backend)
     assert out.stride() == q.stride() and out.transpose(1, 2).is_contiguous()
-    plain = sagegen.sageattn(q.contiguous(), k, v, tensor_layout=layout, backend="reference")
+    plain = sagegen.sageattn(q.contiguous(), k, v, tensor_layout=layout, backend=backend)
     assert plain.is_contiguous() and torch.equal(out, plain)
     args = (q, k, v, None, False, d ** -0.5, layout, False, "reference", "per_token", "per_block", True, False,
             True, "fp8", "fp32", "sdpa", 64, 128)
+    args = args[:8] + (backend,) + args[9:]
     torch.library.opcheck(torch.ops.sagegen.sageattn.default, args, test_utils=("test_schema", "test_faketensor"))
