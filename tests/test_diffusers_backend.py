@@ -287,7 +287,9 @@ with torch.no_grad(), sagegen.use_backend(model):
     model(**inputs)
 print("stats", sagegen.backend_stats())
 from dispatch_models import tiny_skyreels_v2
-model, inputs = tiny_skyreels_v2()  # Wan has fused processors; SkyReels-V2 takes the backend route
+from sagegen.patch import targets
+del targets.SUPPORTED_MODELS["SkyReelsV2Transformer3DModel"]  # Wan's interface on the backend route
+model, inputs = tiny_skyreels_v2()
 sagegen.patch(model)  # the patch's route hands the dispatcher one more keyword (its settings)
 with torch.no_grad():
     model(**inputs)

@@ -20,8 +20,8 @@ ad = pytest.importorskip("diffusers.models.attention_dispatch")
 QUANT_TOL = 0.03  # rel. L1 of a whole tiny model's output vs stock (measured 4e-4 .. 6.4e-3)
 # Modules that call SDPA directly, by model: HunyuanVideo-1.5's token refiner.
 SDPA_MODULES = {"hunyuanvideo-1.5": {"context_embedder.token_refiner.refiner_blocks.0.attn"}}
-# Models with fused processors (targets.SUPPORTED_MODELS): Wan's self and text cross-attention.
-FUSED = {"wan2.1", "wan2.2-ti2v"}
+# Models with fused processors (targets.SUPPORTED_MODELS): Wan's (and SkyReels-V2's) self and text cross-attention.
+FUSED = {"wan2.1", "wan2.2-ti2v", "skyreels-v2"}
 # Models whose stock diffusers code does not compile with fullgraph=True (checked below, so the skip stays honest).
 NO_FULLGRAPH = {"hunyuanvideo-1.5"}
 
@@ -71,7 +71,15 @@ def test_the_five_families_keep_their_fused_processors():
     sagegen.unpatch(flux)
 
 
-def test_precision_policy_blocks_on_the_backend_route():
+@pytest.fixture
+def skyreels_generic(monkeypatch):
+    """SkyReels-V2 as a model sagegen has no fused code for: Wan's interface on the backend route."""
+    from sagegen.patch import targets
+
+    monkeypatch.delitem(targets.SUPPORTED_MODELS, "SkyReelsV2Transformer3DModel")
+
+
+def test_precision_policy_blocks_on_the_backend_route(skyreels_generic):
     model, inputs = tiny_skyreels_v2()
     ref = _run(model, inputs)
     sagegen.patch(model, policy=sagegen.PrecisionPolicy(blocks=(0, 1)))  # every block: stock attention
@@ -85,7 +93,7 @@ def test_precision_policy_blocks_on_the_backend_route():
     sagegen.unpatch(model)
 
 
-def test_config_reaches_the_backend_per_model():
+def test_config_reaches_the_backend_per_model(skyreels_generic):
     model, inputs = tiny_skyreels_v2()
     other, _ = tiny_skyreels_v2()
     cfg = sagegen.SageConfig(smooth_v=False, k_granularity="per_token")
@@ -100,7 +108,7 @@ def test_config_reaches_the_backend_per_model():
     sagegen.unpatch(other)
 
 
-def test_attention_override_on_the_backend_route():
+def test_attention_override_on_the_backend_route(skyreels_generic):
     model, inputs = tiny_skyreels_v2()
     sagegen.patch(model)
     set_attention_override(model, lambda q, k, v, m, c, s: torch.zeros_like(q))
@@ -111,7 +119,7 @@ def test_attention_override_on_the_backend_route():
     sagegen.unpatch(model)
 
 
-def test_without_a_registrable_diffusers_the_sdpa_route_takes_over(monkeypatch):
+def test_without_a_registrable_diffusers_the_sdpa_route_takes_over(monkeypatch, skyreels_generic):
     monkeypatch.setattr(backend_route, "backend_member", lambda: None)
     model, inputs = tiny_skyreels_v2()
     ref = _run(model, inputs)
@@ -128,7 +136,8 @@ def test_without_a_registrable_diffusers_the_sdpa_route_takes_over(monkeypatch):
 def _wan22_pipeline(build):
     """Wan2.2-A14B's layout: a high-noise `transformer` and a low-noise `transformer_2` switching at
     boundary_ratio; no text encoder or VAE (prompt embeddings in, latents out). ``build``: Wan's own denoiser
-    (fused route) or SkyReels-V2's, which has Wan's forward interface and takes the backend route."""
+    (fused route) or SkyReels-V2's, which has Wan's forward interface (on the backend route, with
+    `skyreels_generic`)."""
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
     t1, _ = build(0)
@@ -151,7 +160,9 @@ def _wan22_pipeline(build):
 
 @pytest.mark.parametrize("build,route", [(tiny_wan, "fused"), (tiny_skyreels_v2, "backend")],
                          ids=["wan-fused", "skyreels-backend"])
-def test_pipeline_with_two_denoisers_is_patched_whole_and_unpatched_exactly(build, route):
+def test_pipeline_with_two_denoisers_is_patched_whole_and_unpatched_exactly(build, route, request):
+    if route == "backend":
+        request.getfixturevalue("skyreels_generic")
     pipe, run = _wan22_pipeline(build)
     processors = {(a, n): m.processor for a in ("transformer", "transformer_2")
                   for n, m in attention_modules(getattr(pipe, a)).items()}

@@ -1,7 +1,8 @@
-"""Wan's (and SD3's, `fused_blocks_sd3`) block-level element-wise work fused: modulated LayerNorms and gated
-residual adds in one pass each.
+"""Wan's (and SkyReels-V2's, and SD3's: `fused_blocks_sd3`) block-level element-wise work fused: modulated
+LayerNorms and gated residual adds in one pass each.
 
-diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V) runs its norms, modulation and
+diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V; SkyReels-V2's block is the same
+code with a self-attention mask and its per-token modulation laid out [B, 6, S, C]) runs its norms, modulation and
 residual adds as eager fp32 ops around the three sub-layers; at 720p they cost about 8% of a stock step and
 16% of a sagegen one (bench/NOTES.md). With the patch's ``fuse_prologue`` (the default) each such block's class
 is swapped for a subclass whose forward computes the same values with four `residual_norm` passes:
@@ -28,14 +29,17 @@ from . import fused_blocks_sd3 as _sd3
 from .fused_common import _HALF
 
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
+# SkyReels-V2's block: Wan 2.1's forward plus an attention mask for self-attention (diffusion forcing) and a
+# per-token modulation laid out [B, 6, S, C]
+_SKYREELS_BLOCK = ("diffusers.models.transformers.transformer_skyreels_v2", "SkyReelsV2TransformerBlock")
 _SUBCLASSES: dict[type, type] = {}
 
 
-def _wan_block_class():
+def _block_class(where=_WAN_BLOCK):
     try:
         import importlib
 
-        return getattr(importlib.import_module(_WAN_BLOCK[0]), _WAN_BLOCK[1])
+        return getattr(importlib.import_module(where[0]), where[1])
     except (ImportError, AttributeError):
         return None
 
@@ -50,9 +54,10 @@ def _plain_layer_norm(norm, dim: int, affine: bool) -> bool:
     return has == affine and (not has or norm.bias is not None)
 
 
-def fusable(block) -> bool:
-    """Whether ``block`` is exactly diffusers' WanTransformerBlock with the norms its forward assumes."""
-    cls = _wan_block_class()
+def fusable(block, where=_WAN_BLOCK) -> bool:
+    """Whether ``block`` is exactly diffusers' WanTransformerBlock (or the class ``where`` names: SkyReels-V2's)
+    with the norms its forward assumes."""
+    cls = _block_class(where)
     if cls is None or type(block) is not cls:
         return False
     table = getattr(block, "scale_shift_table", None)
@@ -68,7 +73,9 @@ def _modulation(block, temb, x):
     """The six [B, 1 or S, C] fp32 modulation vectors as the stock forward derives them; None if their shape
     is not one the kernel broadcasts over x [B, S, C]."""
     table = block.scale_shift_table
-    if temb.ndim == 4:  # Wan 2.2 TI2V: per-token [B, S, 6, C]
+    if temb.ndim == 4 and _is_skyreels(block):  # per token, [B, 6, S, C]
+        parts = [p.squeeze(1) for p in (table.unsqueeze(2) + temb.float()).chunk(6, dim=1)]
+    elif temb.ndim == 4:  # Wan 2.2 TI2V: per-token [B, S, 6, C]
         parts = [p.squeeze(2) for p in (table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
     else:
         parts = list((table + temb.float()).chunk(6, dim=1))
@@ -87,14 +94,32 @@ def _can_run(x) -> bool:
             and not (torch.is_grad_enabled() and x.requires_grad))
 
 
+def _is_skyreels(block) -> bool:
+    cls = _block_class(_SKYREELS_BLOCK)
+    return cls is not None and isinstance(block, cls)
+
+
 def _fused_forward(self, stock, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    out = _fused_body(self, hidden_states, encoder_hidden_states, temb, rotary_emb, None)
+    return stock(self, hidden_states, encoder_hidden_states, temb, rotary_emb) if out is None else out
+
+
+def _skyreels_forward(self, stock, hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask=None):
+    out = _fused_body(self, hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask)
+    if out is None:
+        return stock(self, hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask)
+    return out
+
+
+def _fused_body(self, hidden_states, encoder_hidden_states, temb, rotary_emb, attention_mask):
+    """The block's output through `residual_norm` passes, or None where they do not reproduce it."""
     mods = _modulation(self, temb, hidden_states) if _can_run(hidden_states) else None
     if mods is None:
-        return stock(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
+        return None
     shift, scale, gate, c_shift, c_scale, c_gate = mods
     x = hidden_states.contiguous()
     _, n = _residual_norm(x, scale=scale, shift=shift, eps=self.norm1.eps)
-    y = self.attn1(n, None, None, rotary_emb)
+    y = self.attn1(n, None, attention_mask, rotary_emb)
     norm2 = self.norm2
     if type(norm2) is torch.nn.Identity:
         x, _ = _residual_norm(x, y, gate, norm=False)
@@ -127,6 +152,8 @@ def _fused_kind(block):
     """The fused forward that reproduces ``block``'s (Wan's or SD3's), or None."""
     if fusable(block):
         return _fused_forward
+    if fusable(block, _SKYREELS_BLOCK):
+        return _skyreels_forward
     if _sd3.fusable(block):
         return _sd3_forward
     return None

@@ -1,4 +1,5 @@
-"""The fused prologue of Wan's attention (Wan 2.1 / 2.2 T2V and TI2V: diffusers ``WanAttnProcessor``).
+"""The fused prologue of Wan's attention (Wan 2.1 / 2.2 T2V and TI2V: diffusers ``WanAttnProcessor``; SkyReels-V2,
+whose ``SkyReelsV2AttnProcessor`` is the same code).
 
 Per layer the stock processor RMS-normalises Q and K across all heads (``torch.nn.RMSNorm(heads·head_dim)``),
 splits the heads, and in self-attention rotates the video tokens' Q and K with Wan's pairwise rotary tables
@@ -15,11 +16,17 @@ fp32 models, or tensors the kernel cannot run on. Under torch.compile the origin
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from .fused_common import _HALF, _arguments, _kernel_can_run, _native_dispatch
 
-_WAN_PROCESSOR = "diffusers.models.transformers.transformer_wan.WanAttnProcessor"
+# processor class -> the module whose `_get_qkv_projections` it calls (both run the code `wan_call` mirrors)
+_PROCESSORS = {
+    "diffusers.models.transformers.transformer_wan.WanAttnProcessor": "transformer_wan",
+    "diffusers.models.transformers.transformer_skyreels_v2.SkyReelsV2AttnProcessor": "transformer_skyreels_v2",
+}
 
 
 def _heads_rms_params(norm, inner_dim: int, dtype: torch.dtype):
@@ -47,14 +54,17 @@ def _wan_tables(rotary, n: int, head_dim: int):
 
 
 def wan_call(original, session, attn, args, kwargs):
-    """WanAttnProcessor.__call__ with the Q/K RMSNorms (and the rotary embeddings) fused; None where not
-    applicable."""
-    a = _arguments(original, _WAN_PROCESSOR, attn, args, kwargs)
+    """WanAttnProcessor.__call__ (or SkyReels-V2's copy of it) with the Q/K RMSNorms (and the rotary embeddings)
+    fused; None where not applicable."""
+    for path, module in _PROCESSORS.items():
+        a = _arguments(original, path, attn, args, kwargs)
+        if a is not None:
+            break
     if a is None or not _native_dispatch(original):
         return None
-    from diffusers.models.transformers.transformer_wan import _get_qkv_projections
-
     from ..kernels.triton_heads_rms_rope import heads_rms_norm_rope
+
+    _get_qkv_projections = importlib.import_module(f"diffusers.models.transformers.{module}")._get_qkv_projections
 
     hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
     rotary = a.get("rotary_emb")

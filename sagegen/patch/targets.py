@@ -3,11 +3,11 @@
 Routes (``patch_info(obj)["routes"]`` counts them, ``["modules"]`` names each module's):
 
 - ``"fused"``: the families sagegen knows (``SUPPORTED_MODELS``: CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5,
-  Wan) keep their fused processors: in eager mode the Q/K norm + rotary prologue runs as one Triton pass
+  Wan and SkyReels-V2) keep their fused processors: in eager mode the Q/K norm + rotary prologue runs as one Triton pass
   (`fused`, `fused_joint`, `fused_wan`), and attention is sageattn.
 - ``"backend"``: the processor calls diffusers' ``dispatch_attention_fn``. The module runs diffusers'
   ``"sagegen"`` backend with the patch's settings (`backend_route`). Most newer models work this way:
-  LTX-Video, LTX-2, Qwen-Image, HunyuanVideo-1.5, Flux.2, SkyReels-V2.
+  LTX-Video, LTX-2, Qwen-Image, HunyuanVideo-1.5, Flux.2.
 - ``"sdpa"``: the processor calls ``F.scaled_dot_product_attention`` itself. Those calls are intercepted and
   answered by sageattn (`processors`). This covers the known families' other processors too.
 """
@@ -29,6 +29,7 @@ SUPPORTED_MODELS = {
     "FluxTransformer2DModel": "flux",
     "SD3Transformer2DModel": "sd3",
     "WanTransformer3DModel": "wan",
+    "SkyReelsV2Transformer3DModel": "wan",  # Wan 2.1's attention and block code, line for line
 }
 # The processor classes whose calls the fused path (`fused.call`) replaces: exactly these, not subclasses.
 FUSED_PROCESSORS = frozenset({
@@ -38,6 +39,7 @@ FUSED_PROCESSORS = frozenset({
     "diffusers.models.transformers.transformer_flux.FluxAttnProcessor",
     "diffusers.models.transformers.transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0",
     "diffusers.models.transformers.transformer_wan.WanAttnProcessor",
+    "diffusers.models.transformers.transformer_skyreels_v2.SkyReelsV2AttnProcessor",
 })
 ROUTES = ("fused", "backend", "sdpa")
 # Pipeline components that denoise: `transformer`, and e.g. Wan2.2-A14B's `transformer_2` (low-noise expert).
