@@ -57,7 +57,7 @@ def test_return_lse_on_gpu(seed):
     assert (lse - exact.transpose(1, 2)).abs().max() < 0.05
 
 
-@pytest.mark.parametrize("name", ["skyreels-v2", "ltx-video", "qwen-image", "flux.2"])  # backend route
+@pytest.mark.parametrize("name", ["skyreels-v2", "ltx-video", "qwen-image", "flux.2"])  # SkyReels-V2: fused route
 def test_patched_models_on_gpu_eager_and_inductor(name):
     model, inputs = DISPATCH_MODELS[name]()
     model = model.to("cuda", torch.bfloat16)
