@@ -203,3 +203,24 @@ def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook_first):
     fused_blocks_run = len(model.blocks) - (1 if hook_first else 0)
     assert len(calls) == 4 * fused_blocks_run
     assert rel_l1(out, unfused) < 5e-3
+
+
+def test_fused_wan_blocks_with_fp32_kept_norms(seed):
+    """from_pretrained(torch_dtype=bf16) keeps Wan's norms and modulation table in fp32
+    (`_keep_in_fp32_modules`): the blocks still fuse and stay within bf16 rounding of diffusers' blocks."""
+    model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=seed % 100).to(DEVICE)
+    assert {"scale_shift_table", "norm2"} <= set(model._keep_in_fp32_modules)
+    for block in model.blocks:
+        block.scale_shift_table.data = block.scale_shift_table.data.float()
+        for norm in (block.norm1, block.norm2, block.norm3):
+            for p in norm.parameters():
+                p.data = p.data.float()
+    inputs = _inputs(model, seed=seed % 1000)
+    with torch.no_grad():
+        sagegen.patch(model, backend="reference", fuse_prologue=False)
+        unfused = model(**inputs)[0]
+        sagegen.patch(model, backend="reference")
+        assert patch_info(model)["fused_blocks"] == len(model.blocks)
+        fused = model(**inputs)[0]
+        sagegen.unpatch(model)
+    assert rel_l1(fused, unfused) < 5e-3, rel_l1(fused, unfused)
