@@ -22,6 +22,9 @@ modulation of unexpected shapes. `remove` restores the class; the outputs are th
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 import torch
 
 from ..api import triton_interpret
@@ -35,10 +38,10 @@ _SKYREELS_BLOCK = ("diffusers.models.transformers.transformer_skyreels_v2", "Sky
 _SUBCLASSES: dict[type, type] = {}
 
 
+@functools.cache
 def _block_class(where=_WAN_BLOCK):
+    """diffusers' block class at ``where`` (module, name), looked up once; None if this diffusers lacks it."""
     try:
-        import importlib
-
         return getattr(importlib.import_module(where[0]), where[1])
     except (ImportError, AttributeError):
         return None
@@ -149,7 +152,7 @@ def _sd3_forward(self, stock, *args, **kwargs):
 
 
 def _fused_kind(block):
-    """The fused forward that reproduces ``block``'s (Wan's or SD3's), or None."""
+    """The fused forward that reproduces ``block``'s (Wan's, SkyReels-V2's or SD3's), or None."""
     if fusable(block):
         return _fused_forward
     if fusable(block, _SKYREELS_BLOCK):
