@@ -29,7 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import sagegen  # noqa: E402
 from sagegen import BlockSparse  # noqa: E402
-from sagegen.kernels.block_sparse import compact, kernel_tiles  # noqa: E402
+from sagegen.kernels.block_sparse import compact, kernel_tiles, kernel_tiles_dense  # noqa: E402
 
 SHAPES = [(1, 24, 32768, 128), (1, 24, 75600, 128), (2, 48, 17776, 64)]  # B, H, N, D (last: CogVideoX-5b)
 QUICK = [(1, 24, 16384, 128), (2, 48, 8192, 64)]
@@ -112,9 +112,11 @@ def bench_shape(b, h, n, d, densities, flex, triton_kernel: bool, gen) -> list[d
         row["target_ratio"] = density + 0.05
         row["meets_target"] = row["sparse_over_dense"] <= row["target_ratio"]
         row["sagegen_sparse_tflops_effective"] = flops * density / row["sagegen_sparse_ms"] * 1e-9
-        # part of the sparse call: the mask's conversion to the kernel's tiles (a few small device kernels)
+        # part of the sparse call: the mask's conversion to the kernel's tiles (one Triton launch; the PyTorch
+        # form it replaced, for comparison)
         tile_q, tile_k = sagegen.SageConfig().blocks(d, torch.cuda.get_device_capability())
         row["tile_conversion_ms"] = time_ms(lambda: kernel_tiles(bs, tile_q, tile_k, n, n))
+        row["tile_conversion_torch_ms"] = time_ms(lambda: kernel_tiles_dense(bs, tile_q, tile_k, n, n))
         if triton_kernel:
             row["sagegen_triton_kernel_sparse_ms"] = time_ms(with_kernel("triton", sparse))
         if flex is not None:

@@ -126,3 +126,19 @@ def test_wrong_block_size_on_this_gpu(seed):
                                                   device="cuda"), 32, 32)
     with pytest.raises(ValueError, match=f"kernel's {bq} x {bk} tiles"):
         sagegen.sageattn(q, k, v, backend="triton", block_mask=odd)
+
+
+def test_tile_conversion_matches_dense_form_at_real_size(seed):
+    """The one-launch tile lists (triton_sparse_tiles) equal the PyTorch form at a 32k-token mask, with bad
+    entries in it and with key lengths (the interpreter twin is tests/test_sparse_tiles.py)."""
+    from sagegen.kernels.block_sparse import kernel_tiles, kernel_tiles_dense
+
+    n = 32768 - 77
+    nb = -(-n // 128)
+    bs = BlockSparse.from_block_dense(blocks(2, 24, nb, nb, 0.3), 128, 128)
+    bad = bs._replace(indices=bs.indices.masked_fill(torch.rand(bs.indices.shape, device="cuda") < 0.01, nb + 3))
+    lengths = torch.tensor([n, n - 1000], dtype=torch.int32, device="cuda")
+    for mask in (bs, bad):
+        for kl in (None, lengths):
+            got, want = kernel_tiles(mask, 64, 128, n, n, kl), kernel_tiles_dense(mask, 64, 128, n, n, kl)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

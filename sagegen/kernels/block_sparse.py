@@ -8,8 +8,9 @@ ascending); every other key block is skipped, as if masked out. Block sizes are 
 FlexAttention's default - works everywhere. The last block along each axis may be ragged (cut off at the
 sequence length).
 
-Layering: this module knows nothing of diffusers or of the kernels; `sagegen.api` validates a mask against
-a call, `tile_layout` turns it into the per-tile form both implementations read.
+Layering: this module knows nothing of diffusers or of the attention kernels; `sagegen.api` validates a mask
+against a call, `tile_layout` (the emulation) and `kernel_tiles` (the kernels, through one Triton launch of
+`triton_sparse_tiles`) turn it into the per-tile form.
 """
 
 from __future__ import annotations
@@ -79,12 +80,16 @@ class BlockSparse(NamedTuple):
         return cls.from_block_dense(blocks, bq, bkv)
 
     def to_block_dense(self) -> torch.Tensor:
-        """bool [B', H', NQB, NKB]: True where the key block is computed."""
+        """bool [B', H', NQB, NKB]: True where the key block is computed: the listed entries that are in range
+        and above every in-range entry listed before them (what the kernels run; see `validate`)."""
         nkb = self.indices.shape[-1]
-        live = torch.arange(nkb, device=self.counts.device) < self.counts[..., None].long()
-        idx = self.indices.long().clamp(0, nkb - 1)
+        idx = self.indices.long()
+        live = (torch.arange(nkb, device=self.counts.device) < self.counts[..., None].long()) & (idx >= 0) & (idx < nkb)
+        run_max = torch.where(live, idx, -1).cummax(dim=-1).values
+        before = torch.nn.functional.pad(run_max[..., :-1], (1, 0), value=-1)
+        live = live & (idx > before)
         out = torch.zeros(self.indices.shape, dtype=torch.int32, device=self.indices.device)
-        return out.scatter_add_(-1, idx, live.int()) > 0
+        return out.scatter_add_(-1, idx.clamp(0, nkb - 1), live.int()) > 0
 
     def to_dense_mask(self, n_q: int, n_k: int) -> torch.Tensor:
         """bool [B', H', Nq, Nk] token mask (True = attend): the dense equivalent, for checks and fallbacks."""
@@ -101,8 +106,9 @@ class BlockSparse(NamedTuple):
 
     def validate(self) -> "BlockSparse":
         """Check the data (host sync): counts in [0, NKB], listed indices in range, sorted and distinct.
-        Returns self. `sagegen.sageattn` checks shapes and dtypes only; the kernels tolerate bad data
-        (out-of-range and duplicate indices are dropped) but the intended mask is then not what runs."""
+        Returns self. `sagegen.sageattn` checks shapes and dtypes only; the kernels and the emulation tolerate
+        bad data the same way (entries out of range, or not above every in-range entry before them, are
+        dropped) but the intended mask is then not what runs."""
         check_shapes(self)
         nkb = self.indices.shape[-1]
         if bool(((self.counts < 0) | (self.counts > nkb)).any()):
@@ -186,7 +192,20 @@ def kernel_tiles(bs: BlockSparse, tile_q: int, tile_k: int, n_q: int, n_k: int,
                  key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """What the kernels read: (counts int32 [B', H', NQT], indices int32 [B', H', NQT, NKT]) per kernel tile,
     sorted, entries past the count 0. key_lengths (int32 [B], valid-prefix key counts) drops the tiles past
-    each batch's last valid key (then B' = B). No host sync."""
+    each batch's last valid key (then B' = B). No host sync. One Triton launch where Triton runs (CUDA, or the
+    interpreter); `kernel_tiles_dense` elsewhere, which gives the same result."""
+    from . import triton_sparse_tiles
+    from .triton_quant import interpreting
+
+    if bs.indices.is_cuda or interpreting():
+        return triton_sparse_tiles.convert(bs.counts, bs.indices, bs.block_q, bs.block_kv, tile_q, tile_k, n_q,
+                                           n_k, key_lengths)
+    return kernel_tiles_dense(bs, tile_q, tile_k, n_q, n_k, key_lengths)
+
+
+def kernel_tiles_dense(bs: BlockSparse, tile_q: int, tile_k: int, n_q: int, n_k: int,
+                       key_lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kernel_tiles` in PyTorch, through the dense tile matrix (~17 small kernels)."""
     tiles = tile_layout(bs, tile_q, tile_k, n_q, n_k)
     if key_lengths is not None:
         n_tiles = (key_lengths.long() + tile_k - 1) // tile_k
