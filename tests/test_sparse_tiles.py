@@ -9,15 +9,19 @@ from sagegen import BlockSparse
 from sagegen.kernels import triton_sparse_tiles
 from sagegen.kernels.block_sparse import kernel_tiles_dense
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the interpreter (conftest.py)
+
 
 def assert_same(bs, tile_q, tile_k, n_q, n_k, key_lengths=None):
+    bs = bs.to(DEVICE)
+    key_lengths = key_lengths.to(DEVICE) if key_lengths is not None else None
     c, i = triton_sparse_tiles.convert(bs.counts, bs.indices, bs.block_q, bs.block_kv, tile_q, tile_k, n_q, n_k,
                                        key_lengths)
     cd, idd = kernel_tiles_dense(bs, tile_q, tile_k, n_q, n_k, key_lengths)
     assert c.shape == cd.shape and i.shape == idd.shape
     assert torch.equal(c, cd)
     assert torch.equal(i, idd)  # the listed tiles, then zeros
-    return c, i
+    return c.cpu(), i.cpu()
 
 
 @pytest.mark.parametrize("block_q,block_kv,n_q,n_k", [(64, 128, 200, 333), (128, 128, 300, 1000),
@@ -31,7 +35,7 @@ def test_valid_masks_match_dense_form(seed, block_q, block_kv, n_q, n_k):
         assert_same(bs, 64, 128, n_q, n_k)
         lengths = torch.randint(1, n_k + 1, (2,), dtype=torch.int32)
         c, i = assert_same(bs, 64, 128, n_q, n_k, lengths)
-        assert c.shape[0] == 2 and (c <= ((lengths + 127) // 128)[:, None, None]).all()
+        assert c.shape[0] == 2 and (c.cpu() <= ((lengths + 127) // 128)[:, None, None]).all()
 
 
 def test_bad_data_dropped_as_the_emulation_does(seed):
@@ -45,7 +49,7 @@ def test_bad_data_dropped_as_the_emulation_does(seed):
     c, i = assert_same(bs, 64, 128, 4 * 64, nkb * 128)
     assert c.flatten().tolist() == [2, 3, 1, 4]
     assert i[0, 0, 0, :2].tolist() == [3, 5] and i[0, 0, 1, :3].tolist() == [2, 4, 5]
-    assert bs.to_block_dense()[0, 0, 0].nonzero().flatten().tolist() == [3, 5]
+    assert bs.to_block_dense()[0, 0, 0].nonzero().flatten().tolist() == [3, 5]  # the emulation's form
     # random garbage, with block multiples: still the same as the dense form
     bs = BlockSparse(torch.randint(-1, 9, (2, 2, 3), dtype=torch.int32),
                      torch.randint(-2, 9, (2, 2, 3, 7), dtype=torch.int32), 128, 256)
