@@ -1,0 +1,66 @@
+"""Probe: is the attention kernel slower inside a Wan2.1-14B step (147 ms a call in the step's profile) than
+alone (~141 ms) because of the GEMMs around it? Times the 720p self-attention call (1 x 40 x 75,600 x 128,
+NHD, DIFFUSION_CONFIG) alone, then interleaved with the block's bf16 GEMMs (QKV, O, FFN at Wan's shapes),
+each call between CUDA events; run it next to `nvidia-smi -lms` to see the SM clock and power.
+
+    python bench/probes/probe_insitu_clocks.py [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+import sagegen  # noqa: E402
+from probe_util import environment, write_json  # noqa: E402
+
+
+def timed(fn) -> float:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--blocks", type=int, default=12)
+    args = ap.parse_args()
+    n, h, d, dim, ff = 75600, 40, 128, 5120, 13824
+    q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    x = torch.randn(n, dim, device="cuda", dtype=torch.bfloat16)
+    w = {name: torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 0.01
+         for name, shape in (("qkv", (3 * dim, dim)), ("o", (dim, dim)), ("up", (ff, dim)), ("down", (dim, ff)))}
+    attn = lambda: sagegen.sageattn(q, k, v, tensor_layout="NHD", config=sagegen.DIFFUSION_CONFIG)  # noqa: E731
+
+    def gemms():
+        F.linear(x, w["qkv"])
+        F.linear(x, w["o"])
+        hid = F.linear(x, w["up"])
+        F.linear(hid, w["down"])
+
+    attn()
+    gemms()
+    alone = [timed(attn) for _ in range(args.blocks)]
+    mixed, gemm_ms = [], []
+    for _ in range(args.blocks):
+        gemm_ms.append(timed(gemms))
+        mixed.append(timed(attn))
+    res = {"attention_alone_ms": alone, "attention_after_gemms_ms": mixed, "gemms_ms": gemm_ms}
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(f"attention alone {med(alone):.2f} ms, after the block's GEMMs {med(mixed):.2f} ms "
+          f"(GEMMs {med(gemm_ms):.2f} ms)", flush=True)
+    write_json(args.out, environment=environment(), results=res)
+
+
+if __name__ == "__main__":
+    main()
