@@ -4,7 +4,7 @@ import pytest
 from rich.console import Console
 
 from sagegen.cli.tables import (attention_warnings, compare_table, cpu_note, fp8_eager_note, run_notes, run_table,
-                                setup_lines, speedups)
+                                setup_lines, sparse_dense_note, speedups)
 
 
 def _manifest():
@@ -74,3 +74,15 @@ def test_fp8_eager_note_only_for_eager_gpu_fp8_on_image_models():
     assert fp8_eager_note(m) is None
     m["runtime"]["device"] = "cpu"
     assert run_notes(m) == [cpu_note(m)]
+
+
+def test_sparse_dense_note_when_sparse_never_ran():
+    m = _manifest()
+    rank = m["setup"]["sage"]["rank0"]
+    assert sparse_dense_note(m) is None  # no --sparse
+    rank["sparse"] = {"config": {"min_tokens": 4096, "dense_steps": 0.25, "dense_blocks": [0]}}
+    rank["attention_calls"] = {"sparse_dense_calls": 32, "routed": 32}
+    note = sparse_dense_note(m)
+    assert "all 32 attention calls ran dense" in note and "4096 tokens" in note and note in run_notes(m)
+    rank["attention_calls"]["sparse_calls"] = 8  # some calls did run sparse: no note
+    assert sparse_dense_note(m) is None

@@ -39,9 +39,27 @@ def fp8_eager_note(manifest: dict) -> str | None:
             "attention alone; add --cuda-graphs (docs/cuda-graphs.md)")
 
 
+def sparse_dense_note(manifest: dict) -> str | None:
+    """--sparse asked for, but every attention call ran dense (short calls, cross-attention, the first steps and
+    the first block stay dense by policy), so the run measured dense attention."""
+    for variant in manifest.get("setup", {}).values():
+        for rank in variant.values():
+            if not isinstance(rank, dict) or "sparse" not in rank:
+                continue
+            calls = rank.get("attention_calls", {})
+            if calls.get("sparse_dense_calls") and not calls.get("sparse_calls"):
+                cfg = rank["sparse"].get("config", {})
+                steps = cfg.get("dense_steps")
+                steps = f"{steps:.0%} of the steps" if isinstance(steps, float) and steps < 1 else f"{steps} steps"
+                return (f"note: --sparse was on, but all {calls['sparse_dense_calls']} attention calls ran dense: "
+                        f"calls under {cfg.get('min_tokens')} tokens, cross-attention, the first {steps} and blocks "
+                        f"{cfg.get('dense_blocks')} stay dense (docs/sparse.md)")
+    return None
+
+
 def run_notes(manifest: dict) -> list[str]:
     """The notes `run` and `compare` print after their tables."""
-    return [n for n in (cpu_note(manifest), fp8_eager_note(manifest)) if n]
+    return [n for n in (cpu_note(manifest), fp8_eager_note(manifest), sparse_dense_note(manifest)) if n]
 
 
 def _short(text: str, n: int = 28) -> str:
