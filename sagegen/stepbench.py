@@ -37,6 +37,7 @@ HunyuanVideo's 256-token text refiner; ``--backend triton`` forces the kernel ev
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import datetime
 import gc
 import json
@@ -317,6 +318,10 @@ def main(argv=None) -> dict:
                                                      for k in profiles["sagegen_fp8"]["top_kernels"]), flush=True)
         info = patch_info(model)["linear"]
         print(f"fp8 layers: {info['fp8_layer_count']}, emulated: {info['emulated']} {info['note']}", flush=True)
+        if info["bf16_layers"]:  # why the others stay bf16 (with --tiny: all of them, first and last block)
+            reasons = Counter(info["bf16_layers"].values()).most_common(3)
+            print(f"bf16 layers: {len(info['bf16_layers'])} (" + "; ".join(f"{n} {r}" for r, n in reasons) + ")",
+                  flush=True)
         linear_info = {k: info[k] for k in ("policy", "emulated", "note", "fp8_layer_count", "fp8_calls",
                                             "fp8_weight_bytes_added", "fp8_layers")}
         linear_info["bf16_layer_count"] = len(info["bf16_layers"])

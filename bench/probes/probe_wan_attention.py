@@ -53,7 +53,7 @@ def main():
         row["sustained_tflops"] = flops / row["sustained_ms"] * 1e-9
         print(row, flush=True)
         rows.append(row)
-        del q, k, v
+        q = k = v = None  # free before the next shape
         torch.cuda.empty_cache()
     write_json(args.out, environment=environment(tokens=n), rows=rows)
 

@@ -58,7 +58,7 @@ def main():
     ref = F.gelu(x[rows].double() @ w1.double().t() + b1.double(), approximate="tanh")
     res["gelu_stock_rel_l1_vs_fp64"] = rel_l1(F.gelu(F.linear(x, w1, b1), approximate="tanh")[rows], ref)
     res["gelu_epilogue_rel_l1_vs_fp64"] = rel_l1(torch._addmm_activation(b1, x, w1.t(), use_gelu=True)[rows], ref)
-    del w1, b1
+    w1 = b1 = None  # free before the QKV weights
     wq, wk, wv = (torch.randn(dim, dim, device="cuda", dtype=torch.bfloat16) * dim ** -0.5 for _ in range(3))
     bq, bk, bv = (torch.randn(dim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     wqkv, bqkv = torch.cat([wq, wk, wv]), torch.cat([bq, bk, bv])
