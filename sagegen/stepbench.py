@@ -37,13 +37,13 @@ HunyuanVideo's 256-token text refiner; ``--backend triton`` forces the kernel ev
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 import datetime
 import gc
 import json
 import statistics
 import sys
 import time
+from collections import Counter
 
 import torch
 
