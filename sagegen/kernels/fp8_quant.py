@@ -246,7 +246,8 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
             grid = (min(n_tiles, programs) if programs else n_tiles,)
             _fp8_quant_per_token_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), n_tiles,
                                               HAS_COL=col_scale is not None, GELU=gelu, INTERPRET=interp,
-                                              TANH_LIBDEVICE=tanh == "libdevice", **launch)
+                                              TANH_LIBDEVICE=tanh == "libdevice", enable_fp_fusion=True,
+                                              **launch)
         return q, scales
     n_kb = triton.cdiv(K, BLOCK_K_SCALE)
     if scales_k_major:
@@ -261,5 +262,5 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
                                           scales.stride(1), triton.cdiv(M, bm), n_kb,
                                           HAS_COL=col_scale is not None, BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE,
                                           GELU=gelu, INTERPRET=interp, TANH_LIBDEVICE=tanh == "libdevice",
-                                          num_warps=num_warps or 4)
+                                          num_warps=num_warps or 4, enable_fp_fusion=True)
     return q, scales

@@ -104,6 +104,6 @@ def select_blocks(scores: torch.Tensor, live: torch.Tensor, *, mode: str, value:
         scores.stride(0), scores.stride(1), scores.stride(2), live.stride(0),
         q_sim.stride(0), q_sim.stride(1), k_sim.stride(0), k_sim.stride(1),
         MODE=MODE_TOPK if mode == "topk" else MODE_CDF, USE_SIM=use_sim, KEEP_DIAG=bool(keep_diagonal),
-        BLOCK=block, num_warps=4 if block <= 1024 else 8,
+        BLOCK=block, num_warps=4 if block <= 1024 else 8, enable_fp_fusion=True,
     )
     return counts, indices

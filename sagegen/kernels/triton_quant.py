@@ -436,6 +436,6 @@ def pool_blocks(x: torch.Tensor, block: int, center: torch.Tensor) -> tuple[torc
     sim = torch.empty(B, H, nb, dtype=torch.float32, device=x.device)
     _pool_kernel[(nb, B * H)](
         x, center.float().contiguous(), mean, sim, *x.stride(), H, N, D, nb,
-        BLOCK=block, HEAD_DIM=d_pad, PAD_D=D != d_pad, num_warps=4,
+        BLOCK=block, HEAD_DIM=d_pad, PAD_D=D != d_pad, num_warps=4, enable_fp_fusion=True,
     )
     return mean, sim
