@@ -143,3 +143,18 @@ def test_fp8linear_forwards_attributes_and_small_calls_run_bf16(seed):
         FP8Linear(lin, outliers="clip")
     with pytest.raises(TypeError, match="nn.Linear"):
         FP8Linear(torch.nn.Conv1d(4, 4, 1))
+
+
+def test_blockwise_row_padding_keeps_rows_and_scales():
+    """M not a multiple of 4 is padded for cuBLASLt's 1x128 recipe: the real rows and their K-major scales are
+    kept, the added rows are +0 with unit scales (their outputs are dropped)."""
+    from sagegen.linear.ops import _pad_rows_to_4
+
+    xq = (torch.randn(6, 256) * 10).to(torch.float8_e4m3fn)
+    xs = torch.rand(2, 6).t()  # [M, K/128], stride (1, M): the quantizer's K-major layout
+    q, s = _pad_rows_to_4(xq, xs)
+    assert q.shape == (8, 256) and s.shape == (8, 2) and s.stride() == (1, 8)
+    assert torch.equal(q[:6].view(torch.uint8), xq.view(torch.uint8)) and (q[6:].view(torch.uint8) == 0).all()
+    assert torch.equal(s[:6], xs) and (s[6:] == 1).all()
+    a, b = xq[:4], xs[:4]
+    assert all(x is y for x, y in zip(_pad_rows_to_4(a, b), (a, b)))  # a multiple of 4: untouched

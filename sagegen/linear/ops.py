@@ -7,7 +7,9 @@ On a CUDA GPU with FP8 tensor cores (sm89+): the activation is quantized by the 
   accumulate in the tensor core's own reduced-precision accumulator without the periodic promotion to fp32
   (what torchao's inference float8 uses; faster, error measured by bench/bench_fp8_linear.py);
 - 1x128-block activations x 128x128-block weights: ``torch.nn.functional.scaled_mm`` with block-wise scaling
-  recipes, where this torch/cuBLAS supports it (`blockwise_supported` probes it once per device).
+  recipes, where this torch/cuBLAS supports it (`blockwise_supported` probes it once per device; M is padded
+  to a multiple of 4, which cuBLASLt needs). Slower than row-wise at the models' shapes on an H200 (Flux ff up
+  0.29 vs 0.24 ms, Wan q/k/v/o 3.86 vs 3.28 ms with quantization), so per-token x per-channel stays the default.
 Elsewhere (CPU, or ``emulate=True``): `numerics.fp8_linear_reference`, the same quantized values in fp32.
 ``prologue="gelu_tanh"``: the activation is GELU(x), computed inside the quantization kernel (the MLP's second
 layer fed with the pre-GELU tensor).
@@ -66,14 +68,32 @@ def blockwise_weight_scale_for_gemm(w_s: torch.Tensor) -> torch.Tensor:
     return padded.t()
 
 
+def _pad_rows_to_4(xq: torch.Tensor, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cuBLASLt's 1x128 recipe found no algorithm at M = 250 (CUBLAS_STATUS_NOT_SUPPORTED; M = 256, 4096 and
+    75600 ran: torch 2.11 / CUDA 13, H200, bench/results/probe-blockwise-mm-h200-2026-11-26.json): zero rows
+    (unit scales) up to the next multiple of 4; the caller drops their outputs. xs: [M, K/128], stride (1, M)."""
+    m = xq.shape[0]
+    m4 = -(-m // 4) * 4
+    if m4 == m:
+        return xq, xs
+    q = torch.empty((m4, xq.shape[1]), dtype=xq.dtype, device=xq.device)
+    q[:m].copy_(xq)
+    q[m:].view(torch.uint8).zero_()  # 0x00 is +0 in e4m3
+    s = torch.ones((xs.shape[1], m4), dtype=xs.dtype, device=xs.device)
+    s[:, :m].copy_(xs.t())
+    return q, s.t()
+
+
 def _gemm_blockwise(xq, xs, w_q, w_s, bias, out_dtype):
     import torch.nn.functional as F
     from torch.nn.functional import ScalingType
 
     if w_s.is_contiguous() and w_s.shape[0] == -(-w_q.shape[0] // 128):  # the natural layout: convert
         w_s = blockwise_weight_scale_for_gemm(w_s)
+    m = xq.shape[0]
+    xq, xs = _pad_rows_to_4(xq, xs)
     y = F.scaled_mm(xq, w_q.t(), scale_a=xs, scale_recipe_a=ScalingType.BlockWise1x128, scale_b=w_s,
-                    scale_recipe_b=ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+                    scale_recipe_b=ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)[:m]
     if bias is not None:
         y = y + bias.to(y.dtype)
     return y.to(out_dtype)
