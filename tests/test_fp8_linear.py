@@ -145,6 +145,38 @@ def test_fp8linear_forwards_attributes_and_small_calls_run_bf16(seed):
         FP8Linear(torch.nn.Conv1d(4, 4, 1))
 
 
+def test_unchecked_per_token_path_is_the_checked_kernel(seed):
+    """The eager linears' launch (cached launch plan, no checks) quantizes as the emulation does, bit for bit,
+    and with the GELU prologue as the checked entry with the same tile does."""
+    from sagegen.kernels.fp8_quant import per_token_launch, quantize_per_token_unchecked
+
+    x = (torch.randn(37, 200) * torch.logspace(-2, 2, 200)).to(torch.bfloat16)[:, 5:197]  # row stride != K
+    col = torch.rand(192) * 2
+    for col_scale in (None, col):
+        q, s = quantize_per_token_unchecked(x, col_scale)
+        want_q, want_s = quantize_activations(x, "per_token", col_scale)
+        assert torch.equal(s, want_s) and torch.equal(_bits(q), _bits(want_q))
+    bm = per_token_launch(192)["BLOCK_M"]
+    q, s = quantize_per_token_unchecked(x, None, gelu=True)
+    want_q, want_s = quantize_fp8_rows(x, "per_token", prologue="gelu_tanh", block_m=bm)
+    assert torch.equal(s, want_s) and torch.equal(_bits(q), _bits(want_q))
+    q, s = quantize_per_token_unchecked(x[:0])
+    assert q.shape == (0, 192) and s.shape == (0, 1)
+
+
+def test_rowwise_gemm_views_follow_the_buffers():
+    """`FP8Linear` keeps w_q.t() and the [1, N] scales between calls; a move or a recalibration renews them, so
+    no view keeps an old copy of the weight alive."""
+    layer = FP8Linear(torch.nn.Linear(64, 32, dtype=torch.bfloat16), min_rows=1)
+    wt, ws = layer._rowwise_operands()
+    assert torch.equal(_bits(wt), _bits(layer.w_q.t())) and ws.shape == (1, 32) and wt._base is layer.w_q
+    assert layer._rowwise_operands()[0] is wt  # reused
+    layer.to(torch.device("cpu"))
+    assert layer._gemm_views is None
+    layer.w_q = layer.w_q.clone()  # as calibrate() does
+    assert layer._rowwise_operands()[0]._base is layer.w_q
+
+
 def test_blockwise_row_padding_keeps_rows_and_scales():
     """M not a multiple of 4 is padded for cuBLASLt's 1x128 recipe: the real rows and their K-major scales are
     kept, the added rows are +0 with unit scales (their outputs are dropped)."""

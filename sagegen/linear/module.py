@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from . import numerics
-from .ops import blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, quantize_eager
+from .ops import blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, gemm_rowwise_prepared, quantize_eager
 from .shared import shared
 
 OUTLIER_MODES = ("off", "smooth", "split")
@@ -77,6 +77,7 @@ class FP8Linear(torch.nn.Module):
         # parked: the bias is needed where the GEMM runs, so it gets its own copy (the weight's FP8 copy is here)
         self.register_buffer("bias_copy", linear.bias.detach().clone() if park and linear.bias is not None
                              else None, persistent=False)
+        self._gemm_views = None  # (w_q, w_scale_gemm, w_q.t(), scales [1, N]): see `_rowwise_operands`
 
     # diffusers' processors read these from the projection modules
     @property
@@ -100,6 +101,17 @@ class FP8Linear(torch.nn.Module):
                 f"weight={self.weight_granularity}, outliers={self.outliers}"
                 + (f", prologue={self.prologue}" if self.prologue else "")
                 + (f" ({len(self.outlier_idx)} split)" if self.outlier_idx is not None else ""))
+
+    def _apply(self, fn, recurse=True):
+        self._gemm_views = None  # views of the old buffers would keep them alive (and on the old device)
+        return super()._apply(fn, recurse)
+
+    def _rowwise_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``w_q.t()`` and the [1, N] weight scales, made once (two view ops less per call)."""
+        views = self._gemm_views
+        if views is None or views[0] is not self.w_q or views[1] is not self.w_scale_gemm:
+            views = self._gemm_views = (self.w_q, self.w_scale_gemm, self.w_q.t(), self.w_scale_gemm.view(1, -1))
+        return views[2], views[3]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -128,8 +140,11 @@ class FP8Linear(torch.nn.Module):
                 xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, self.prologue)
                 if cache is not None:
                     cache.put(x, self.act_granularity, self.emulate, xq_xs)
-            y = gemm_eager(*xq_xs, self.w_q, w_scale, bias, self.act_granularity, self.emulate, self.fast_accum,
-                           x2.dtype)
+            if on_gpu and self.act_granularity == "per_token":
+                y = gemm_rowwise_prepared(*xq_xs, *self._rowwise_operands(), bias, x2.dtype, self.fast_accum)
+            else:
+                y = gemm_eager(*xq_xs, self.w_q, w_scale, bias, self.act_granularity, self.emulate,
+                               self.fast_accum, x2.dtype)
         if self.w_outlier is not None:
             xo = x2.index_select(1, self.outlier_idx)
             y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ self.w_outlier.t()

@@ -39,24 +39,29 @@ def fp8_capable(device: torch.device) -> tuple[bool, str]:
 
 
 def _gemm_rowwise(xq, xs, w_q, w_s, bias, out_dtype, fast_accum=True):
-    # cuBLASLt wants B column-major: w_q is [N, K] row-major, so w_q.t() is [K, N] column-major.
+    return gemm_rowwise_prepared(xq, xs, w_q.t(), w_s.view(1, -1), bias, out_dtype, fast_accum)
+
+
+def gemm_rowwise_prepared(xq, xs, w_q_t, w_s_row, bias, out_dtype, fast_accum=True):
+    """The row-wise FP8 GEMM with the weight already as cuBLASLt reads it: ``w_q_t`` = ``w_q.t()`` ([K, N],
+    column-major), ``w_s_row`` = the [1, N] scales (`FP8Linear` keeps both views: two ops less a call)."""
     # A bias is fused only for bf16 outputs with row-wise scales; otherwise it is added after.
     # Row-wise scaling produces bf16 (the only output type cuBLASLt/CUTLASS offer for it); other activation
     # dtypes get the bf16 result cast back.
     global _FUSE_BIAS
     fused = _FUSE_BIAS and bias is not None and bias.dtype == torch.bfloat16
     try:
-        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), bias=bias if fused else None,
+        y = torch._scaled_mm(xq, w_q_t, scale_a=xs, scale_b=w_s_row, bias=bias if fused else None,
                              out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
     except RuntimeError:
         if not fused:
             raise
         _FUSE_BIAS, fused = False, False  # this torch/cuBLAS does not fuse a bias with row-wise scales
-        y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), out_dtype=torch.bfloat16,
+        y = torch._scaled_mm(xq, w_q_t, scale_a=xs, scale_b=w_s_row, out_dtype=torch.bfloat16,
                              use_fast_accum=fast_accum)
     if bias is not None and not fused:
         y = y + bias.to(y.dtype)
-    return y.to(out_dtype)
+    return y if out_dtype == torch.bfloat16 else y.to(out_dtype)
 
 
 def blockwise_weight_scale_for_gemm(w_s: torch.Tensor) -> torch.Tensor:
@@ -143,10 +148,14 @@ def quantize_eager(x: torch.Tensor, act_granularity: str, emulate: bool, col_sca
     scales K-major, as cuBLASLt wants them), the emulation elsewhere."""
     if emulate or x.device.type != "cuda":
         return numerics.quantize_activations(x, act_granularity, col_scale, prologue)
+    if act_granularity == "per_token":  # the hot path of eager steps: no re-validation of what the layer made
+        from ..kernels.fp8_quant import quantize_per_token_unchecked
+
+        return quantize_per_token_unchecked(x if x.stride(1) == 1 else x.contiguous(), col_scale,
+                                            prologue == "gelu_tanh")
     from ..kernels.fp8_quant import quantize_fp8_rows
 
-    return quantize_fp8_rows(x, act_granularity, col_scale, prologue=prologue,
-                             scales_k_major=act_granularity == "per_block")
+    return quantize_fp8_rows(x, act_granularity, col_scale, prologue=prologue, scales_k_major=True)
 
 
 def gemm_eager(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
