@@ -52,13 +52,12 @@ def layer_sweep() -> list[dict]:
             fp8 = FP8Linear(lin, min_rows=1)
             for m in ROWS:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                bf16_us = per_call_us(lambda: F.linear(x, lin.weight, lin.bias))
-                fp8_us = per_call_us(lambda: fp8(x))
+                bf16_us = per_call_us(lambda x=x, lin=lin: F.linear(x, lin.weight, lin.bias))
+                fp8_us = per_call_us(lambda x=x, fp8=fp8: fp8(x))
                 rows.append({"shape": name, "M": m, "bf16_us": bf16_us, "fp8_us": fp8_us,
                              "fp8_over_bf16": bf16_us / fp8_us})
                 print(f"{name:12s} M={m:5d} bf16 {bf16_us:8.1f} us  fp8 {fp8_us:8.1f} us  "
                       f"ratio {bf16_us / fp8_us:5.2f}", flush=True)
-            del lin, fp8
     return rows
 
 
