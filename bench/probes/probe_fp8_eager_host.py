@@ -99,10 +99,7 @@ def step_variants(model_name: str, min_rows_list: list[int], repeats: int) -> di
         info = sagegen.patch_info(model)["linear"]
         out[f"fp8_min_rows_{mr}"]["fp8_calls"] = info["fp8_calls"]
         sagegen.unpatch(model)
-    del model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return out
+    return out  # (the model goes with this frame; the caller empties the cache)
 
 
 def main():
@@ -120,6 +117,8 @@ def main():
         atomic_write_json(args.out, {**report, "partial": True})
     for name in filter(None, args.models.split(",")):
         report["steps"][name] = step_variants(name, [int(v) for v in args.min_rows.split(",")], args.repeats)
+        gc.collect()
+        torch.cuda.empty_cache()
         atomic_write_json(args.out, {**report, "partial": True})
     atomic_write_json(args.out, report)
     print(f"wrote {args.out}")
