@@ -23,7 +23,7 @@ the layer of GELU(x)).
 Eager calls inside an attention processor whose input another FP8 projection there has quantized (Q, K and V
 of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation.
 
-Calls with fewer than ``min_rows`` tokens (modulation and embedding projections of one timestep vector) run
+Calls with fewer than ``min_rows`` tokens (modulation of one timestep vector, the image models' text streams) run
 the original bf16 linear: FP8 does not pay there.
 """
 
@@ -42,7 +42,7 @@ OUTLIER_MODES = ("off", "smooth", "split")
 class FP8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, *, act_granularity: str = "per_token",
                  weight_granularity: str = "per_channel", outliers: str = "off", emulate: bool = False,
-                 min_rows: int = 64, outlier_ratio: float = 8.0, max_outliers: int = 64, park: bool = False,
+                 min_rows: int = 1024, outlier_ratio: float = 8.0, max_outliers: int = 64, park: bool = False,
                  fast_accum: bool = True):
         super().__init__()
         if not isinstance(linear, torch.nn.Linear):

@@ -35,7 +35,12 @@ class LinearPolicy:
             (128x128, pairs with per-block activations). cuBLASLt runs only these two pairings on the GPU.
         outliers: ``"off"`` (default), ``"smooth"`` or ``"split"`` (see `sagegen.linear.module`).
         outlier_ratio, max_outliers: the ``"split"`` detector: channel amax above ratio x median, at most this many.
-        min_rows: calls with fewer tokens run the bf16 linear (default 64).
+        min_rows: calls with fewer tokens run the bf16 linear (default 1024). Below ~1k rows an FP8 layer
+            (quantizer launch + ``_scaled_mm``, ~70 us of host time a call) costs more than the bf16 GEMM it
+            replaces: back to back on an H200, FP8 wins from M = 1024 at 3072 x 12288 and 12288 x 3072, from
+            M = 4096 at 3072 x 3072 (bench/results/probe-fp8-eager-host-h200-2026-11-26.json). So the text
+            streams of the image models (Flux 512, SD3.5 2 x 333, Qwen-Image ~128 tokens) and the modulation
+            vectors stay bf16; their eager steps got faster (Flux 110.0 -> 106.1 ms, SD3.5 113.2 -> 104.6 ms).
         bf16_copies: ``"keep"`` (default): the original bf16 weights stay where they are (+1 byte per quantized
             weight on the GPU). ``"cpu"``: they are moved to the CPU while patched (GPU memory: -1 byte per
             quantized weight vs the unpatched model) and moved back, bit for bit, by unpatch; calls below
@@ -58,7 +63,7 @@ class LinearPolicy:
     outliers: str = "off"
     outlier_ratio: float = 8.0
     max_outliers: int = 64
-    min_rows: int = 64
+    min_rows: int = 1024
     bf16_copies: str = "keep"
     fast_accum: bool = True
     fuse_gelu: bool = True
