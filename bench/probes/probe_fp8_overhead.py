@@ -7,6 +7,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from sagegen.kernels import fp8_quant
 from sagegen.kernels.fp8_quant import quantize_fp8_rows
 from sagegen.linear.module import FP8Linear
 from sagegen.linear.ops import _gpu_forward, fp8_linear
@@ -30,12 +31,18 @@ def main():
         x = torch.randn(m, 3072, device="cuda", dtype=torch.bfloat16)
         layer = FP8Linear(lin, min_rows=1)
         xq, xs = quantize_fp8_rows(x)
+        launch = fp8_quant.per_token_launch(3072)
+        n = -(-m // launch["BLOCK_M"])
+        kargs = (x, x, xq, xs, m, 3072, x.stride(0), xq.stride(0), n)
+        kw = dict(HAS_COL=False, GELU=False, INTERPRET=False, TANH_LIBDEVICE=False, enable_fp_fusion=True, **launch)
         w_q, w_s, b = layer.w_q, layer.w_scale_gemm, lin.bias
         with torch.inference_mode():
             rows = {
                 "bf16 F.linear": lambda: F.linear(x, lin.weight, lin.bias),
                 "empty x2": lambda: (torch.empty_like(x, dtype=torch.float8_e4m3fn),
                                      torch.empty((m, 1), device="cuda")),
+                "triton launch": lambda: fp8_quant._fp8_quant_per_token_kernel[(n,)](*kargs, **kw),
+                "CachedLaunch": lambda: fp8_quant._per_token_launch((n,), *kargs, **kw),
                 "quantize_fp8_rows": lambda: quantize_fp8_rows(x),
                 "_scaled_mm": lambda: torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), bias=b,
                                                        out_dtype=torch.bfloat16, use_fast_accum=True),
