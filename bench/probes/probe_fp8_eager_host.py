@@ -23,7 +23,6 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import sagegen  # noqa: E402
-from sagegen.kernels import fp8_quant  # noqa: E402
 from sagegen.linear import LinearPolicy  # noqa: E402
 from sagegen.linear.module import FP8Linear  # noqa: E402
 from sagegen.models import arch as archs  # noqa: E402
@@ -62,7 +61,7 @@ def layer_sweep() -> list[dict]:
     return rows
 
 
-def step_variants(model_name: str, min_rows_list: list[int], repeats: int, launch_ab: bool) -> dict:
+def step_variants(model_name: str, min_rows_list: list[int], repeats: int) -> dict:
     model = archs.build_transformer(model_name, dtype=torch.bfloat16, device=torch.device("cuda"), seed=0)
     arch = archs.get_arch(model_name)
     inputs = archs.example_inputs(model_name, batch=arch.batch, dtype=torch.bfloat16, device=torch.device("cuda"),
@@ -99,10 +98,6 @@ def step_variants(model_name: str, min_rows_list: list[int], repeats: int, launc
         measure(f"fp8_min_rows_{mr}")
         info = sagegen.patch_info(model)["linear"]
         out[f"fp8_min_rows_{mr}"]["fp8_calls"] = info["fp8_calls"]
-        if launch_ab:  # the same, with Triton's own launch for the quantizer (CachedLaunch off)
-            fp8_quant._per_token_launch.enabled = False
-            measure(f"fp8_min_rows_{mr}_triton_launch")
-            fp8_quant._per_token_launch.enabled = True
         sagegen.unpatch(model)
     return out  # (the model goes with this frame; the caller empties the cache)
 
@@ -114,7 +109,6 @@ def main():
     p.add_argument("--min-rows", default="64,1024,4096")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-sweep", action="store_true")
-    p.add_argument("--launch-ab", action="store_true", help="also each FP8 variant with Triton's own launch")
     args = p.parse_args()
     report = {"probe": "fp8_eager_host", "device": device_info(torch.device("cuda")), "versions": versions(),
               "date": time.strftime("%Y-%m-%d"), "layers": [], "steps": {}}
@@ -122,8 +116,7 @@ def main():
         report["layers"] = layer_sweep()
         atomic_write_json(args.out, {**report, "partial": True})
     for name in filter(None, args.models.split(",")):
-        report["steps"][name] = step_variants(name, [int(v) for v in args.min_rows.split(",")], args.repeats,
-                                              args.launch_ab)
+        report["steps"][name] = step_variants(name, [int(v) for v in args.min_rows.split(",")], args.repeats)
         gc.collect()
         torch.cuda.empty_cache()
         atomic_write_json(args.out, {**report, "partial": True})

@@ -42,7 +42,6 @@ def main():
                 "empty x2": lambda: (torch.empty_like(x, dtype=torch.float8_e4m3fn),
                                      torch.empty((m, 1), device="cuda")),
                 "triton launch": lambda: fp8_quant._fp8_quant_per_token_kernel[(n,)](*kargs, **kw),
-                "CachedLaunch": lambda: fp8_quant._per_token_launch((n,), *kargs, **kw),
                 "quantize_fp8_rows": lambda: quantize_fp8_rows(x),
                 "_scaled_mm": lambda: torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_s.view(1, -1), bias=b,
                                                        out_dtype=torch.bfloat16, use_fast_accum=True),

@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import CachedLaunch
 from .spec import FP8_MAX
 from .triton_quant import interpreting, round_to_e4m3_grid
 
@@ -208,9 +207,6 @@ def per_token_launch(K: int, *, block_m: int | None = None, num_warps: int | Non
     return dict(BLOCK_M=bm, BLOCK_K=bk, SINGLE_PASS=single, num_warps=warps)
 
 
-_per_token_launch = CachedLaunch(_fp8_quant_per_token_kernel)  # the eager linears' launch (~25 us less host time)
-
-
 @functools.lru_cache(maxsize=512)
 def _default_per_token_plan(K: int, interp: bool) -> dict:
     return per_token_launch(K, interpret=interp)
@@ -228,9 +224,10 @@ def quantize_per_token_unchecked(x: torch.Tensor, col_scale: torch.Tensor | None
     scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M:
         n_tiles = -(-M // launch["BLOCK_M"])
-        _per_token_launch((n_tiles,), x, x if col_scale is None else col_scale, q, scales, M, K, x.stride(0),
-                          q.stride(0), n_tiles, HAS_COL=col_scale is not None, GELU=gelu, INTERPRET=interp,
-                          TANH_LIBDEVICE=False, enable_fp_fusion=True, **launch)
+        _fp8_quant_per_token_kernel[(n_tiles,)](x, x if col_scale is None else col_scale, q, scales, M, K,
+                                                x.stride(0), q.stride(0), n_tiles, HAS_COL=col_scale is not None,
+                                                GELU=gelu, INTERPRET=interp, TANH_LIBDEVICE=False,
+                                                enable_fp_fusion=True, **launch)
     return q, scales
 
 
