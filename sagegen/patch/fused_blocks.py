@@ -1,5 +1,5 @@
-"""Wan's (and SkyReels-V2's, and SD3's: `fused_blocks_sd3`) block-level element-wise work fused: modulated
-LayerNorms and gated residual adds in one pass each.
+"""Block-level element-wise work fused (Wan's and SkyReels-V2's here; SD3's in `fused_blocks_sd3`, Flux's in
+`fused_blocks_flux`): modulated LayerNorms and gated residual adds in one pass each.
 
 diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V; SkyReels-V2's block is the same
 code with a self-attention mask and its per-token modulation laid out [B, 6, S, C]) runs its norms, modulation and
@@ -28,6 +28,7 @@ import importlib
 import torch
 
 from ..api import triton_interpret
+from . import fused_blocks_flux as _flux
 from . import fused_blocks_sd3 as _sd3
 from .fused_common import _HALF
 
@@ -151,14 +152,26 @@ def _sd3_forward(self, stock, *args, **kwargs):
     return _sd3.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
 
 
+def _flux_double_forward(self, stock, *args, **kwargs):
+    return _flux.double_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+
+
+def _flux_single_forward(self, stock, *args, **kwargs):
+    return _flux.single_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+
+
 def _fused_kind(block):
-    """The fused forward that reproduces ``block``'s (Wan's, SkyReels-V2's or SD3's), or None."""
+    """The fused forward that reproduces ``block``'s (Wan's, SkyReels-V2's, SD3's or Flux's), or None."""
     if fusable(block):
         return _fused_forward
     if fusable(block, _SKYREELS_BLOCK):
         return _skyreels_forward
     if _sd3.fusable(block):
         return _sd3_forward
+    if _flux.double_fusable(block):
+        return _flux_double_forward
+    if _flux.single_fusable(block):
+        return _flux_single_forward
     return None
 
 
@@ -178,7 +191,7 @@ def _subclass(cls: type, fused) -> type:
 
 
 def install(transformer) -> int:
-    """Swap every fusable Wan or SD3 block of ``transformer`` to its fused subclass; returns how many are fused."""
+    """Swap every fusable Wan, SD3 or Flux block of ``transformer`` to its fused subclass; returns how many."""
     count = 0
     for module in transformer.modules():
         if getattr(type(module), "_sage_fused_block", False):

@@ -64,17 +64,35 @@ def _modulation(norm, temb):
 def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hidden_states, temb,
                   joint_attention_kwargs=None):
     """`JointTransformerBlock.forward` with the per-stream element-wise work in `residual_norm` passes."""
-    if (self._chunk_size is not None or not can_run(hidden_states) or not can_run(encoder_hidden_states)
-            or not isinstance(temb, torch.Tensor) or temb.ndim != 2 or hidden_states.dtype != temb.dtype):
+    if self._chunk_size is not None or not joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb):
         return stock(self, hidden_states, encoder_hidden_states, temb, joint_attention_kwargs)
+    return joint_body(self, residual_norm, hidden_states, encoder_hidden_states, temb,
+                      lambda n, cn: self.attn(hidden_states=n, encoder_hidden_states=cn,
+                                              **(joint_attention_kwargs or {})))
+
+
+def joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb) -> bool:
+    return (can_run(hidden_states) and can_run(encoder_hidden_states) and isinstance(temb, torch.Tensor)
+            and temb.ndim == 2 and hidden_states.dtype == temb.dtype)
+
+
+def joint_body(self, residual_norm, hidden_states, encoder_hidden_states, temb, attend, clip_fp16: bool = False):
+    """A two-stream block (SD3's joint block, Flux's double-stream block: AdaLayerNormZero ``norm1`` /
+    ``norm1_context``, plain ``norm2`` / ``norm2_context``, ``ff`` / ``ff_context``) through `residual_norm`
+    passes; ``attend(n, cn)`` runs its attention and returns (image, text[, extra image residual]).
+    ``clip_fp16``: clip the fp16 text stream to the finite range at the end, as Flux's block does."""
     x, c = hidden_states.contiguous(), encoder_hidden_states.contiguous()
     shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = _modulation(self.norm1, temb)
     c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(self.norm1_context, temb)
     _, n = residual_norm(x, scale=scale, shift=shift, eps=self.norm1.norm.eps)
     _, cn = residual_norm(c, scale=c_scale, shift=c_shift, eps=self.norm1_context.norm.eps)
-    attn, c_attn = self.attn(hidden_states=n, encoder_hidden_states=cn, **(joint_attention_kwargs or {}))
+    attn, c_attn, *extra = attend(n, cn)
     x, n = residual_norm(x, attn, gate, scale=scale_mlp, shift=shift_mlp, eps=self.norm2.eps)
     x, _ = residual_norm(x, self.ff(n), gate_mlp, norm=False)
+    if extra:  # Flux's IP-adapter output, added after the feed-forward as the stock forward does
+        x = x + extra[0]
     c, cn = residual_norm(c, c_attn, c_gate, scale=c_scale_mlp, shift=c_shift_mlp, eps=self.norm2_context.eps)
     c, _ = residual_norm(c, self.ff_context(cn), c_gate_mlp, norm=False)
+    if clip_fp16 and c.dtype == torch.float16:
+        c = c.clip(-65504, 65504)
     return c, x
