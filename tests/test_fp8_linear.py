@@ -13,6 +13,9 @@ from sagegen.linear import FP8Linear, fp8_linear, fp8_linear_reference, outlier_
 from sagegen.linear.numerics import dequantize_activations, dequantize_weight, quantize_activations
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton tests: the GPU kernel, or the interpreter
+
+
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
@@ -24,8 +27,8 @@ def test_triton_quantizer_matches_the_emulation_bit_for_bit(seed, granularity, d
     base = torch.randn(M, K + 17) * torch.logspace(-3, 2, K + 17)  # channels over five decades
     base[4] = 0.0                                   # an all-zero row gets scale 1
     base[7, 5] = -3e3                               # an outlier; tiny negatives round to -0.0
-    x = base.to(dtype)[:, 3:K + 3]                  # a view with a row stride != K
-    col = torch.rand(K) * 2
+    x = base.to(DEVICE, dtype)[:, 3:K + 3]          # a view with a row stride != K
+    col = torch.rand(K, device=DEVICE) * 2
     # per token: the row in one read (K <= 8192) and the two-pass loop forced for wide rows
     for col_scale, single_k in ((None, 8192), (col, 8192), (col, 128)):
         got_q, got_s = quantize_fp8_rows(x, granularity, col_scale, programs=3,  # 3 programs: grid-stride
@@ -150,8 +153,8 @@ def test_unchecked_per_token_path_is_the_checked_kernel(seed):
     and with the GELU prologue as the checked entry with the same tile does."""
     from sagegen.kernels.fp8_quant import per_token_launch, quantize_per_token_unchecked
 
-    x = (torch.randn(37, 200) * torch.logspace(-2, 2, 200)).to(torch.bfloat16)[:, 5:197]  # row stride != K
-    col = torch.rand(192) * 2
+    x = (torch.randn(37, 200) * torch.logspace(-2, 2, 200)).to(DEVICE, torch.bfloat16)[:, 5:197]  # stride != K
+    col = torch.rand(192, device=DEVICE) * 2
     for col_scale in (None, col):
         q, s = quantize_per_token_unchecked(x, col_scale)
         want_q, want_s = quantize_activations(x, "per_token", col_scale)

@@ -35,8 +35,8 @@ def fp8_eager_note(manifest: dict) -> str | None:
               if isinstance(rank, dict))
     if not fp8:
         return None
-    return ("note: eager FP8 linears on an image model are host-bound (~4-7k tokens a call) and can be slower than "
-            "attention alone; add --cuda-graphs (docs/cuda-graphs.md)")
+    return ("note: eager FP8 linears on an image model are host-bound (~4-7k tokens a call): their speed depends on "
+            "the host CPU and can fall below attention alone; --cuda-graphs makes it steady (docs/cuda-graphs.md)")
 
 
 def sparse_dense_note(manifest: dict) -> str | None:
