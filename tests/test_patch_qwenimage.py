@@ -11,7 +11,7 @@ import sagegen
 from dispatch_models import tiny_qwenimage
 from patch_support import half_model_with_distinct_norms, rel_l1
 from sagegen.kernels.triton_qk_prologue import rms_norm_rope
-from sagegen.patch import patch_info, set_attention_override
+from sagegen.patch import fused_blocks, patch_info, set_attention_override
 from sagegen.patch.qwenimage import _pair_tables
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
@@ -79,6 +79,7 @@ def test_fused_model_matches_routed_stock_with_the_text_mask_and_unpatches_exact
     model, inputs = _model()
     stock = _run(model, inputs)
     with sagegen.patched(model, backend="triton", fuse_prologue=False):
+        fused_blocks.install(model)  # the blocks' passes on both sides: this compares the Q/K prologue
         routed = _run(model, inputs)
         assert patch_info(model)["stats"].get("fused_qk_prologue", 0) == 0
     with sagegen.patched(model, backend="triton"):
@@ -110,6 +111,7 @@ def test_fallbacks_run_the_routed_stock_call():
     model, inputs = _model()
     stock = _run(model, inputs)
     with sagegen.patched(model, backend="triton", policy=sagegen.PrecisionPolicy(blocks=[0, 1])):
+        fused_blocks.remove(model)  # (the blocks' passes round differently: patch.fused_blocks_qwen)
         assert torch.equal(_run(model, inputs), stock)  # full precision: diffusers' own SDPA, bit for bit
         assert patch_info(model)["stats"].get("fused_qk_prologue", 0) == 0
     calls = []

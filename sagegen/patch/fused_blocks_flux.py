@@ -2,7 +2,7 @@
 
 diffusers' ``FluxTransformerBlock`` (double stream) is SD3's joint block with rotary embeddings: per stream a
 LayerNorm with the modulation ``* (1 + scale) + shift``, gate products and residual adds, each a separate bf16
-kernel. It runs through `fused_blocks_sd3.joint_body` (three passes per stream). ``FluxSingleTransformerBlock``:
+kernel. It runs through `fused_blocks_sd3.ada_zero_body` (three passes per stream). ``FluxSingleTransformerBlock``:
 
     h = cat(text, image);  n = LN(h)·(1+scale)+shift             -> proj_mlp, attention   (one pass)
     h = h + proj_out(cat(attn, GELU(mlp)))·gate                                          (one pass)
@@ -66,11 +66,11 @@ def double_forward(self, stock, can_run, residual_norm, hidden_states, encoder_h
     """`FluxTransformerBlock.forward` through `residual_norm` passes."""
     if not _sd3.joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb):
         return stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs)
-    return _sd3.joint_body(self, residual_norm, hidden_states, encoder_hidden_states, temb,
-                           lambda n, cn: self.attn(hidden_states=n, encoder_hidden_states=cn,
-                                                   image_rotary_emb=image_rotary_emb,
-                                                   **(joint_attention_kwargs or {})),
-                           clip_fp16=True)
+    return _sd3.ada_zero_body(self, residual_norm, hidden_states, encoder_hidden_states, temb,
+                              lambda n, cn: self.attn(hidden_states=n, encoder_hidden_states=cn,
+                                                      image_rotary_emb=image_rotary_emb,
+                                                      **(joint_attention_kwargs or {})),
+                              clip_fp16=True)
 
 
 def single_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hidden_states, temb,

@@ -66,9 +66,9 @@ def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hi
     """`JointTransformerBlock.forward` with the per-stream element-wise work in `residual_norm` passes."""
     if self._chunk_size is not None or not joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb):
         return stock(self, hidden_states, encoder_hidden_states, temb, joint_attention_kwargs)
-    return joint_body(self, residual_norm, hidden_states, encoder_hidden_states, temb,
-                      lambda n, cn: self.attn(hidden_states=n, encoder_hidden_states=cn,
-                                              **(joint_attention_kwargs or {})))
+    return ada_zero_body(self, residual_norm, hidden_states, encoder_hidden_states, temb,
+                         lambda n, cn: self.attn(hidden_states=n, encoder_hidden_states=cn,
+                                                 **(joint_attention_kwargs or {})))
 
 
 def joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb) -> bool:
@@ -76,23 +76,40 @@ def joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb) -> bool
             and temb.ndim == 2 and hidden_states.dtype == temb.dtype)
 
 
-def joint_body(self, residual_norm, hidden_states, encoder_hidden_states, temb, attend, clip_fp16: bool = False):
-    """A two-stream block (SD3's joint block, Flux's double-stream block: AdaLayerNormZero ``norm1`` /
-    ``norm1_context``, plain ``norm2`` / ``norm2_context``, ``ff`` / ``ff_context``) through `residual_norm`
-    passes; ``attend(n, cn)`` runs its attention and returns (image, text[, extra image residual]).
-    ``clip_fp16``: clip the fp16 text stream to the finite range at the end, as Flux's block does."""
+def ada_zero_body(self, residual_norm, hidden_states, encoder_hidden_states, temb, attend, clip_fp16=False):
+    """`joint_body` for the blocks laid out as SD3's (and Flux's double-stream one): AdaLayerNormZero ``norm1`` /
+    ``norm1_context`` (their linear makes the six modulation vectors), plain ``norm2`` / ``norm2_context``,
+    ``ff`` / ``ff_context``. ``clip_fp16``: clip the fp16 text stream at the end, as Flux's block does."""
+    return joint_body(residual_norm, hidden_states, encoder_hidden_states, _modulation(self.norm1, temb),
+                      _modulation(self.norm1_context, temb),
+                      (self.norm1.norm.eps, self.norm1_context.norm.eps, self.norm2.eps, self.norm2_context.eps),
+                      attend, self.ff, self.ff_context, clip_text=clip_fp16)
+
+
+def joint_body(residual_norm, hidden_states, encoder_hidden_states, mods, c_mods, eps, attend, ff, ff_context, *,
+               clip_text=False, clip_image=False):
+    """A two-stream DiT block through `residual_norm` passes, three per stream:
+
+        n = LN(x)·(1+scale)+shift -> attention;  x = x + attn·gate, n = LN(x)·(1+scale2)+shift2 -> ff;
+        x = x + ff·gate2
+
+    ``mods`` / ``c_mods``: (shift, scale, gate, shift2, scale2, gate2) of the image / text stream, each
+    [B, 1, C]; ``eps``: the image and text first norms', then second norms'; ``attend(n, cn)`` returns
+    (image, text[, an extra image residual, added after the feed-forward as Flux's IP adapter is])."""
     x, c = hidden_states.contiguous(), encoder_hidden_states.contiguous()
-    shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = _modulation(self.norm1, temb)
-    c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = _modulation(self.norm1_context, temb)
-    _, n = residual_norm(x, scale=scale, shift=shift, eps=self.norm1.norm.eps)
-    _, cn = residual_norm(c, scale=c_scale, shift=c_shift, eps=self.norm1_context.norm.eps)
+    shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = mods
+    c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = c_mods
+    _, n = residual_norm(x, scale=scale, shift=shift, eps=eps[0])
+    _, cn = residual_norm(c, scale=c_scale, shift=c_shift, eps=eps[1])
     attn, c_attn, *extra = attend(n, cn)
-    x, n = residual_norm(x, attn, gate, scale=scale_mlp, shift=shift_mlp, eps=self.norm2.eps)
-    x, _ = residual_norm(x, self.ff(n), gate_mlp, norm=False)
-    if extra:  # Flux's IP-adapter output, added after the feed-forward as the stock forward does
+    x, n = residual_norm(x, attn, gate, scale=scale_mlp, shift=shift_mlp, eps=eps[2])
+    x, _ = residual_norm(x, ff(n), gate_mlp, norm=False)
+    if extra:
         x = x + extra[0]
-    c, cn = residual_norm(c, c_attn, c_gate, scale=c_scale_mlp, shift=c_shift_mlp, eps=self.norm2_context.eps)
-    c, _ = residual_norm(c, self.ff_context(cn), c_gate_mlp, norm=False)
-    if clip_fp16 and c.dtype == torch.float16:
+    c, cn = residual_norm(c, c_attn, c_gate, scale=c_scale_mlp, shift=c_shift_mlp, eps=eps[3])
+    c, _ = residual_norm(c, ff_context(cn), c_gate_mlp, norm=False)
+    if clip_text and c.dtype == torch.float16:  # (the pass rounded once; this only turns inf into the max)
         c = c.clip(-65504, 65504)
+    if clip_image and x.dtype == torch.float16:
+        x = x.clip(-65504, 65504)
     return c, x

@@ -1,0 +1,88 @@
+"""Qwen-Image's fused blocks (`patch.fused_blocks_qwen`) against diffusers' own block forward: the route, the
+output within bf16 rounding of intermediates (no further from an fp32 run of the same model than diffusers'
+bf16 ops are), unpatch bit for bit, the passes counted, and Qwen-Image-Edit's per-token modulation left alone."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+import sagegen
+from dispatch_models import tiny_qwenimage
+from patch_support import rel_l1
+from sagegen.kernels import triton_residual_norm as kernel
+from sagegen.kernels.triton_residual_norm import residual_norm
+from sagegen.patch import fused_blocks, fused_blocks_qwen, patch_info, set_attention_override
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
+
+
+def _model(seed):
+    model, inputs = tiny_qwenimage(seed)
+    return model.to(DEVICE), {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def _half(model, inputs):
+    return model.to(torch.bfloat16), {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
+                                      for k, v in inputs.items()}
+
+
+def _exact(q, k, v, mask, is_causal, scale):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+
+
+def test_fused_qwen_blocks_match_the_stock_blocks(seed, monkeypatch):
+    """Exact attention on both sides (an override): what differs is the fused element-wise work."""
+    model32, inputs32 = _model(seed % 100)
+    with torch.no_grad():
+        want = model32(**inputs32)[0].double()
+    model, inputs = _half(copy.deepcopy(model32), inputs32)
+    cls = type(model.transformer_blocks[0])
+    assert all(map(fused_blocks_qwen.fusable, model.transformer_blocks))
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+        sagegen.patch(model, backend="reference", fuse_prologue=False)
+        set_attention_override(model, _exact)
+        unfused = model(**inputs)[0]
+        sagegen.patch(model, backend="reference")
+        set_attention_override(model, _exact)
+        assert patch_info(model)["fused_blocks"] == 2 and type(model.transformer_blocks[0]) is not cls
+        calls = []
+        monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
+        fused = model(**inputs)[0]
+        monkeypatch.undo()
+        sagegen.unpatch(model)
+        again = model(**inputs)[0]
+    assert type(model.transformer_blocks[0]) is cls
+    assert torch.equal(again, stock) and torch.equal(unfused, stock)
+    assert len(calls) == 2 * 6  # three passes per stream and block
+    err_fused, err_stock = rel_l1(fused.double(), want), rel_l1(stock.double(), want)
+    assert err_fused <= 1.1 * err_stock, (err_fused, err_stock)
+    assert 0 < rel_l1(fused, unfused) < 2e-2, rel_l1(fused, unfused)
+
+
+def test_per_token_modulation_and_affine_norms_run_the_stock_forward(seed):
+    model, inputs = _half(*_model(seed % 100))
+    block = model.transformer_blocks[0]
+    block.zero_cond_t = True  # Qwen-Image-Edit-2511's conditioning layout: not what the passes do
+    assert not fused_blocks_qwen.fusable(block) and fused_blocks_qwen.fusable(model.transformer_blocks[1])
+    block.zero_cond_t = False
+    block.img_norm2 = torch.nn.LayerNorm(block.dim, eps=1e-6).to(DEVICE, torch.bfloat16)
+    assert not fused_blocks_qwen.fusable(block)
+    assert fused_blocks.install(model) == 1
+    fused_blocks.remove(model)
+
+
+def test_modulate_index_takes_the_stock_forward(seed):
+    """A call with ``modulate_index`` (Qwen-Image-Edit's per-token choice between two modulations) goes to
+    diffusers' forward with every argument, whatever the block."""
+    model, _ = _half(*_model(seed % 100))
+    block = model.transformer_blocks[0]
+    seen = []
+    x = torch.randn(1, 12, block.dim, device=DEVICE).to(torch.bfloat16)
+    args = (x, x[:, :5], None, x[:, 0], "rope", {"k": 1}, [0, 1])
+    out = fused_blocks_qwen.fused_forward(block, lambda *a: seen.append(a) or "stock", lambda t: True,
+                                          residual_norm, *args)
+    assert out == "stock" and seen[0][0] is block and seen[0][1:] == args
