@@ -11,7 +11,7 @@ import sagegen
 from dispatch_models import tiny_ltx
 from patch_support import half_model_with_distinct_norms, rel_l1
 from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
-from sagegen.patch import patch_info, set_attention_override
+from sagegen.patch import fused_blocks, patch_info, set_attention_override
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 
@@ -82,6 +82,7 @@ def test_fused_model_matches_routed_stock_and_unpatches_exactly():
     model, inputs = _model()
     stock = _run(model, inputs)
     with sagegen.patched(model, backend="triton", fuse_prologue=False):
+        fused_blocks.install(model)  # the block's passes on both sides: this compares the Q/K prologue
         routed = _run(model, inputs)
     with sagegen.patched(model, backend="triton"):
         fused = _run(model, inputs)
@@ -116,6 +117,7 @@ def test_fallbacks_run_the_routed_stock_call():
     model, inputs = _model()
     stock = _run(model, inputs)
     with sagegen.patched(model, backend="triton", policy=sagegen.PrecisionPolicy(blocks=[0])):
+        fused_blocks.remove(model)  # (the block's passes round differently: patch.fused_blocks_ltx)
         assert torch.equal(_run(model, inputs), stock)
         assert patch_info(model)["stats"].get("fused_qk_prologue", 0) == 0
     with sagegen.patched(model, backend="triton"):

@@ -57,6 +57,37 @@ def test_residual_norm_matches_eager_ops_and_fp64(seed, B, S, C, res, gated, aff
     assert (n != n_ref).float().mean() < 0.02
 
 
+@pytest.mark.parametrize("B,S,C,res,gated,mod", [
+    (2, 7, 48, False, False, "token"),    # LTX's norm1: RMSNorm, modulation per token [B, S, C]
+    (2, 5, 100, True, False, "sample"),   # LTX's plain residual (cross-attention), then norm2 per sample
+    (1, 6, 33, True, True, None),         # gated residual, odd width, no modulation
+])
+def test_rms_mode_matches_eager_ops_and_fp64(seed, B, S, C, res, gated, mod):
+    """``rms=True``: diffusers' RMSNorm (no weights) in place of the LayerNorm."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *shape, s=1.0: (torch.randn(*shape, generator=g) * s).to(DEVICE)
+    x = (rnd(B, S, C, s=3.0) + 0.7).to(torch.bfloat16)
+    y = rnd(B, S, C).to(torch.bfloat16) if res else None
+    gate = rnd(B, 1, C, s=0.5) if gated else None
+    shape = {"sample": (B, 1, C), "token": (B, S, C), None: None}[mod]
+    scale, shift = (rnd(*shape, s=0.2), rnd(*shape, s=0.2)) if shape else (None, None)
+    h, n = residual_norm(x, y, gate, eps=1e-6, scale=scale, shift=shift, rms=True)
+    h_ref, n_ref = residual_norm_reference(x, y, gate, eps=1e-6, scale=scale, shift=shift, rms=True)
+    d = h_ref.double()
+    n64 = d / torch.sqrt(d.pow(2).mean(-1, keepdim=True) + 1e-6)
+    if scale is not None:
+        n64 = n64 * (1 + scale.double()) + shift.double()
+    assert torch.equal(h, h_ref)
+    step = n64.abs().float() * 2.0**-7 + 1e-6
+    assert ((n.float() - n64).abs() <= step).all(), float(((n.float() - n64).abs() / step).max())
+    assert ((n.float() - n_ref.float()).abs() <= step).all()
+    # and the LayerNorm is not what ran: a row with a large mean normalises differently
+    _, ln = residual_norm(x, y, gate, eps=1e-6, scale=scale, shift=shift)
+    assert not torch.equal(ln, n)
+    with pytest.raises(ValueError, match="rms=True takes no weight"):
+        residual_norm(x, weight=torch.ones(C, device=DEVICE), bias=torch.zeros(C, device=DEVICE), rms=True)
+
+
 def test_residual_norm_without_norm_and_validation():
     x = torch.randn(2, 3, 16, device=DEVICE).to(torch.bfloat16)
     y = torch.randn(2, 3, 16, device=DEVICE).to(torch.bfloat16)

@@ -33,7 +33,7 @@ def _residual_norm_kernel(
     stride_xr, stride_yr, stride_hr, stride_nr,
     stride_gb, stride_gs, stride_scb, stride_scs, stride_shb, stride_shs,
     HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_AFFINE: tl.constexpr,
-    HAS_MOD: tl.constexpr, EXACT_CAST: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_MOD: tl.constexpr, RMS: tl.constexpr, EXACT_CAST: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -49,10 +49,13 @@ def _residual_norm_kernel(
         tl.store(HOut + row * stride_hr + cols, h, mask=ok)
         x = h.to(tl.float32)
     if HAS_NORM:
-        mean = tl.sum(x, axis=0) / C
-        centred = tl.where(ok, x - mean, 0.0)
-        var = tl.sum(centred * centred, axis=0) / C
-        n = centred * tl.math.rsqrt(var + eps)
+        if RMS:  # diffusers' RMSNorm: no centring
+            n = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / C + eps)
+        else:
+            mean = tl.sum(x, axis=0) / C
+            centred = tl.where(ok, x - mean, 0.0)
+            var = tl.sum(centred * centred, axis=0) / C
+            n = centred * tl.math.rsqrt(var + eps)
         if HAS_AFFINE:
             n = n * tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
             n = n + tl.load(Bias + cols, mask=ok, other=0.0).to(tl.float32)
@@ -75,9 +78,11 @@ def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int
 
 def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Tensor | None = None, *,
                   norm: bool = True, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                  eps: float = 1e-6, scale: torch.Tensor | None = None, shift: torch.Tensor | None = None):
+                  eps: float = 1e-6, scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
+                  rms: bool = False):
     """``h = (x.float() + y.float() * gate).to(x.dtype)`` (or ``h = x`` without ``y``; no gate: a plain add),
-    then ``n = (layer_norm(h.float(), weight, bias, eps) * (1 + scale) + shift).to(x.dtype)``.
+    then ``n = (layer_norm(h.float(), weight, bias, eps) * (1 + scale) + shift).to(x.dtype)``
+    (``rms=True``: an RMSNorm without weights, as diffusers' ``RMSNorm(elementwise_affine=False)``, in its place).
 
     Shapes: x, y [B, S, C] (fp16/bf16, rows contiguous over C); gate, scale, shift [B or 1, S or 1, C]
     (any float dtype, usually fp32: Wan's per-sample or per-token modulation); weight, bias [C] or None.
@@ -91,6 +96,8 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
         raise ValueError(f"y must have x's shape {(B, S, C)} with unit stride over C, got {tuple(y.shape)}")
     if (scale is None) != (shift is None) or (weight is None) != (bias is None):
         raise ValueError("scale and shift (and weight and bias) come together")
+    if rms and weight is not None:
+        raise ValueError("rms=True takes no weight or bias (an RMSNorm without elementwise affine)")
     if y is None and not norm:
         return x, None
     x2, y2 = x.reshape(B * S, C), (y.reshape(B * S, C) if y is not None else None)
@@ -109,22 +116,27 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
         x2.stride(0), y2.stride(0) if y2 is not None else 0, h2.stride(0), n2.stride(0) if n2 is not None else 0,
         *strides,
         HAS_RES=y is not None, HAS_GATE=gate is not None, HAS_NORM=norm, HAS_AFFINE=weight is not None,
-        HAS_MOD=scale is not None, EXACT_CAST=interpreting(), BLOCK_C=block_c,
+        HAS_MOD=scale is not None, RMS=rms, EXACT_CAST=interpreting(), BLOCK_C=block_c,
         num_warps=4 if block_c <= 1024 else (8 if block_c <= 4096 else 16), enable_fp_fusion=FP_FUSION,
     )
     return h, n
 
 
 def residual_norm_reference(x, y=None, gate=None, *, norm=True, weight=None, bias=None, eps=1e-6,
-                            scale=None, shift=None):
+                            scale=None, shift=None, rms=False):
     """`residual_norm` as the eager PyTorch ops of diffusers' Wan block (the oracle and the CPU path)."""
     h = x
     if y is not None:
         h = (x.float() + (y * gate if gate is not None else y.float())).type_as(x)
     if not norm:
         return h, None
-    n = torch.nn.functional.layer_norm(h.float(), (h.shape[-1],), weight.float() if weight is not None else None,
-                                       bias.float() if bias is not None else None, eps)
+    if rms:
+        f = h.float()
+        n = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        n = torch.nn.functional.layer_norm(h.float(), (h.shape[-1],),
+                                           weight.float() if weight is not None else None,
+                                           bias.float() if bias is not None else None, eps)
     if scale is not None:
         n = n * (1 + scale) + shift
     return h, n.type_as(x)

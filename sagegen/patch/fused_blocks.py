@@ -1,5 +1,6 @@
 """Block-level element-wise work fused: modulated LayerNorms and gated residual adds in one pass each (Wan's
-and SkyReels-V2's here; SD3's, Flux's and Qwen-Image's in `fused_blocks_sd3`, `_flux`, `_qwen`).
+and SkyReels-V2's here; SD3's, Flux's, Qwen-Image's and LTX-Video's in `fused_blocks_sd3`, `_flux`, `_qwen`,
+`_ltx`).
 
 diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V; SkyReels-V2's block is the same
 code with a self-attention mask and its per-token modulation laid out [B, 6, S, C]) runs its norms, modulation and
@@ -29,6 +30,7 @@ import torch
 
 from ..api import triton_interpret
 from . import fused_blocks_flux as _flux
+from . import fused_blocks_ltx as _ltx
 from . import fused_blocks_qwen as _qwen
 from . import fused_blocks_sd3 as _sd3
 from .fused_common import _HALF
@@ -165,8 +167,12 @@ def _qwen_forward(self, stock, *args, **kwargs):
     return _qwen.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
 
 
+def _ltx_forward(self, stock, *args, **kwargs):
+    return _ltx.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+
+
 def _fused_kind(block):
-    """The fused forward that reproduces ``block``'s (Wan's, SkyReels-V2's, SD3's, Flux's, Qwen-Image's), or None."""
+    """The fused forward that reproduces ``block``'s (Wan, SkyReels-V2, SD3, Flux, Qwen-Image, LTX-Video), or None."""
     if fusable(block):
         return _fused_forward
     if fusable(block, _SKYREELS_BLOCK):
@@ -179,6 +185,8 @@ def _fused_kind(block):
         return _flux_single_forward
     if _qwen.fusable(block):
         return _qwen_forward
+    if _ltx.fusable(block):
+        return _ltx_forward
     return None
 
 
@@ -198,7 +206,7 @@ def _subclass(cls: type, fused) -> type:
 
 
 def install(transformer) -> int:
-    """Swap every fusable block of ``transformer`` (Wan, SD3, Flux, Qwen-Image) to its fused subclass; returns how many."""
+    """Swap every fusable block of ``transformer`` (Wan, SD3, Flux, Qwen-Image, LTX) to its fused subclass; returns how many."""
     count = 0
     for module in transformer.modules():
         if getattr(type(module), "_sage_fused_block", False):
