@@ -56,6 +56,12 @@ def test_bad_benchmark_option_exits_2_with_argparse_message(tmp_path):
     assert r.exit_code == 2 and "--repeats" in r.output
 
 
+def test_a_bad_option_is_named_before_the_gpu_check(tmp_path):
+    """Without --tiny on a CPU machine, a wrong option still gets its own message (not "no CUDA GPU")."""
+    r = runner.invoke(app, ["bench", "flux.1-dev", "--linear", "fp16", "--out", str(tmp_path / "x.json")])
+    assert r.exit_code == 2 and "invalid choice: 'fp16'" in r.output and "no CUDA GPU" not in r.output
+
+
 def test_tiny_smoke_through_the_cli(tmp_path):
     out = tmp_path / "b.json"
     r = runner.invoke(app, ["bench", "flux", "--tiny", "--warmup", "0", "--repeats", "1", "--no-zero-attention",

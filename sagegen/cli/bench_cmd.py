@@ -47,11 +47,6 @@ def bench_command(
     """
     name = bench_architecture(model)
     extra = list(ctx.args)
-    if "--tiny" not in extra:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageProblem(NO_GPU)
     args = [name, *extra]
     if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -59,6 +54,12 @@ def bench_command(
     from .. import stepbench
 
     try:
+        stepbench.parse_args(args)  # a wrong option is named before anything else is said
+        if "--tiny" not in extra:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageProblem(NO_GPU)
         stepbench.main(args)
     except SystemExit as exc:
         if isinstance(exc.code, str):  # a message from the benchmark itself
