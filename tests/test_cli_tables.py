@@ -3,8 +3,8 @@
 import pytest
 from rich.console import Console
 
-from sagegen.cli.tables import (attention_warnings, compare_table, cpu_note, fp8_eager_note, run_notes, run_table,
-                                setup_lines, sparse_dense_note, speedups)
+from sagegen.cli.tables import (attention_warnings, compare_table, cpu_note, fp8_eager_note, fp8_idle_note, run_notes,
+                                run_table, setup_lines, sparse_dense_note, speedups)
 
 
 def _manifest():
@@ -74,6 +74,18 @@ def test_fp8_eager_note_only_for_eager_gpu_fp8_on_image_models():
     assert fp8_eager_note(m) is None
     m["runtime"]["device"] = "cpu"
     assert run_notes(m) == [cpu_note(m)]
+
+
+def test_fp8_idle_note_when_no_layer_ran_fp8():
+    m = _manifest()
+    rank = m["setup"]["sage"]["rank0"]
+    assert fp8_idle_note(m) is None  # no --linear
+    rank["linear"] = {"fp8_layer_count": 0, "fp8_calls": 0, "emulated": True}
+    assert "first and last blocks" in fp8_idle_note(m) and fp8_idle_note(m) in run_notes(m)
+    rank["linear"] = {"fp8_layer_count": 12, "fp8_calls": 0, "emulated": True}
+    assert "min_rows" in fp8_idle_note(m) and "12 FP8 layers" in fp8_idle_note(m)
+    rank["linear"]["fp8_calls"] = 30
+    assert fp8_idle_note(m) is None
 
 
 def test_sparse_dense_note_when_sparse_never_ran():

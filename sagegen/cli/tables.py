@@ -57,9 +57,28 @@ def sparse_dense_note(manifest: dict) -> str | None:
     return None
 
 
+def fp8_idle_note(manifest: dict) -> str | None:
+    """--linear fp8 asked for, but no call ran FP8: the policy kept every layer bf16 (a tiny model has only its
+    first and last blocks), or every call was shorter than ``min_rows`` tokens."""
+    for variant in manifest.get("setup", {}).values():
+        for rank in variant.values():
+            linear = rank.get("linear") if isinstance(rank, dict) else None
+            if not linear or linear.get("fp8_calls") != 0:
+                continue
+            if not linear.get("fp8_layer_count"):
+                why = ("LinearPolicy keeps the embedders, the final projection and the first and last blocks in bf16, "
+                       "and this model has no other linear")
+            else:
+                why = (f"each of its {linear['fp8_layer_count']} FP8 layers was called with fewer tokens than "
+                       "LinearPolicy.min_rows (1024 by default), where FP8 does not pay")
+            return f"note: --linear fp8 was on, but no layer ran FP8: {why} (docs/fp8-linear.md)"
+    return None
+
+
 def run_notes(manifest: dict) -> list[str]:
     """The notes `run` and `compare` print after their tables."""
-    return [n for n in (cpu_note(manifest), fp8_eager_note(manifest), sparse_dense_note(manifest)) if n]
+    return [n for n in (cpu_note(manifest), fp8_eager_note(manifest), fp8_idle_note(manifest),
+                        sparse_dense_note(manifest)) if n]
 
 
 def _short(text: str, n: int = 28) -> str:
