@@ -7,17 +7,13 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
 import sagegen
+from fused_support import DEVICE, stock_unfused_fused
 from patch_support import rel_l1
-from sagegen.kernels import triton_residual_norm as kernel
-from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.linear import LinearPolicy
 from sagegen.models import arch as archs
-from sagegen.patch import fused_blocks, fused_blocks_flux, patch_info, set_attention_override
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
+from sagegen.patch import fused_blocks, fused_blocks_flux, patch_info
 
 
 def _tiny(seed=0, double=2, single=2):
@@ -27,10 +23,6 @@ def _tiny(seed=0, double=2, single=2):
     inputs = archs.example_inputs("flux.1-dev", batch=1, dtype=torch.bfloat16, device=DEVICE, seed=seed + 1,
                                   height=64, width=64)
     return model, inputs
-
-
-def _exact(q, k, v, mask, is_causal, scale):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
 
 
 def _as_double(inputs):
@@ -46,28 +38,14 @@ def test_fused_flux_blocks_match_the_stock_blocks(seed, monkeypatch):
     assert all(map(fused_blocks_flux.single_fusable, model.single_transformer_blocks))
     with torch.no_grad():
         want = oracle(**_as_double(inputs))[0]
-        stock = model(**inputs)[0]
-        sagegen.patch(model, backend="reference", fuse_prologue=False)
-        set_attention_override(model, _exact)
-        unfused = model(**inputs)[0]
-        assert patch_info(model)["fused_blocks"] == 0
-        sagegen.patch(model, backend="reference")
-        set_attention_override(model, _exact)
-        assert patch_info(model)["fused_blocks"] == 4
-        assert isinstance(model.transformer_blocks[0], double_cls)
-        assert type(model.single_transformer_blocks[1]).__name__ == single_cls.__name__
-        calls = []
-        monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
-        fused = model(**inputs)[0]
-        monkeypatch.undo()
-        sagegen.unpatch(model)
-        again = model(**inputs)[0]
+    r = stock_unfused_fused(model, inputs, monkeypatch)
+    assert r["fused_blocks"] == 4
     assert type(model.transformer_blocks[0]) is double_cls and type(model.single_transformer_blocks[0]) is single_cls
-    assert torch.equal(again, stock) and torch.equal(unfused, stock)
-    assert len(calls) == 2 * 6 + 2 * 2  # three passes per stream in a double block, two in a single one
-    err_fused, err_stock = rel_l1(fused.double(), want), rel_l1(stock.double(), want)
+    assert torch.equal(r["again"], r["stock"]) and torch.equal(r["unfused"], r["stock"])
+    assert len(r["calls"]) == 2 * 6 + 2 * 2  # three passes per stream in a double block, two in a single one
+    err_fused, err_stock = rel_l1(r["fused"].double(), want), rel_l1(r["stock"].double(), want)
     assert err_fused <= 1.1 * err_stock, (err_fused, err_stock)
-    assert 0 < rel_l1(fused, unfused) < 1e-2, rel_l1(fused, unfused)
+    assert 0 < rel_l1(r["fused"], r["unfused"]) < 1e-2, rel_l1(r["fused"], r["unfused"])
 
 
 def test_one_block_of_each_kind_against_the_stock_forward_and_fp64(seed):

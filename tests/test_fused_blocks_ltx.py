@@ -7,59 +7,32 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
-import sagegen
 from dispatch_models import tiny_ltx
+from fused_support import DEVICE, half, on_device, stock_unfused_fused
 from patch_support import rel_l1
-from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm
-from sagegen.patch import fused_blocks, fused_blocks_ltx, patch_info, set_attention_override
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
+from sagegen.patch import fused_blocks, fused_blocks_ltx
 
 
 def _model(seed):
-    model, inputs = tiny_ltx(seed)
-    return model.to(DEVICE), {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-
-
-def _half(model, inputs):
-    return model.to(torch.bfloat16), {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-                                      for k, v in inputs.items()}
-
-
-def _exact(q, k, v, mask, is_causal, scale):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+    return on_device(*tiny_ltx(seed))
 
 
 def test_fused_ltx_block_matches_the_stock_block(seed, monkeypatch):
     model32, inputs32 = _model(seed % 100)
     with torch.no_grad():
         want = model32(**inputs32)[0].double()
-    model, inputs = _half(copy.deepcopy(model32), inputs32)
+    model, inputs = half(copy.deepcopy(model32), inputs32)
     cls = type(model.transformer_blocks[0])
     assert fused_blocks_ltx.fusable(model.transformer_blocks[0])
-    with torch.no_grad():
-        stock = model(**inputs)[0]
-        sagegen.patch(model, backend="reference", fuse_prologue=False)
-        set_attention_override(model, _exact)
-        unfused = model(**inputs)[0]
-        sagegen.patch(model, backend="reference")
-        set_attention_override(model, _exact)
-        assert patch_info(model)["fused_blocks"] == 1
-        calls = []
-        monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(k.get("rms")) or residual_norm(*a, **k))
-        fused = model(**inputs)[0]
-        monkeypatch.undo()
-        sagegen.unpatch(model)
-        again = model(**inputs)[0]
-    assert type(model.transformer_blocks[0]) is cls
-    assert torch.equal(again, stock) and torch.equal(unfused, stock)
-    assert calls == [True, None, True, None]  # two RMSNorm passes, two residual-only passes
-    err_fused, err_stock = rel_l1(fused.double(), want), rel_l1(stock.double(), want)
+    r = stock_unfused_fused(model, inputs, monkeypatch)
+    assert type(model.transformer_blocks[0]) is cls and r["fused_blocks"] == 1
+    assert torch.equal(r["again"], r["stock"]) and torch.equal(r["unfused"], r["stock"])
+    assert r["calls"] == [True, None, True, None]  # two RMSNorm passes, two residual-only passes
+    err_fused, err_stock = rel_l1(r["fused"].double(), want), rel_l1(r["stock"].double(), want)
     assert err_fused <= 1.1 * err_stock, (err_fused, err_stock)
-    assert 0 < rel_l1(fused, unfused) < 2e-2, rel_l1(fused, unfused)
+    assert 0 < rel_l1(r["fused"], r["unfused"]) < 2e-2, rel_l1(r["fused"], r["unfused"])
 
 
 def test_one_block_with_per_token_modulation_against_fp32(seed):
@@ -88,7 +61,7 @@ def test_one_block_with_per_token_modulation_against_fp32(seed):
 def test_blocks_it_cannot_reproduce_run_the_stock_forward(seed):
     """A modulation the stock forward would promote to fp32, or of a shape the passes do not broadcast, goes to
     diffusers' forward with every argument; norms with weights are not fused at all."""
-    model, _ = _half(*_model(seed % 100))
+    model, _ = half(*_model(seed % 100))
     block = model.transformer_blocks[0]
     C = block.scale_shift_table.shape[1]
     x = torch.randn(2, 24, C, device=DEVICE).to(torch.bfloat16)

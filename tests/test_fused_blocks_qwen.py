@@ -7,30 +7,16 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
-import sagegen
 from dispatch_models import tiny_qwenimage
+from fused_support import DEVICE, half, on_device, stock_unfused_fused
 from patch_support import rel_l1
-from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm
-from sagegen.patch import fused_blocks, fused_blocks_qwen, patch_info, set_attention_override
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
+from sagegen.patch import fused_blocks, fused_blocks_qwen
 
 
 def _model(seed):
-    model, inputs = tiny_qwenimage(seed)
-    return model.to(DEVICE), {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-
-
-def _half(model, inputs):
-    return model.to(torch.bfloat16), {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-                                      for k, v in inputs.items()}
-
-
-def _exact(q, k, v, mask, is_causal, scale):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+    return on_device(*tiny_qwenimage(seed))
 
 
 def test_fused_qwen_blocks_match_the_stock_blocks(seed, monkeypatch):
@@ -38,33 +24,20 @@ def test_fused_qwen_blocks_match_the_stock_blocks(seed, monkeypatch):
     model32, inputs32 = _model(seed % 100)
     with torch.no_grad():
         want = model32(**inputs32)[0].double()
-    model, inputs = _half(copy.deepcopy(model32), inputs32)
+    model, inputs = half(copy.deepcopy(model32), inputs32)
     cls = type(model.transformer_blocks[0])
     assert all(map(fused_blocks_qwen.fusable, model.transformer_blocks))
-    with torch.no_grad():
-        stock = model(**inputs)[0]
-        sagegen.patch(model, backend="reference", fuse_prologue=False)
-        set_attention_override(model, _exact)
-        unfused = model(**inputs)[0]
-        sagegen.patch(model, backend="reference")
-        set_attention_override(model, _exact)
-        assert patch_info(model)["fused_blocks"] == 2 and type(model.transformer_blocks[0]) is not cls
-        calls = []
-        monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
-        fused = model(**inputs)[0]
-        monkeypatch.undo()
-        sagegen.unpatch(model)
-        again = model(**inputs)[0]
-    assert type(model.transformer_blocks[0]) is cls
-    assert torch.equal(again, stock) and torch.equal(unfused, stock)
-    assert len(calls) == 2 * 6  # three passes per stream and block
-    err_fused, err_stock = rel_l1(fused.double(), want), rel_l1(stock.double(), want)
+    r = stock_unfused_fused(model, inputs, monkeypatch)
+    assert type(model.transformer_blocks[0]) is cls and r["fused_blocks"] == 2
+    assert torch.equal(r["again"], r["stock"]) and torch.equal(r["unfused"], r["stock"])
+    assert len(r["calls"]) == 2 * 6  # three passes per stream and block
+    err_fused, err_stock = rel_l1(r["fused"].double(), want), rel_l1(r["stock"].double(), want)
     assert err_fused <= 1.1 * err_stock, (err_fused, err_stock)
-    assert 0 < rel_l1(fused, unfused) < 2e-2, rel_l1(fused, unfused)
+    assert 0 < rel_l1(r["fused"], r["unfused"]) < 2e-2, rel_l1(r["fused"], r["unfused"])
 
 
 def test_per_token_modulation_and_affine_norms_run_the_stock_forward(seed):
-    model, inputs = _half(*_model(seed % 100))
+    model, inputs = half(*_model(seed % 100))
     block = model.transformer_blocks[0]
     block.zero_cond_t = True  # Qwen-Image-Edit-2511's conditioning layout: not what the passes do
     assert not fused_blocks_qwen.fusable(block) and fused_blocks_qwen.fusable(model.transformer_blocks[1])
@@ -78,7 +51,7 @@ def test_per_token_modulation_and_affine_norms_run_the_stock_forward(seed):
 def test_modulate_index_takes_the_stock_forward(seed):
     """A call with ``modulate_index`` (Qwen-Image-Edit's per-token choice between two modulations) goes to
     diffusers' forward with every argument, whatever the block."""
-    model, _ = _half(*_model(seed % 100))
+    model, _ = half(*_model(seed % 100))
     block = model.transformer_blocks[0]
     seen = []
     x = torch.randn(1, 12, block.dim, device=DEVICE).to(torch.bfloat16)

@@ -7,14 +7,14 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
 import sagegen
+from fused_support import stock_unfused_fused
 from patch_support import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.models import arch as archs
-from sagegen.patch import fused_blocks, fused_blocks_sd3, patch_info, set_attention_override
+from sagegen.patch import fused_blocks, fused_blocks_sd3, patch_info
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
 
@@ -33,10 +33,6 @@ def _count_kernel(monkeypatch):
     return calls
 
 
-def _exact(q, k, v, mask, is_causal, scale):
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
-
-
 def test_fused_sd3_blocks_match_the_stock_blocks(seed, monkeypatch):
     """Exact attention on both sides (an override), so the only difference is the fused element-wise work. The
     stock bf16 ops round every intermediate and the pass rounds once, so the two differ by ~0.5% at the output of
@@ -49,25 +45,13 @@ def test_fused_sd3_blocks_match_the_stock_blocks(seed, monkeypatch):
     with torch.no_grad():
         want = oracle(**{k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
                          for k, v in inputs.items()})[0]
-        stock = model(**inputs)[0]
-        sagegen.patch(model, backend="reference", fuse_prologue=False)
-        set_attention_override(model, _exact)
-        unfused = model(**inputs)[0]
-        assert patch_info(model)["fused_blocks"] == 0
-        sagegen.patch(model, backend="reference")
-        set_attention_override(model, _exact)
-        assert patch_info(model)["fused_blocks"] == 2
-        assert type(blocks[0]).__name__ == cls.__name__ and isinstance(blocks[0], cls) and type(blocks[2]) is cls
-        calls = _count_kernel(monkeypatch)
-        fused = model(**inputs)[0]
-        monkeypatch.undo()
-        sagegen.unpatch(model)
-        again = model(**inputs)[0]
-    assert type(blocks[0]) is cls and torch.equal(again, stock) and torch.equal(unfused, stock)
-    assert len(calls) == 6 * 2  # three passes per stream, two fused blocks
-    err_fused, err_stock = rel_l1(fused.double(), want), rel_l1(stock.double(), want)
+    r = stock_unfused_fused(model, inputs, monkeypatch)
+    assert r["fused_blocks"] == 2
+    assert type(blocks[0]) is cls and torch.equal(r["again"], r["stock"]) and torch.equal(r["unfused"], r["stock"])
+    assert len(r["calls"]) == 6 * 2  # three passes per stream, two fused blocks
+    err_fused, err_stock = rel_l1(r["fused"].double(), want), rel_l1(r["stock"].double(), want)
     assert err_fused <= 1.1 * err_stock, (err_fused, err_stock)
-    assert 0 < rel_l1(fused, unfused) < 1e-2, rel_l1(fused, unfused)
+    assert 0 < rel_l1(r["fused"], r["unfused"]) < 1e-2, rel_l1(r["fused"], r["unfused"])
 
 
 def test_one_fused_block_against_the_stock_forward_and_fp64(seed):

@@ -29,19 +29,10 @@ from sagegen.models import arch as archs  # noqa: E402
 from sagegen.runfiles import atomic_write_json  # noqa: E402
 from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions  # noqa: E402
 
+from probe_util import per_call_us  # noqa: E402  (bench/probes, the script's own folder)
+
 SHAPES = {"3072->3072": (3072, 3072), "3072->12288": (3072, 12288), "12288->3072": (12288, 3072)}
 ROWS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-
-def per_call_us(fn, iters=100):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters * 1e6
 
 
 def layer_sweep() -> list[dict]:
@@ -52,8 +43,8 @@ def layer_sweep() -> list[dict]:
             fp8 = FP8Linear(lin, min_rows=1)
             for m in ROWS:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                bf16_us = per_call_us(lambda x=x, lin=lin: F.linear(x, lin.weight, lin.bias))
-                fp8_us = per_call_us(lambda x=x, fp8=fp8: fp8(x))
+                bf16_us = per_call_us(lambda x=x, lin=lin: F.linear(x, lin.weight, lin.bias), iters=100, warmup=10)
+                fp8_us = per_call_us(lambda x=x, fp8=fp8: fp8(x), iters=100, warmup=10)
                 rows.append({"shape": name, "M": m, "bf16_us": bf16_us, "fp8_us": fp8_us,
                              "fp8_over_bf16": bf16_us / fp8_us})
                 print(f"{name:12s} M={m:5d} bf16 {bf16_us:8.1f} us  fp8 {fp8_us:8.1f} us  "

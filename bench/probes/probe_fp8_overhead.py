@@ -2,26 +2,14 @@
 work is negligible (the eager Flux step measured 197 ms wall for 104 ms of GPU time with FP8 linears: launch
 bound). Prints microseconds per call for each piece, then the same at 4608 tokens (GPU bound)."""
 
-import time
-
 import torch
 import torch.nn.functional as F
+from probe_util import per_call_us
 
 from sagegen.kernels import fp8_quant
 from sagegen.kernels.fp8_quant import quantize_fp8_rows
 from sagegen.linear.module import FP8Linear
 from sagegen.linear.ops import _gpu_forward, fp8_linear
-
-
-def per_call_us(fn, iters=400):
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters * 1e6
 
 
 def main():
