@@ -47,7 +47,7 @@ def test_fused_prologue_matches_the_routed_stock_processor(seed):
                             device=DEVICE, seed=seed % 1000)
     assert "image_rotary_emb" in inputs
     fused, stats_fused = _run(model, inputs, True)
-    routed, stats_routed = _run(model, inputs, False)
+    routed, stats_routed = _run(model, inputs, False, blocks=True)  # the same fused blocks: the prologue alone
     layers = len(model.transformer_blocks)
     assert stats_fused["fused_qk_prologue"] == layers and stats_fused["routed"] == layers
     assert "fused_qk_prologue" not in stats_routed and stats_routed["routed"] == layers

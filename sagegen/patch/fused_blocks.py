@@ -1,6 +1,6 @@
 """Block-level element-wise work fused: modulated LayerNorms and gated residual adds in one pass each (Wan's
-and SkyReels-V2's here; SD3's, Flux's, Qwen-Image's and LTX-Video's in `fused_blocks_sd3`, `_flux`, `_qwen`,
-`_ltx`).
+and SkyReels-V2's here; SD3's, Flux's, Qwen-Image's, LTX-Video's and CogVideoX's in `fused_blocks_sd3`, `_flux`,
+`_qwen`, `_ltx`, `_cogvideox`).
 
 diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V; SkyReels-V2's block is the same
 code with a self-attention mask and its per-token modulation laid out [B, 6, S, C]) runs its norms, modulation and
@@ -29,6 +29,7 @@ import importlib
 import torch
 
 from ..api import triton_interpret
+from . import fused_blocks_cogvideox as _cogvideox
 from . import fused_blocks_flux as _flux
 from . import fused_blocks_ltx as _ltx
 from . import fused_blocks_qwen as _qwen
@@ -171,8 +172,13 @@ def _ltx_forward(self, stock, *args, **kwargs):
     return _ltx.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
 
 
+def _cogvideox_forward(self, stock, *args, **kwargs):
+    return _cogvideox.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+
+
 def _fused_kind(block):
-    """The fused forward that reproduces ``block``'s (Wan, SkyReels-V2, SD3, Flux, Qwen-Image, LTX-Video), or None."""
+    """The fused forward that reproduces ``block``'s (Wan, SkyReels-V2, SD3, Flux, Qwen-Image, LTX-Video,
+    CogVideoX), or None."""
     if fusable(block):
         return _fused_forward
     if fusable(block, _SKYREELS_BLOCK):
@@ -187,6 +193,8 @@ def _fused_kind(block):
         return _qwen_forward
     if _ltx.fusable(block):
         return _ltx_forward
+    if _cogvideox.fusable(block):
+        return _cogvideox_forward
     return None
 
 
@@ -206,7 +214,8 @@ def _subclass(cls: type, fused) -> type:
 
 
 def install(transformer) -> int:
-    """Swap every fusable block of ``transformer`` (Wan, SD3, Flux, Qwen-Image, LTX) to its fused subclass; returns how many."""
+    """Swap every fusable block of ``transformer`` (Wan, SD3, Flux, Qwen-Image, LTX, CogVideoX) to its fused
+    subclass; returns how many."""
     count = 0
     for module in transformer.modules():
         if getattr(type(module), "_sage_fused_block", False):
