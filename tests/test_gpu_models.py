@@ -80,8 +80,8 @@ def test_wan_fused_layer_at_full_size(seed, name):
     print(f"{name}: rel-L1 routed/stock {quant_err:.4f}, fused/routed {apart:.4f}, fused/stock {to_stock:.4f}")
     # as the other families' fused prologues (tests/test_patch_fused.py): the norm's summation order moves a few
     # values a bf16 step, inside the quantization error, and the output is no further from stock. At full width
-    # the two routes sit further apart than on the tiny models (H200, 2026-11-26: 1.3B 0.16-0.45, 14B 0.55-0.6 of the
-    # quantization error), hence 0.75 here
+    # the two routes sit further apart than on the tiny models (H200, 2026-11-26: 1.3B 0.16-0.45, 14B 0.55-0.6
+    # of the quantization error), hence 0.75 here
     assert 0 < quant_err < 0.05 and apart < 0.75 * quant_err, (apart, quant_err)
     assert to_stock < 1.15 * quant_err, (to_stock, quant_err)
 
