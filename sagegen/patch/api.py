@@ -84,9 +84,9 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux,
             SD3/SD3.5, HunyuanVideo and Wan processors as one Triton pass writing straight into (joint) Q/K/V
             buffers (`sagegen.patch.fused`, `fused_joint`, `fused_wan`; counted as ``fused_qk_prologue`` in
-            `patch_info`), and Wan blocks' modulated LayerNorms and residual adds as one pass each
-            (`sagegen.patch.fused_blocks`; ``fused_blocks`` in `patch_info`). False: diffusers' own code runs
-            around attention (the same values up to rounding order).
+            `patch_info`), and the blocks' modulated norms and residual adds as one pass each (Wan, SD3,
+            Flux, Qwen-Image, LTX-Video, CogVideoX: `sagegen.patch.fused_blocks`; ``fused_blocks`` in
+            `patch_info`). False: diffusers' own code runs around attention (the same values up to rounding).
         linear: ``None`` (default): the denoiser's ``nn.Linear`` layers are left alone. ``"fp8"``: they run
             as FP8 GEMMs (`sagegen.patch.linear_patch`, docs/fp8-linear.md); needs an sm89+ GPU (on the CPU
             the emulation runs; on older GPUs ``config.fallback`` decides: error / emulation / bf16).
