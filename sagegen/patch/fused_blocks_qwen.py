@@ -55,8 +55,9 @@ def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hi
                      joint_attention_kwargs, modulate_index)
 
     def attend(n, cn):
-        return self.attn(hidden_states=n, encoder_hidden_states=cn, encoder_hidden_states_mask=encoder_hidden_states_mask,
-                         image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+        return self.attn(hidden_states=n, encoder_hidden_states=cn,
+                         encoder_hidden_states_mask=encoder_hidden_states_mask, image_rotary_emb=image_rotary_emb,
+                         **(joint_attention_kwargs or {}))
 
     eps = (self.img_norm1.eps, self.txt_norm1.eps, self.img_norm2.eps, self.txt_norm2.eps)
     return _sd3.joint_body(residual_norm, hidden_states, encoder_hidden_states, _modulation(self.img_mod, temb),
