@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import sagegen
+from patch_support import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.patch import patch_info, set_attention_override
 
@@ -52,3 +53,14 @@ def stock_unfused_fused(model, inputs, monkeypatch) -> dict:
     for sub in swapped:  # subclasses of diffusers' classes under the same name (class-name lookups still match)
         assert sub.__name__ == sub.__mro__[1].__name__ and not any(isinstance(m, sub) for m in model.modules())
     return dict(stock=stock, unfused=unfused, fused=fused, again=again, calls=calls, fused_blocks=count)
+
+
+def assert_fused_like_stock(r: dict, want: torch.Tensor, *, blocks: int, passes: int, apart: float = 2e-2):
+    """What every fused-block test asserts of a `stock_unfused_fused` run: ``blocks`` blocks fused, ``passes``
+    kernel calls, unpatch and the unfused patch bit-identical to stock, and the fused output no further from the
+    higher-precision run ``want`` than stock is, while differing from the unfused one by under ``apart``."""
+    assert r["fused_blocks"] == blocks and len(r["calls"]) == passes, (r["fused_blocks"], len(r["calls"]))
+    assert torch.equal(r["again"], r["stock"]) and torch.equal(r["unfused"], r["stock"])
+    err_fused, err_stock = rel_l1(r["fused"].double(), want), rel_l1(r["stock"].double(), want)
+    assert err_fused <= 1.1 * err_stock, (err_fused, err_stock)
+    assert 0 < rel_l1(r["fused"], r["unfused"]) < apart, rel_l1(r["fused"], r["unfused"])

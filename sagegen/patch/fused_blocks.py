@@ -152,28 +152,20 @@ def _residual_norm(x, y=None, gate=None, **kwargs):
     return residual_norm(x, y, gate, **kwargs)
 
 
-def _sd3_forward(self, stock, *args, **kwargs):
-    return _sd3.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+def _with_kernel(family_forward):
+    """A family module's fused forward with this module's run check and `_residual_norm` bound in."""
+    def forward(self, stock, *args, **kwargs):
+        return family_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+    return forward
 
 
-def _flux_double_forward(self, stock, *args, **kwargs):
-    return _flux.double_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
-
-
-def _flux_single_forward(self, stock, *args, **kwargs):
-    return _flux.single_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
-
-
-def _qwen_forward(self, stock, *args, **kwargs):
-    return _qwen.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
-
-
-def _ltx_forward(self, stock, *args, **kwargs):
-    return _ltx.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
-
-
-def _cogvideox_forward(self, stock, *args, **kwargs):
-    return _cogvideox.fused_forward(self, stock, _can_run, _residual_norm, *args, **kwargs)
+# (is this block the family's, its fused forward), tried in order after Wan's and SkyReels-V2's
+_FAMILIES = [(_sd3.fusable, _with_kernel(_sd3.fused_forward)),
+             (_flux.double_fusable, _with_kernel(_flux.double_forward)),
+             (_flux.single_fusable, _with_kernel(_flux.single_forward)),
+             (_qwen.fusable, _with_kernel(_qwen.fused_forward)),
+             (_ltx.fusable, _with_kernel(_ltx.fused_forward)),
+             (_cogvideox.fusable, _with_kernel(_cogvideox.fused_forward))]
 
 
 def _fused_kind(block):
@@ -183,19 +175,7 @@ def _fused_kind(block):
         return _fused_forward
     if fusable(block, _SKYREELS_BLOCK):
         return _skyreels_forward
-    if _sd3.fusable(block):
-        return _sd3_forward
-    if _flux.double_fusable(block):
-        return _flux_double_forward
-    if _flux.single_fusable(block):
-        return _flux_single_forward
-    if _qwen.fusable(block):
-        return _qwen_forward
-    if _ltx.fusable(block):
-        return _ltx_forward
-    if _cogvideox.fusable(block):
-        return _cogvideox_forward
-    return None
+    return next((forward for check, forward in _FAMILIES if check(block)), None)
 
 
 def _subclass(cls: type, fused) -> type:

@@ -17,18 +17,14 @@ stock forward.
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from . import fused_blocks_sd3 as _sd3
+from .fused_common import diffusers_class
 
 
 def _cls():
-    try:
-        return importlib.import_module("diffusers.models.transformers.cogvideox_transformer_3d").CogVideoXBlock
-    except (ImportError, AttributeError):
-        return None
+    return diffusers_class("diffusers.models.transformers.cogvideox_transformer_3d", "CogVideoXBlock")
 
 
 def _norm_zero(norm, dim: int) -> bool:

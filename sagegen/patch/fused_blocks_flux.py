@@ -22,21 +22,17 @@ interpreter take the stock forward. `fused_blocks` swaps the classes and puts th
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from ..linear.shared import sharing
 from . import fused_blocks_sd3 as _sd3
+from .fused_common import diffusers_class
 
 _MODULE = "diffusers.models.transformers.transformer_flux"
 
 
 def _cls(name: str):
-    try:
-        return getattr(importlib.import_module(_MODULE), name)
-    except (ImportError, AttributeError):
-        return None
+    return diffusers_class(_MODULE, name)
 
 
 def double_fusable(block) -> bool:

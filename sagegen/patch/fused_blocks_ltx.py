@@ -19,16 +19,13 @@ models, compile, autograd and CPU outside the interpreter take the stock forward
 
 from __future__ import annotations
 
-import importlib
-
 import torch
+
+from .fused_common import diffusers_class
 
 
 def _cls():
-    try:
-        return importlib.import_module("diffusers.models.transformers.transformer_ltx").LTXVideoTransformerBlock
-    except (ImportError, AttributeError):
-        return None
+    return diffusers_class("diffusers.models.transformers.transformer_ltx", "LTXVideoTransformerBlock")
 
 
 def _plain_rms(norm, dim: int) -> bool:

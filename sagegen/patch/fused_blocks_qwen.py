@@ -14,18 +14,14 @@ against an fp64 run).
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 
 from . import fused_blocks_sd3 as _sd3
+from .fused_common import diffusers_class
 
 
 def _cls():
-    try:
-        return importlib.import_module("diffusers.models.transformers.transformer_qwenimage").QwenImageTransformerBlock
-    except (ImportError, AttributeError):
-        return None
+    return diffusers_class("diffusers.models.transformers.transformer_qwenimage", "QwenImageTransformerBlock")
 
 
 def fusable(block) -> bool:

@@ -15,6 +15,14 @@ from .rebind import native_active
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def diffusers_class(module: str, name: str):
+    """diffusers' class ``name`` in ``module``; None if this diffusers lacks it."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
 def _arguments(original, cls_path: str, attn, args, kwargs):
     """The call's arguments by name when ``original`` is exactly diffusers' class ``cls_path`` (whose code
     path the fused call mirrors; a subclass may differ); None otherwise."""
