@@ -1,6 +1,7 @@
 """FP8 linear GEMMs at the shapes of the supported models' linears, quantization included, vs bf16 cuBLAS.
 
-For each (model, layer, M tokens, K in, N out) it times, with triton.testing.do_bench (median):
+For each (model, layer, M tokens, K in, N out) it times, with triton.testing.do_bench (median), every variant once a
+round for --rounds rounds (the median of each; speedups are the median of the rounds' ratios):
   bf16             F.linear in bf16 (cuBLAS)
   fp8_fast         sagegen: Triton per-token quantization + torch._scaled_mm, row-wise scales, bias fused,
                    use_fast_accum=True (the default, LinearPolicy.fast_accum)
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import statistics
 import sys
 
 import torch
@@ -124,7 +126,10 @@ def _quant_sweep(x, bench) -> dict:
 
 
 def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, sweep, device="cuda",
-                torchao_compile=False) -> dict:
+                torchao_compile=False, rounds=1) -> dict:
+    """One shape's row. Every variant is timed once a round, the rounds one after another (so that a clock
+    change under the H200's power cap hits all of them alike); ms = the median over rounds, and each speedup
+    the median of the rounds' ratios."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16, generator=g)
     w = (torch.randn(N, K, device=device, generator=g) / K ** 0.5).to(torch.bfloat16)
@@ -133,12 +138,11 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
     row = {"model": model, "layer": layer, "M": M, "K": K, "N": N, "gelu": gelu, "ms": {}, "tflops": {},
            "error_vs_bf16": {}}
 
+    plan: dict = {}  # name -> (fn, counts as a GEMM), timed in rounds at the end
+    times: dict = {}
+
     def timed(name, fn, gemm=True):
-        ms = bench(fn)
-        row["ms"][name] = ms
-        if gemm:
-            row["tflops"][name] = flops / ms / 1e9
-        return ms
+        plan[name] = (fn, gemm)
 
     xe = x[:ERR_ROWS]
     ref = F.linear(xe, w, b)
@@ -147,9 +151,8 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
     for fast, tag in ((True, "fast"), (False, "precise")):
         timed(f"fp8_{tag}", lambda fast=fast: fp8_linear(x, w_q, w_s, b, None, "per_token", False, fast))
         row["error_vs_bf16"][f"fp8_{tag}"] = _err(fp8_linear(xe, w_q, w_s, b, None, "per_token", False, fast), ref)
-    quant_ms = timed("quant", lambda: quantize_fp8_rows(x, "per_token"), gemm=False)
+    timed("quant", lambda: quantize_fp8_rows(x, "per_token"), gemm=False)
     row["quant_launch"] = {k: v for k, v in per_token_launch(K).items()}
-    row["quant_gbps"] = M * K * 3 / quant_ms / 1e6  # bf16 read + e4m3 write
     if sweep:
         swept = _quant_sweep(x, bench)
         best = min(swept, key=swept.get)
@@ -185,16 +188,28 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
             if torchao_compile:  # how torchao users run it: inductor fuses its quantization into one kernel
                 torch._dynamo.reset()
                 aoc = torch.compile(ao, dynamic=False)
-                with torch.inference_mode():
-                    timed("torchao_rowwise_compiled", lambda: aoc(x))
+                with torch.inference_mode():  # timed now: the compiled code goes with the reset below
+                    times["torchao_rowwise_compiled"] = [bench(lambda: aoc(x))] * rounds
                 torch._dynamo.reset()
         else:
             row["torchao_error"] = why
-    base = row["ms"]["bf16"]
-    row["speedup"] = {k: base / v for k, v in row["ms"].items() if k.startswith(("fp8", "torchao"))
-                      and "gelu" not in k}
+    for _ in range(rounds):
+        for name, (fn, _gemm) in plan.items():
+            times.setdefault(name, []).append(bench(fn))
+    for name, ts in times.items():
+        row["ms"][name] = statistics.median(ts)
+        if plan.get(name, (None, True))[1]:
+            row["tflops"][name] = flops / row["ms"][name] / 1e9
+    if rounds > 1:
+        row["ms_rounds"] = times
+    row["quant_gbps"] = M * K * 3 / row["ms"]["quant"] / 1e6  # bf16 read + e4m3 write
+
+    def speedup(base, k):  # the median of the rounds' ratios
+        return statistics.median(b / t for b, t in zip(times[base], times[k]))
+
+    row["speedup"] = {k: speedup("bf16", k) for k in times if k.startswith(("fp8", "torchao")) and "gelu" not in k}
     if gelu:  # against what stock runs for this layer: the bf16 GELU then the bf16 linear
-        row["speedup"].update({k: row["ms"]["bf16_gelu"] / row["ms"][k] for k in ("fp8_gelu_eager", "fp8_gelu_fused")})
+        row["speedup"].update({k: speedup("bf16_gelu", k) for k in ("fp8_gelu_eager", "fp8_gelu_fused")})
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -219,6 +234,7 @@ def main(argv=None) -> dict:
     p.add_argument("--torchao-compile", action="store_true",
                    help="also time torch.compile(torchao's layer) per shape (a compile each)")
     p.add_argument("--no-sweep", action="store_true", help="skip the quantization launch sweep")
+    p.add_argument("--rounds", type=int, default=3, help="time every variant once a round, this many rounds")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8_linear.py needs a CUDA GPU")
@@ -236,7 +252,7 @@ def main(argv=None) -> dict:
         if args.max_m:
             M = min(M, args.max_m)
         row = bench_shape(model, layer, M, K, N, gelu, bench, not args.no_torchao, block_ok, not args.no_sweep,
-                          torchao_compile=args.torchao_compile)
+                          torchao_compile=args.torchao_compile, rounds=args.rounds)
         rows.append(row)
         atomic_write_json(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))  # a cut-short run keeps rows
         ms, err = row["ms"], row["error_vs_bf16"]
