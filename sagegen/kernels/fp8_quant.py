@@ -23,8 +23,8 @@ NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them). Th
 which made the fused kernel compute-bound at 3x the plain quantizer's time on an H100): it matches eager GELU
 to a rounding of the last bit on a few elements, not bit for bit everywhere.
 
-One program per tile of rows (per token: the whole row in registers up to 16384 channels, one read, as up to
-four power-of-two parts so that no lane computes past the row; wider rows in two passes, the second from L2) or per (row tile, 1x128 block). Loads are 16-byte vectors when the row
+One program per tile of rows (per token: the whole row in registers up to 16384 channels, one read; wider rows
+in two passes, the second from L2) or per (row tile, 1x128 block). Loads are 16-byte vectors when the row
 stride is a multiple of 8 elements. Nothing here knows diffusers.
 """
 
@@ -123,67 +123,36 @@ def _quantize_tile(x, inv, INTERPRET: tl.constexpr):
 @triton.jit
 def _fp8_quant_per_token_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, n_tiles,
                                 HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr, SINGLE_PASS: tl.constexpr,
-                                GELU: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
+                                SINGLE_PASS: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr,
+                                TANH_LIBDEVICE: tl.constexpr):
     pid = tl.program_id(0)
     for tile in range(pid, n_tiles, tl.num_programs(0)):  # one tile per program unless fewer programs asked
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         rows64 = rows.to(tl.int64)
-        if SINGLE_PASS:  # the whole row in registers, as up to four power-of-two parts: one read
+        if SINGLE_PASS:  # the whole row fits one tile (BLOCK_K >= K): one read
             _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_K,
-                                P1, P2, P3, GELU, INTERPRET, TANH_LIBDEVICE)
+                                GELU, INTERPRET, TANH_LIBDEVICE)
         else:
             _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_M,
                                  BLOCK_K, GELU, INTERPRET, TANH_LIBDEVICE)
 
 
 @triton.jit
-def _load_part(X, C, rows64, row_ok, k0, K, stride_xm, P: tl.constexpr, LAST: tl.constexpr,
-               HAS_COL: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
-    cols = k0 + tl.arange(0, P)
-    col_ok = (cols < K) | (not LAST)  # only the last part can run past the row
-    ok = row_ok[:, None] & col_ok[None, :]
-    return _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU, INTERPRET,
-                     TANH_LIBDEVICE)
-
-
-@triton.jit
-def _store_part(Q, x, inv, rows64, row_ok, k0, K, stride_qm, P: tl.constexpr, LAST: tl.constexpr,
-                INTERPRET: tl.constexpr):
-    cols = k0 + tl.arange(0, P)
-    ok = row_ok[:, None] & ((cols < K) | (not LAST))[None, :]
-    tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], _quantize_tile(x, inv[:, None], INTERPRET), mask=ok)
-
-
-@triton.jit
 def _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
-                        P0: tl.constexpr, P1: tl.constexpr, P2: tl.constexpr, P3: tl.constexpr,
-                        GELU: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
-    # Parts of P0 >= P1 >= P2 >= P3 channels (0: absent; `row_parts`): a row of 12288 is 8192 + 4096, not one
-    # 16384-wide tile with a quarter of its lanes masked but still computing (the GELU made that the cost).
-    x0 = _load_part(X, C, rows64, row_ok, 0, K, stride_xm, P0, P1 == 0, HAS_COL, GELU, INTERPRET, TANH_LIBDEVICE)
-    amax = tl.max(tl.abs(x0), axis=1)
-    if P1 > 0:
-        x1 = _load_part(X, C, rows64, row_ok, P0, K, stride_xm, P1, P2 == 0, HAS_COL, GELU, INTERPRET,
-                        TANH_LIBDEVICE)
-        amax = tl.maximum(amax, tl.max(tl.abs(x1), axis=1))
-    if P2 > 0:
-        x2 = _load_part(X, C, rows64, row_ok, P0 + P1, K, stride_xm, P2, P3 == 0, HAS_COL, GELU, INTERPRET,
-                        TANH_LIBDEVICE)
-        amax = tl.maximum(amax, tl.max(tl.abs(x2), axis=1))
-    if P3 > 0:
-        x3 = _load_part(X, C, rows64, row_ok, P0 + P1 + P2, K, stride_xm, P3, True, HAS_COL, GELU, INTERPRET,
-                        TANH_LIBDEVICE)
-        amax = tl.maximum(amax, tl.max(tl.abs(x3), axis=1))
-    scale, inv = _scale_and_inverse(amax)
-    _store_part(Q, x0, inv, rows64, row_ok, 0, K, stride_qm, P0, P1 == 0, INTERPRET)
-    if P1 > 0:
-        _store_part(Q, x1, inv, rows64, row_ok, P0, K, stride_qm, P1, P2 == 0, INTERPRET)
-    if P2 > 0:
-        _store_part(Q, x2, inv, rows64, row_ok, P0 + P1, K, stride_qm, P2, P3 == 0, INTERPRET)
-    if P3 > 0:
-        _store_part(Q, x3, inv, rows64, row_ok, P0 + P1 + P2, K, stride_qm, P3, True, INTERPRET)
+                        BLOCK_K: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr,
+                        TANH_LIBDEVICE: tl.constexpr):
+    # One power-of-two tile: a row of 12288 computes 16384 lanes, a quarter of them masked. Rows split into
+    # power-of-two parts (8192 + 4096) were slower on the H200 (a cross-warp reduction per part; bench/NOTES.md
+    # v5.8), the GELU included.
+    cols = tl.arange(0, BLOCK_K)
+    col_ok = cols < K
+    ok = row_ok[:, None] & col_ok[None, :]
+    x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU, INTERPRET,
+                  TANH_LIBDEVICE)
+    scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
+    q = _quantize_tile(x, inv[:, None], INTERPRET)
+    tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
     tl.store(S + rows, scale, mask=row_ok)
 
 
@@ -234,36 +203,19 @@ def _fp8_quant_per_block_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, stride_s
         tl.store(S + rows64 * stride_sm + kb * stride_sk, scale, mask=row_ok)
 
 
-def row_parts(K: int, max_parts: int = 4, min_part: int = 256) -> tuple[int, ...]:
-    """Powers of two, largest first, that cover K channels: K's leading bits while they are >= min_part (at most
-    max_parts - 1 of them), then one power of two >= the rest (the only part that can run past K)."""
-    parts, rest = [], K
-    while rest and len(parts) < max_parts - 1 and (1 << (rest.bit_length() - 1)) >= min_part:
-        parts.append(1 << (rest.bit_length() - 1))
-        rest -= parts[-1]
-    if rest:
-        parts.append(triton.next_power_of_2(max(rest, 16)))
-    return tuple(parts)
-
-
 def per_token_launch(K: int, *, block_m: int | None = None, num_warps: int | None = None,
                      max_single_pass_k: int = SINGLE_PASS_ELEMENTS, interpret: bool = False) -> dict:
     """The per-token kernel's tile and warps for rows of K channels (the bench sweeps the overrides)."""
     single = K <= max_single_pass_k
-    parts = (0, 0, 0)
     if single:
         bk = triton.next_power_of_2(max(K, 16))
         # at least ~4096 elements a program (a whole row for K > 4096), 32 fp32 values a thread (16-byte loads,
         # no spills): 4 warps for 4096 elements, 8 for 8192, 16 for 16384
         bm = block_m or max(1, 4096 // bk)
-        first, *rest = row_parts(K)
-        parts = tuple(rest) + (0,) * (3 - len(rest))
-        warps = num_warps or min(16, max(4, bm * bk // 1024))
-        bk = first
     else:
         bk, bm = (128, block_m or 4) if interpret or interpreting() else (1024, block_m or 2)
-        warps = num_warps or min(16, max(4, bm * bk // 1024))
-    return dict(BLOCK_M=bm, BLOCK_K=bk, P1=parts[0], P2=parts[1], P3=parts[2], SINGLE_PASS=single, num_warps=warps)
+    warps = num_warps or min(16, max(4, bm * bk // 1024))
+    return dict(BLOCK_M=bm, BLOCK_K=bk, SINGLE_PASS=single, num_warps=warps)
 
 
 @functools.lru_cache(maxsize=512)
