@@ -45,7 +45,8 @@ def test_triton_quantizer_matches_the_emulation_bit_for_bit(seed, granularity, d
 def test_quantizer_wide_rows_match_the_emulation(seed, K):
     # one read of the whole row, padded to a power of two (masked lanes), at the models' widths and odd ones
     x = (torch.randn(5, K) * torch.logspace(-2, 2, K)).to(DEVICE, torch.bfloat16)
-    x[2, K - 1] = 500.0  # the row's amax in its last part
+    x[2, K - 1] = 500.0  # the row's amax in its last valid column
+    x[1, :4] = torch.tensor([-30.0, 30.0, -10.0, 10.0])  # GELU's tails: -0 (an inf inside the kernel's form), x
     q, s = quantize_fp8_rows(x, "per_token")
     want_q, want_s = quantize_activations(x, "per_token")
     assert torch.equal(s, want_s) and torch.equal(_bits(q), _bits(want_q))
@@ -53,6 +54,7 @@ def test_quantizer_wide_rows_match_the_emulation(seed, K):
     want_q, want_s = quantize_activations(x, "per_token", prologue="gelu_tanh")
     assert s[2, 0] == want_s[2, 0] and torch.allclose(s, want_s, rtol=2 ** -7, atol=0)
     assert (_bits(q) != _bits(want_q)).float().mean() < 0.01
+    assert torch.equal(_bits(q[1, :4]), _bits(want_q[1, :4]))  # the tails exactly, -0.0 included
 
 
 def test_quantizer_rejects_bad_input():

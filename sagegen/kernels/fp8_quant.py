@@ -18,10 +18,10 @@ The numerics are those of `sagegen.linear.numerics.quantize_activations` bit for
 rounded fp32 operations (so that every implementation agrees, the GPU's torch included, which divides by a
 Python scalar as a multiplication by its reciprocal): ``scale = amax * fp32(1/448)`` (1 where that is 0),
 ``inv = 1 / scale`` (IEEE division, once per row/block), values ``clamp(x * inv, ±448)`` rounded to nearest even.
-NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them). The fused GELU computes tanh as
-``1 - 2 / (2^(2u log2 e) + 1)`` (``tanh="libdevice"``: the CUDA math library's ``tanhf``, as torch's CUDA GELU,
-which made the fused kernel compute-bound at 3x the plain quantizer's time on an H100): it matches eager GELU
-to a rounding of the last bit on a few elements, not bit for bit everywhere.
+NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them). The fused GELU computes
+``0.5 x (1 + tanh(u))`` as ``x / (1 + 2^(-2u log2 e))`` (``tanh="libdevice"``: torch's form with the CUDA math
+library's ``tanhf``, which made the fused kernel compute-bound at 3x the plain quantizer's time on an H100): it
+matches eager GELU to a rounding of the last bit on a few elements, not bit for bit everywhere.
 
 One program per tile of rows (per token: the whole row in registers up to 16384 channels, one read; wider rows
 in two passes, the second from L2) or per (row tile, 1x128 block). Loads are 16-byte vectors when the row
@@ -251,7 +251,7 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
 
     ``block_m`` / ``num_warps`` override the launch heuristics; ``programs`` caps the grid (the programs then
     walk the tiles, grid-stride). ``tanh``: how the GELU prologue computes tanh on the GPU, ``"exp2"`` (default,
-    one exp2 and one division) or ``"libdevice"`` (the CUDA math library's tanhf, as torch; several times
+    the sigmoid form: one exp2 and one division) or ``"libdevice"`` (the CUDA math library's tanhf, as torch; several times
     slower inside this kernel)."""
     if tanh not in TANH_IMPLS:
         raise ValueError(f"tanh={tanh!r} is not supported; use one of {TANH_IMPLS}")
