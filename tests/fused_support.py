@@ -23,6 +23,15 @@ def half(model, inputs):
                                       for k, v in inputs.items()}
 
 
+def fp32_reference_and_half(model32, inputs32):
+    """(the fp32 model's output as fp64, a bf16 copy of the model, its bf16 inputs): the oracle and the subject."""
+    import copy
+
+    with torch.no_grad():
+        want = model32(**inputs32)[0].double()
+    return (want, *half(copy.deepcopy(model32), inputs32))
+
+
 def exact_attention(q, k, v, mask, is_causal, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
 

@@ -4,11 +4,9 @@ bit for bit, the passes counted, and blocks without affine norms left alone."""
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
-from fused_support import DEVICE, assert_fused_like_stock, half, stock_unfused_fused
+from fused_support import DEVICE, assert_fused_like_stock, fp32_reference_and_half, half, stock_unfused_fused
 from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
 from sagegen.patch import fused_blocks, fused_blocks_cogvideox
@@ -28,9 +26,7 @@ def _model(seed):
 
 def test_fused_cogvideox_blocks_match_the_stock_blocks(seed, monkeypatch):
     model32, inputs32 = _model(seed % 100)
-    with torch.no_grad():
-        want = model32(**inputs32)[0].double()
-    model, inputs = half(copy.deepcopy(model32), inputs32)
+    want, model, inputs = fp32_reference_and_half(model32, inputs32)
     blocks = model.transformer_blocks
     cls = type(blocks[0])
     assert all(map(fused_blocks_cogvideox.fusable, blocks))

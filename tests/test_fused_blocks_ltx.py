@@ -4,12 +4,11 @@ diffusers' bf16 ops), per-token modulation, unpatch bit for bit, the passes coun
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from dispatch_models import tiny_ltx
-from fused_support import DEVICE, assert_fused_like_stock, half, on_device, stock_unfused_fused
+from fused_support import (DEVICE, assert_fused_like_stock, fp32_reference_and_half, half,
+                           on_device, stock_unfused_fused)
 from patch_support import rel_l1
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.patch import fused_blocks, fused_blocks_ltx
@@ -21,9 +20,7 @@ def _model(seed):
 
 def test_fused_ltx_block_matches_the_stock_block(seed, monkeypatch):
     model32, inputs32 = _model(seed % 100)
-    with torch.no_grad():
-        want = model32(**inputs32)[0].double()
-    model, inputs = half(copy.deepcopy(model32), inputs32)
+    want, model, inputs = fp32_reference_and_half(model32, inputs32)
     cls = type(model.transformer_blocks[0])
     assert fused_blocks_ltx.fusable(model.transformer_blocks[0])
     r = stock_unfused_fused(model, inputs, monkeypatch)

@@ -4,12 +4,11 @@ bf16 ops are), unpatch bit for bit, the passes counted, and Qwen-Image-Edit's pe
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from dispatch_models import tiny_qwenimage
-from fused_support import DEVICE, assert_fused_like_stock, half, on_device, stock_unfused_fused
+from fused_support import (DEVICE, assert_fused_like_stock, fp32_reference_and_half, half,
+                           on_device, stock_unfused_fused)
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.patch import fused_blocks, fused_blocks_qwen
 
@@ -21,9 +20,7 @@ def _model(seed):
 def test_fused_qwen_blocks_match_the_stock_blocks(seed, monkeypatch):
     """Exact attention on both sides (an override): what differs is the fused element-wise work."""
     model32, inputs32 = _model(seed % 100)
-    with torch.no_grad():
-        want = model32(**inputs32)[0].double()
-    model, inputs = half(copy.deepcopy(model32), inputs32)
+    want, model, inputs = fp32_reference_and_half(model32, inputs32)
     cls = type(model.transformer_blocks[0])
     assert all(map(fused_blocks_qwen.fusable, model.transformer_blocks))
     r = stock_unfused_fused(model, inputs, monkeypatch)
