@@ -16,11 +16,15 @@ round for --rounds rounds (the median of each; speedups are the median of the ro
 and, for an MLP's second layer (input = the pre-GELU tensor, GELU tanh-approximate):
   bf16_gelu        F.gelu + F.linear in bf16 (what stock runs)
   fp8_gelu_eager   F.gelu in bf16, then fp8_fast;   fp8_gelu_fused   GELU inside the quantization kernel
+and, for a single block's proj_out (Flux, HunyuanVideo: input = cat(attention [M, 3072], GELU(mlp)), CAT_GELU):
+  bf16_cat_gelu    F.gelu, torch.cat, F.linear in bf16 (what stock runs)
+  fp8_cat_gelu_eager   F.gelu + torch.cat in bf16, then fp8_fast;   fp8_cat_gelu_fused   the quantization kernel
+                   reads the two tensors and computes the GELU (FP8Linear.cat_gelu)
 Errors (rel. L1, cosine) against bf16 on the first 8192 rows: fast and precise accumulation, and the fused GELU.
 Writes JSON (device, versions, date) to --out after every shape (marked partial until the end); prints one
 line per shape.
 
-    python bench/bench_fp8_linear.py --quick --out bench/results/fp8-linear-quick.json   # < 2 min, 11 shapes
+    python bench/bench_fp8_linear.py --quick --out bench/results/fp8-linear-quick.json   # < 2 min, 12 shapes
     python bench/bench_fp8_linear.py --out bench/results/fp8-linear-h100-$(date +%F).json  # all shapes
 """
 
@@ -40,7 +44,7 @@ import torch.nn.functional as F
 
 from sagegen.kernels.fp8_quant import per_token_launch, quantize_fp8_rows
 from sagegen.linear import fp8_linear, quantize_weight
-from sagegen.linear.ops import _gemm_rowwise, blockwise_supported
+from sagegen.linear.ops import _gemm_rowwise, blockwise_supported, fp8_linear_eager
 from sagegen.runfiles import atomic_write_json
 
 # (model, layer, M, K, N, gelu: the layer is an MLP's second layer after a tanh GELU). M: tokens per denoiser
@@ -69,7 +73,8 @@ SHAPES = [
     ("wan2.1-14b", "ffn up", 75600, 5120, 13824, False),
     ("wan2.1-14b", "ffn down", 75600, 13824, 5120, True),
 ]
-QUICK = [SHAPES[i] for i in (1, 2, 7, 8, 9, 11, 12, 14, 16, 17, 18)]
+QUICK = [SHAPES[i] for i in (1, 2, 5, 7, 8, 9, 11, 12, 14, 16, 17, 18)]
+CAT_GELU = {"single proj_out": 3072}  # layer -> width of the attention output before GELU(mlp) in its input
 ERR_ROWS = 8192
 
 
@@ -126,10 +131,10 @@ def _quant_sweep(x, bench) -> dict:
 
 
 def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, sweep, device="cuda",
-                torchao_compile=False, rounds=1) -> dict:
+                torchao_compile=False, rounds=1, cat_gelu_k0=0) -> dict:
     """One shape's row. Every variant is timed once a round, the rounds one after another (so that a clock
     change under the H200's power cap hits all of them alike); ms = the median over rounds, and each speedup
-    the median of the rounds' ratios."""
+    the median of the rounds' ratios. ``cat_gelu_k0``: the layer's input is cat(x[:, :k0], GELU(x[:, k0:]))."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(M, K, device=device, dtype=torch.bfloat16, generator=g)
     w = (torch.randn(N, K, device=device, generator=g) / K ** 0.5).to(torch.bfloat16)
@@ -171,6 +176,8 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
             fp8_linear(xe, w_q, w_s, b, None, "per_token", False, True, "gelu_tanh"), gref)
         row["error_vs_bf16"]["fp8_gelu_eager"] = _err(
             fp8_linear(F.gelu(xe, approximate="tanh"), w_q, w_s, b, None, "per_token", False, True), gref)
+    if cat_gelu_k0:
+        _cat_gelu_variants(row, timed, x, xe, w, b, w_q, w_s, cat_gelu_k0)
     if block_ok:
         wb_q, wb_s = quantize_weight(w, "per_block")
         timed("fp8_blockwise", lambda: fp8_linear(x, wb_q, wb_s, b, None, "per_block", False))
@@ -210,9 +217,28 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
     row["speedup"] = {k: speedup("bf16", k) for k in times if k.startswith(("fp8", "torchao")) and "gelu" not in k}
     if gelu:  # against what stock runs for this layer: the bf16 GELU then the bf16 linear
         row["speedup"].update({k: speedup("bf16_gelu", k) for k in ("fp8_gelu_eager", "fp8_gelu_fused")})
+    if cat_gelu_k0:  # against stock's GELU, concatenation and bf16 linear
+        row["speedup"].update({k: speedup("bf16_cat_gelu", k) for k in ("fp8_cat_gelu_eager", "fp8_cat_gelu_fused")})
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+def _cat_gelu_variants(row, timed, x, xe, w, b, w_q, w_s, k0):
+    """The single-block proj_out: the attention part and the pre-GELU MLP part as the block holds them (two
+    tensors), stock's GELU + cat + linear against the fused quantization."""
+    attn, mlp = x[:, :k0].contiguous(), x[:, k0:].contiguous()
+    gelu = lambda t: F.gelu(t, approximate="tanh")  # noqa: E731
+    timed("bf16_cat_gelu", lambda: F.linear(torch.cat([attn, gelu(mlp)], 1), w, b))
+    timed("fp8_cat_gelu_eager", lambda: fp8_linear(torch.cat([attn, gelu(mlp)], 1), w_q, w_s, b, None, "per_token",
+                                                   False))
+    timed("fp8_cat_gelu_fused", lambda: fp8_linear_eager(mlp, w_q, w_s, b, None, "per_token", False, True,
+                                                         "gelu_tanh", attn))
+    ae, me = attn[:ERR_ROWS], mlp[:ERR_ROWS]
+    ref = F.linear(torch.cat([ae, gelu(me)], 1), w, b)
+    row["cat_gelu_k0"] = k0
+    row["error_vs_bf16"]["fp8_cat_gelu_fused"] = _err(
+        fp8_linear_eager(me, w_q, w_s, b, None, "per_token", False, True, "gelu_tanh", ae), ref)
 
 
 def _report(device, argv, block_ok, block_why, rows, partial=False) -> dict:
@@ -252,7 +278,8 @@ def main(argv=None) -> dict:
         if args.max_m:
             M = min(M, args.max_m)
         row = bench_shape(model, layer, M, K, N, gelu, bench, not args.no_torchao, block_ok, not args.no_sweep,
-                          torchao_compile=args.torchao_compile, rounds=args.rounds)
+                          torchao_compile=args.torchao_compile, rounds=args.rounds,
+                          cat_gelu_k0=CAT_GELU.get(layer, 0))
         rows.append(row)
         atomic_write_json(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))  # a cut-short run keeps rows
         ms, err = row["ms"], row["error_vs_bf16"]

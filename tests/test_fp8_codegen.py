@@ -28,17 +28,22 @@ for K, gelu, col in ((3072, False, False), (5120, False, True), (12288, True, Fa
                      (2432, True, False)):
     launch = fq.per_token_launch(K)
     warps = launch.pop("num_warps")
-    cases.append((fq._fp8_quant_per_token_kernel, dict(launch, GELU=gelu, HAS_COL=col), warps))
+    cases.append((fq._fp8_quant_per_token_kernel, dict(launch, GELU=gelu, HAS_COL=col, HAS_PREFIX=False), warps))
+launch = fq.per_token_launch(15360)  # Flux's single-block proj_out: cat(attention, GELU(mlp)) read from both
+warps = launch.pop("num_warps")
+cases.append((fq._fp8_quant_per_token_kernel, dict(launch, GELU=True, HAS_COL=False, HAS_PREFIX=True), warps))
 cases.append((fq._fp8_quant_per_token_kernel,
-              dict(fq.per_token_launch(20480, max_single_pass_k=16384), GELU=True, HAS_COL=False), 4))
+              dict(fq.per_token_launch(20480, max_single_pass_k=16384), GELU=True, HAS_COL=False, HAS_PREFIX=True),
+              4))
 cases[-1][1].pop("num_warps")
-cases.append((fq._fp8_quant_per_block_kernel, dict(BLOCK_M=32, BLOCK_K=128, GELU=False, HAS_COL=True), 4))
+cases.append((fq._fp8_quant_per_block_kernel,
+              dict(BLOCK_M=32, BLOCK_K=128, GELU=False, HAS_COL=True, HAS_PREFIX=False), 4))
 for fn, const, warps in cases:
     const = dict(const, INTERPRET=False, TANH_LIBDEVICE=False)  # as the launches pass them
     names = list(inspect.signature(fn.fn).parameters)
-    ptr = {"X": "*bf16", "C": "*fp32", "Q": "*fp8e4nv", "S": "*fp32"}
+    ptr = {"X": "*bf16", "P": "*bf16", "C": "*fp32", "Q": "*fp8e4nv", "S": "*fp32"}
     sig = {n: ("constexpr" if n in const else ptr.get(n, "i32")) for n in names}
-    div16 = [n for n in names if n in ptr or n in ("K", "stride_xm", "stride_qm")]
+    div16 = [n for n in names if n in ptr or n in ("K", "K0", "stride_xm", "stride_pm", "stride_qm")]
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in div16}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()},
                     attrs=attrs)
@@ -55,7 +60,7 @@ def test_fp8_quant_kernels_compile_without_spills(arch):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     reports = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(reports) == 7
+    assert len(reports) == 8
     for r in reports:
         assert r["stack"] == 0 and r["ldl/stl"] == 0, r
         assert r["ldg128"] > 0, r  # the bf16 rows are read in 16-byte vectors

@@ -1,6 +1,7 @@
 """FP8 linears (CPU): the GELU fused into the MLP's second layer (kernel in the interpreter against eager GELU
 + the emulation; the patcher's FeedForward detection, exact equality with the unfused emulation, exact
-unfuse), the emulation's device-independent scale rule, and Wan's transformer under linear="fp8"."""
+unfuse), the concatenation + GELU of Flux's single-block proj_out read from two tensors (kernel, layer, patch),
+the emulation's device-independent scale rule, and Wan's transformer under linear="fp8"."""
 
 from __future__ import annotations
 
@@ -34,6 +35,62 @@ def test_gelu_prologue_matches_eager_gelu_then_quantization(seed, granularity):
     assert (q.float() - q_ref.float()).abs().max() <= 32  # one e4m3 step at the top of the range
 
 
+@pytest.mark.parametrize("granularity", ["per_token", "per_block"])
+@pytest.mark.parametrize("k0, k1, single_pass", [(40, 232, True), (37, 91, True), (128, 300, False)])
+def test_prefix_quantizer_reads_the_concatenation(seed, granularity, k0, k1, single_pass):
+    """cat([prefix, x]) quantized from the two tensors: bit for bit without GELU (a strided prefix, odd widths,
+    a boundary inside a 1x128 block, the two-pass rows, a channel multiplier), and with the GELU on x only."""
+    M = 21
+    wide = (torch.randn(M, k0 + 9) * torch.logspace(-2, 1, k0 + 9)).to(torch.bfloat16)
+    prefix = wide[:, 3:3 + k0]  # row stride k0 + 9: not the concatenation's
+    x = (torch.randn(M, k1) * 3).to(torch.bfloat16)
+    x[5], prefix[7] = 0.0, 0.0
+    col = torch.rand(k0 + k1) * 2
+    opts = dict(max_single_pass_k=16384 if single_pass else 64) if granularity == "per_token" else {}
+    for col_scale in (None, col):
+        q, s = quantize_fp8_rows(x, granularity, col_scale, prefix=prefix, **opts)
+        q_ref, s_ref = quantize_activations(torch.cat([prefix, x], 1), granularity, col_scale)
+        assert q.shape == (M, k0 + k1) and torch.equal(s, s_ref)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    q, s = quantize_fp8_rows(x, granularity, prologue="gelu_tanh", prefix=prefix, **opts)
+    q_ref, s_ref = quantize_activations(x, granularity, prologue="gelu_tanh", prefix=prefix)
+    assert torch.equal(q_ref.view(torch.uint8)[:, :k0],
+                       quantize_activations(torch.cat([prefix, torch.nn.functional.gelu(x, approximate="tanh")], 1),
+                                            granularity)[0].view(torch.uint8)[:, :k0])
+    # as the GELU prologue test: the interpreter's tanh may move a GELU output by one bf16 step
+    assert torch.allclose(s, s_ref, rtol=2 ** -7, atol=0)
+    codes, codes_ref = q.view(torch.uint8).int(), q_ref.view(torch.uint8).int()
+    assert (codes != codes_ref).float().mean() < 0.01 and (q.float() - q_ref.float()).abs().max() <= 32
+    if granularity == "per_token":  # the prefix's codes move only through the row scale
+        same_scale = (s == s_ref).flatten()
+        assert torch.equal(codes[same_scale, :k0], codes_ref[same_scale, :k0]) and same_scale.any()
+
+
+def test_prefix_is_checked():
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    for bad in (torch.randn(5, 8, dtype=torch.bfloat16), torch.randn(4, 8), torch.randn(4, 2, 4, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match="prefix must be 2-D"):
+            quantize_fp8_rows(x, prefix=bad)
+    with pytest.raises(ValueError, match=r"col_scale must be fp32 \[40\]"):
+        quantize_fp8_rows(x, col_scale=torch.ones(32), prefix=torch.randn(4, 8, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("outliers", ["off", "smooth", "split"])
+def test_cat_gelu_layer_equals_the_layer_of_the_concatenation(seed, outliers):
+    lin = torch.nn.Linear(40 + 88, 24).to(torch.bfloat16)
+    layer = FP8Linear(lin, min_rows=8, outliers=outliers)
+    attn = torch.randn(2, 9, 40, dtype=torch.bfloat16)
+    mlp = (torch.randn(2, 9, 88) * 3).to(torch.bfloat16)
+    attn[..., 5] *= 300  # an outlier channel for the calibrating modes
+    gelu = torch.nn.functional.gelu(mlp, approximate="tanh")
+    first = layer.cat_gelu(attn, mlp)  # calibrates (outlier modes) on the concatenation itself
+    want = layer(torch.cat([attn, gelu], -1))
+    assert torch.equal(first, want) and torch.equal(layer.cat_gelu(attn, mlp), want)
+    assert layer.fp8_calls == 3
+    small = FP8Linear(lin, min_rows=64)  # fewer rows than min_rows: the bf16 layer of the concatenation
+    assert torch.equal(small.cat_gelu(attn, mlp), lin(torch.cat([attn, gelu], -1)))
+
+
 def test_scales_use_only_exactly_rounded_operations():
     # amax / 448 and amax * fp32(1/448) differ for some amax; the rule is the multiplication (what torch on the
     # GPU computes for a division by a Python scalar), followed by one IEEE reciprocal.
@@ -63,9 +120,14 @@ def test_patcher_fuses_feedforward_gelu_exactly_and_unfuses(name):
         info = patch_info(model)["linear"]
         fused = model(**inputs)[0]
         assert list(model.state_dict()) == keys  # the GELU wrapper renames nothing
-    assert info["gelu_fused_layers"] and all(n.endswith("ff.net.2") or n.endswith("ff_context.net.2")
-                                             for n in info["gelu_fused_layers"])
-    for n in info["gelu_fused_layers"]:
+    singles = [n for n in info["gelu_fused_layers"] if n.startswith("single_transformer_blocks.")]
+    assert singles == ([f"single_transformer_blocks.{i}.proj_out" for i in range(len(model.single_transformer_blocks))]
+                       if name == "flux.1-dev" else [])
+    for n in singles:  # the block calls proj_out.cat_gelu (GELU and concatenation in the quantization)
+        assert model.get_submodule(n).fuse_cat_gelu and model.get_submodule(n).prologue is None
+    feedforward = [n for n in info["gelu_fused_layers"] if n not in singles]
+    assert feedforward and all(n.endswith(("ff.net.2", "ff_context.net.2")) for n in feedforward)
+    for n in feedforward:
         layer = model.get_submodule(n)
         assert isinstance(layer, FP8Linear) and layer.prologue == "gelu_tanh" and layer.fp8_calls > 0
         assert isinstance(model.get_submodule(n[: -len("2")] + "0"), GeluInputOnly)

@@ -57,6 +57,40 @@ def test_fused_gelu_quantizer_matches_eager_gelu_then_the_emulation(seed, granul
     assert diff_q < 1e-3 and (q.float() - q_ref.float()).abs().max() <= 32
 
 
+@pytest.mark.parametrize("granularity", ["per_token", "per_block"])
+@pytest.mark.parametrize("shape", [(333, 40, 300), (4608, 3072, 12288), (4099, 3072, 17000)])
+def test_prefix_quantizer_reads_the_concatenation_on_gpu(seed, granularity, shape):
+    """cat([prefix, x]) from two tensors: bit for bit plain; with the GELU on x, as the fused GELU test (the
+    widest row takes the two-pass path)."""
+    M, K0, K1 = shape
+    prefix = (torch.randn(M, K0 + 8, device="cuda") * 2).to(torch.bfloat16)[:, 8:]  # a row stride of its own
+    x = (torch.randn(M, K1, device="cuda") * 3).to(torch.bfloat16)
+    k_major = granularity == "per_block"
+    q, s = quantize_fp8_rows(x, granularity, prefix=prefix, scales_k_major=k_major)
+    q_ref, s_ref = quantize_activations(torch.cat([prefix, x], 1), granularity)
+    assert torch.equal(s, s_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+    q, s = quantize_fp8_rows(x, granularity, prologue="gelu_tanh", prefix=prefix, scales_k_major=k_major)
+    q_ref, s_ref = quantize_activations(x, granularity, prologue="gelu_tanh", prefix=prefix)
+    diff_q = (q.view(torch.uint8) != q_ref.view(torch.uint8)).float().mean().item()
+    diff_s = (s != s_ref).float().mean().item()
+    print(f"prefix + fused GELU vs eager: {diff_q:.2e} of the FP8 codes and {diff_s:.2e} of the scales differ")
+    assert torch.allclose(s, s_ref, rtol=2 ** -7, atol=0) and diff_s < 1e-2
+    assert diff_q < 1e-3 and (q.float() - q_ref.float()).abs().max() <= 32
+
+
+def test_cat_gelu_layer_on_gpu(seed):
+    _need_fp8()
+    lin = torch.nn.Linear(3072 + 12288, 3072, device="cuda", dtype=torch.bfloat16)
+    layer = FP8Linear(lin)
+    attn = torch.randn(1, 4608, 3072, device="cuda", dtype=torch.bfloat16)
+    mlp = (torch.randn(1, 4608, 12288, device="cuda") * 3).to(torch.bfloat16)
+    with torch.inference_mode():
+        fused = layer.cat_gelu(attn, mlp)
+        unfused = layer(torch.cat([attn, torch.nn.functional.gelu(mlp, approximate="tanh")], -1))
+    assert layer.fp8_calls == 2 and fused.shape == unfused.shape
+    assert cosine(fused, unfused) > 0.99999 and rel_l1(fused, unfused) < 2e-3
+
+
 @pytest.mark.parametrize("act, weight, fast", [("per_token", "per_channel", True), ("per_token", "per_channel", False),
                                                ("per_block", "per_block", False)])
 @pytest.mark.parametrize("bias", [False, True])

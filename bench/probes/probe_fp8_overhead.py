@@ -21,8 +21,8 @@ def main():
         xq, xs = quantize_fp8_rows(x)
         launch = fp8_quant.per_token_launch(3072)
         n = -(-m // launch["BLOCK_M"])
-        kargs = (x, x, xq, xs, m, 3072, x.stride(0), xq.stride(0), n)
-        kw = dict(HAS_COL=False, GELU=False, INTERPRET=False, TANH_LIBDEVICE=False, enable_fp_fusion=True, **launch)
+        kargs = (x, x, x, xq, xs, m, 3072, 0, x.stride(0), 0, xq.stride(0), n)
+        kw = dict(HAS_COL=False, GELU=False, HAS_PREFIX=False, INTERPRET=False, TANH_LIBDEVICE=False, enable_fp_fusion=True, **launch)
         w_q, w_s, b = layer.w_q, layer.w_scale_gemm, lin.bias
         with torch.inference_mode():
             rows = {

@@ -12,7 +12,9 @@
 smoothing (1/s) or a 0/1 mask that takes outlier channels out of the FP8 path (`sagegen.linear`).
 ``prologue="gelu_tanh"`` applies GELU (tanh approximation) to ``x`` first, rounded to ``x``'s dtype as the eager
 activation would be stored: the activation before an MLP's second layer, fused (one read of the pre-GELU tensor,
-no GELU output written).
+no GELU output written). ``prefix`` [M, K0] puts channels before it: the rows quantized are
+``cat([prefix, prologue(x)], 1)``, read from both tensors (Flux's single blocks project
+``cat(attention, GELU(mlp))``: no GELU output and no concatenated copy are written).
 
 The numerics are those of `sagegen.linear.numerics.quantize_activations` bit for bit, with only exactly
 rounded fp32 operations (so that every implementation agrees, the GPU's torch included, which divides by a
@@ -87,9 +89,16 @@ def _round_to_bf16_grid(x):
 
 
 @triton.jit
-def _load_act(X, offs, ok, C, cols, col_ok, HAS_COL: tl.constexpr, GELU: tl.constexpr,
-              INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
-    x = tl.load(X + offs, mask=ok, other=0.0)
+def _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL: tl.constexpr,
+              GELU: tl.constexpr, HAS_PREFIX: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
+    # The row is cat(P[:, :K0], act(X)) with a prefix, else act(X): the prefix's lanes load P, the others X
+    # (complementary masks, so each byte is read once; K0 a multiple of 8 keeps both loads 16-byte vectors).
+    if HAS_PREFIX:
+        head = cols < K0
+        x = tl.load(X + rows64[:, None] * stride_xm + (cols - K0)[None, :], mask=ok & ~head[None, :], other=0.0)
+        p = tl.load(P + rows64[:, None] * stride_pm + cols[None, :], mask=ok & head[None, :], other=0.0)
+    else:
+        x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0)
     if GELU:  # the eager GELU stores its output in x's dtype: round there before quantizing
         g = _gelu_tanh(x.to(tl.float32), INTERPRET, TANH_LIBDEVICE)
         if INTERPRET and X.dtype.element_ty == tl.bfloat16:
@@ -97,6 +106,8 @@ def _load_act(X, offs, ok, C, cols, col_ok, HAS_COL: tl.constexpr, GELU: tl.cons
         else:
             x = g.to(X.dtype.element_ty)
     x = x.to(tl.float32)
+    if HAS_PREFIX:
+        x = tl.where(head[None, :], p.to(tl.float32), x)
     if HAS_COL:
         x = x * tl.load(C + cols, mask=col_ok, other=0.0)[None, :]
     return x
@@ -121,35 +132,35 @@ def _quantize_tile(x, inv, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _fp8_quant_per_token_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, n_tiles,
+def _fp8_quant_per_token_kernel(X, P, C, Q, S, M, K, K0, stride_xm, stride_pm, stride_qm, n_tiles,
                                 HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                SINGLE_PASS: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr,
-                                TANH_LIBDEVICE: tl.constexpr):
+                                SINGLE_PASS: tl.constexpr, GELU: tl.constexpr, HAS_PREFIX: tl.constexpr,
+                                INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     pid = tl.program_id(0)
     for tile in range(pid, n_tiles, tl.num_programs(0)):  # one tile per program unless fewer programs asked
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
         rows64 = rows.to(tl.int64)
         if SINGLE_PASS:  # the whole row fits one tile (BLOCK_K >= K): one read
-            _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_K,
-                                GELU, INTERPRET, TANH_LIBDEVICE)
+            _quantize_rows_once(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, stride_pm, stride_qm,
+                                HAS_COL, BLOCK_K, GELU, HAS_PREFIX, INTERPRET, TANH_LIBDEVICE)
         else:
-            _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL, BLOCK_M,
-                                 BLOCK_K, GELU, INTERPRET, TANH_LIBDEVICE)
+            _quantize_rows_twice(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, stride_pm, stride_qm,
+                                 HAS_COL, BLOCK_M, BLOCK_K, GELU, HAS_PREFIX, INTERPRET, TANH_LIBDEVICE)
 
 
 @triton.jit
-def _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
-                        BLOCK_K: tl.constexpr, GELU: tl.constexpr, INTERPRET: tl.constexpr,
-                        TANH_LIBDEVICE: tl.constexpr):
+def _quantize_rows_once(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, stride_pm, stride_qm,
+                        HAS_COL: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr, HAS_PREFIX: tl.constexpr,
+                        INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     # One power-of-two tile: a row of 12288 computes 16384 lanes, a quarter of them masked. Rows split into
     # power-of-two parts (8192 + 4096) were slower on the H200 (a cross-warp reduction per part; bench/NOTES.md
     # v5.8), the GELU included.
     cols = tl.arange(0, BLOCK_K)
     col_ok = cols < K
     ok = row_ok[:, None] & col_ok[None, :]
-    x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU, INTERPRET,
-                  TANH_LIBDEVICE)
+    x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
+                  INTERPRET, TANH_LIBDEVICE)
     scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
     q = _quantize_tile(x, inv[:, None], INTERPRET)
     tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
@@ -157,15 +168,15 @@ def _quantize_rows_once(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_q
 
 
 @triton.jit
-def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_qm, HAS_COL: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr,
-                         INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
+def _quantize_rows_twice(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, stride_pm, stride_qm,
+                         HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr,
+                         HAS_PREFIX: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):  # pass 1: the row's amax
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         ok = row_ok[:, None] & col_ok[None, :]
-        x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
+        x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
                       INTERPRET, TANH_LIBDEVICE)
         amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
     scale, inv = _scale_and_inverse(amax)
@@ -173,7 +184,7 @@ def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
         ok = row_ok[:, None] & col_ok[None, :]
-        x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
+        x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
                       INTERPRET, TANH_LIBDEVICE)
         q = _quantize_tile(x, inv[:, None], INTERPRET)
         tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
@@ -181,9 +192,10 @@ def _quantize_rows_twice(X, C, Q, S, rows, rows64, row_ok, K, stride_xm, stride_
 
 
 @triton.jit
-def _fp8_quant_per_block_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, stride_sm, stride_sk, n_tiles_m,
-                                n_kb, HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                                GELU: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
+def _fp8_quant_per_block_kernel(X, P, C, Q, S, M, K, K0, stride_xm, stride_pm, stride_qm, stride_sm, stride_sk,
+                                n_tiles_m, n_kb, HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr,
+                                BLOCK_K: tl.constexpr, GELU: tl.constexpr, HAS_PREFIX: tl.constexpr,
+                                INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     pid = tl.program_id(0)
     for t in range(pid, n_tiles_m * n_kb, tl.num_programs(0)):
         # consecutive programs take consecutive K blocks of the same rows: neighbouring reads
@@ -195,7 +207,7 @@ def _fp8_quant_per_block_kernel(X, C, Q, S, M, K, stride_xm, stride_qm, stride_s
         col_ok = cols < K
         ok = row_ok[:, None] & col_ok[None, :]
         rows64 = rows.to(tl.int64)
-        x = _load_act(X, rows64[:, None] * stride_xm + cols[None, :], ok, C, cols, col_ok, HAS_COL, GELU,
+        x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
                       INTERPRET, TANH_LIBDEVICE)
         scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
         q = _quantize_tile(x, inv[:, None], INTERPRET)
@@ -223,32 +235,47 @@ def _default_per_token_plan(K: int, interp: bool) -> dict:
     return per_token_launch(K, interpret=interp)
 
 
-def quantize_per_token_unchecked(x: torch.Tensor, col_scale: torch.Tensor | None = None, gelu: bool = False
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_per_token_unchecked(x: torch.Tensor, col_scale: torch.Tensor | None = None, gelu: bool = False,
+                                 prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_fp8_rows` per token with the default launch and no argument checks: the FP8 linears' eager
     path, whose host time per call is what an eager image-model step waits on. ``x``: 2-D, unit stride along K,
-    fp16/bf16/fp32; ``col_scale``: None or fp32 [K] on x's device (the caller guarantees both)."""
+    fp16/bf16/fp32; ``prefix``: None or [M, K0] of x's dtype, unit stride along K0; ``col_scale``: None or fp32
+    [K0 + K] on x's device (the caller guarantees all three)."""
     M, K = x.shape
+    K0 = 0 if prefix is None else prefix.shape[1]
     interp = interpreting()
-    launch = _default_per_token_plan(K, interp)
-    q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
+    launch = _default_per_token_plan(K0 + K, interp)
+    q = torch.empty((M, K0 + K), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M:
         n_tiles = -(-M // launch["BLOCK_M"])
-        _fp8_quant_per_token_kernel[(n_tiles,)](x, x if col_scale is None else col_scale, q, scales, M, K,
-                                                x.stride(0), q.stride(0), n_tiles, HAS_COL=col_scale is not None,
-                                                GELU=gelu, INTERPRET=interp, TANH_LIBDEVICE=False,
-                                                enable_fp_fusion=True, **launch)
+        _fp8_quant_per_token_kernel[(n_tiles,)](x, x if prefix is None else prefix,
+                                                x if col_scale is None else col_scale, q, scales, M, K0 + K, K0,
+                                                x.stride(0), 0 if prefix is None else prefix.stride(0),
+                                                q.stride(0), n_tiles, HAS_COL=col_scale is not None, GELU=gelu,
+                                                HAS_PREFIX=prefix is not None, INTERPRET=interp,
+                                                TANH_LIBDEVICE=False, enable_fp_fusion=True, **launch)
     return q, scales
 
 
+def _checked_prefix(prefix: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    if prefix is None:
+        return None
+    if prefix.dim() != 2 or prefix.shape[0] != x.shape[0] or prefix.dtype != x.dtype or prefix.device != x.device:
+        raise ValueError(f"prefix must be 2-D [{x.shape[0]}, K0] of x's dtype {x.dtype} on {x.device}, got "
+                         f"{prefix.dtype} {tuple(prefix.shape)} on {prefix.device}")
+    return prefix if prefix.stride(1) == 1 else prefix.contiguous()
+
+
 def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale: torch.Tensor | None = None,
-                      *, prologue: str | None = None, scales_k_major: bool = False, block_m: int | None = None,
-                      num_warps: int | None = None, programs: int | None = None,
-                      max_single_pass_k: int = SINGLE_PASS_ELEMENTS, tanh: str = "exp2"
+                      *, prologue: str | None = None, prefix: torch.Tensor | None = None,
+                      scales_k_major: bool = False, block_m: int | None = None, num_warps: int | None = None,
+                      programs: int | None = None, max_single_pass_k: int = SINGLE_PASS_ELEMENTS, tanh: str = "exp2"
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D activation to FP8 e4m3 with per-token or 1x128-block scales (see the module doc).
 
+    ``prefix`` [M, K0] (x's dtype): the rows quantized are ``cat([prefix, prologue(x)], 1)`` [M, K0 + K], read
+    from both tensors (no concatenated copy); ``col_scale`` then has K0 + K entries.
     ``block_m`` / ``num_warps`` override the launch heuristics; ``programs`` caps the grid (the programs then
     walk the tiles, grid-stride). ``tanh``: how the GELU prologue computes tanh on the GPU, ``"exp2"`` (default,
     the sigmoid form: one exp2 and one division) or ``"libdevice"`` (the CUDA math library's tanhf, as torch; several times
@@ -265,7 +292,10 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
         raise TypeError(f"x must be fp16, bf16 or fp32, got {x.dtype}")
     if x.stride(1) != 1:
         x = x.contiguous()
-    M, K = x.shape
+    prefix = _checked_prefix(prefix, x)
+    M, K1 = x.shape
+    K0 = 0 if prefix is None else prefix.shape[1]
+    K = K0 + K1
     if col_scale is not None:
         if col_scale.shape != (K,) or col_scale.dtype != torch.float32 or col_scale.device != x.device:
             raise ValueError(f"col_scale must be fp32 [{K}] on {x.device}, got {col_scale.dtype} "
@@ -274,20 +304,21 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
     gelu = prologue == "gelu_tanh"
     if granularity == "per_token" and tanh == "exp2" and (block_m, num_warps, programs, max_single_pass_k) == (
             None, None, None, SINGLE_PASS_ELEMENTS):
-        return quantize_per_token_unchecked(x, col_scale, gelu)
+        return quantize_per_token_unchecked(x, col_scale, gelu, prefix)
     q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
     interp = interpreting()
-    col = col_scale if col_scale is not None else x  # a dummy pointer when HAS_COL is off
+    col = col_scale if col_scale is not None else x  # dummy pointers when HAS_COL / HAS_PREFIX are off
+    pre, stride_pm = (x, 0) if prefix is None else (prefix, prefix.stride(0))
+    common = dict(HAS_COL=col_scale is not None, GELU=gelu, HAS_PREFIX=prefix is not None, INTERPRET=interp,
+                  TANH_LIBDEVICE=tanh == "libdevice", enable_fp_fusion=True)
     if granularity == "per_token":
         scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
         launch = per_token_launch(K, block_m=block_m, num_warps=num_warps, max_single_pass_k=max_single_pass_k)
         n_tiles = triton.cdiv(M, launch["BLOCK_M"])
         if M:
             grid = (min(n_tiles, programs) if programs else n_tiles,)
-            _fp8_quant_per_token_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), n_tiles,
-                                              HAS_COL=col_scale is not None, GELU=gelu, INTERPRET=interp,
-                                              TANH_LIBDEVICE=tanh == "libdevice", enable_fp_fusion=True,
-                                              **launch)
+            _fp8_quant_per_token_kernel[grid](x, pre, col, q, scales, M, K, K0, x.stride(0), stride_pm, q.stride(0),
+                                              n_tiles, **common, **launch)
         return q, scales
     n_kb = triton.cdiv(K, BLOCK_K_SCALE)
     if scales_k_major:
@@ -298,9 +329,7 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
     n_tiles = triton.cdiv(M, bm) * n_kb
     if M:
         grid = (min(n_tiles, programs) if programs else n_tiles,)
-        _fp8_quant_per_block_kernel[grid](x, col, q, scales, M, K, x.stride(0), q.stride(0), scales.stride(0),
-                                          scales.stride(1), triton.cdiv(M, bm), n_kb,
-                                          HAS_COL=col_scale is not None, BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE,
-                                          GELU=gelu, INTERPRET=interp, TANH_LIBDEVICE=tanh == "libdevice",
-                                          num_warps=num_warps or 4, enable_fp_fusion=True)
+        _fp8_quant_per_block_kernel[grid](x, pre, col, q, scales, M, K, K0, x.stride(0), stride_pm, q.stride(0),
+                                          scales.stride(0), scales.stride(1), triton.cdiv(M, bm), n_kb,
+                                          BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE, num_warps=num_warps or 4, **common)
     return q, scales

@@ -20,6 +20,9 @@ before compiling; a layer compiled before calibrating stays plain FP8 in that gr
 pre-GELU tensor and the GELU runs inside the quantization kernel (every path, bf16 fallback included, computes
 the layer of GELU(x)).
 
+``cat_gelu(prefix, x)``: the layer of ``cat([prefix, GELU(x)], -1)`` with the concatenation and the GELU inside
+the quantization kernel (Flux's single blocks, whose fused forward calls it).
+
 Eager calls inside an attention processor whose input another FP8 projection there has quantized (Q, K and V
 of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation.
 
@@ -64,6 +67,7 @@ class FP8Linear(torch.nn.Module):
         self.outlier_ratio, self.max_outliers = outlier_ratio, max_outliers
         self.fast_accum = bool(fast_accum)
         self.prologue: str | None = None  # "gelu_tanh" while the patcher fuses the preceding GELU
+        self.fuse_cat_gelu = False  # set by the patcher on Flux's single-block proj_out: its block calls cat_gelu
         self.calibrated = outliers == "off"
         self.fp8_calls = 0  # eager calls that ran the FP8 product (not counted under torch.compile)
         with torch.no_grad():
@@ -140,17 +144,39 @@ class FP8Linear(torch.nn.Module):
                 xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, self.prologue)
                 if cache is not None:
                     cache.put(x, self.act_granularity, self.emulate, xq_xs)
-            if on_gpu and self.act_granularity == "per_token":
-                y = gemm_rowwise_prepared(*xq_xs, *self._rowwise_operands(), bias, x2.dtype, self.fast_accum)
-            else:
-                y = gemm_eager(*xq_xs, self.w_q, w_scale, bias, self.act_granularity, self.emulate,
-                               self.fast_accum, x2.dtype)
+            y = self._gemm(xq_xs, bias, x2.dtype)
         if self.w_outlier is not None:
             xo = x2.index_select(1, self.outlier_idx)
             y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ self.w_outlier.t()
         if not compiling:
             self.fp8_calls += 1
         return y.reshape(*lead, y.shape[-1])
+
+    def _gemm(self, xq_xs: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
+              out_dtype: torch.dtype) -> torch.Tensor:
+        """The eager product of an activation quantized by `quantize_eager` and the FP8 weight."""
+        if xq_xs[0].is_cuda and not self.emulate and self.act_granularity == "per_token":
+            return gemm_rowwise_prepared(*xq_xs, *self._rowwise_operands(), bias, out_dtype, self.fast_accum)
+        w_scale = self.w_scale_gemm if xq_xs[0].is_cuda and not self.emulate else self.w_scale
+        return gemm_eager(*xq_xs, self.w_q, w_scale, bias, self.act_granularity, self.emulate, self.fast_accum,
+                          out_dtype)
+
+    def cat_gelu(self, prefix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """This layer of ``cat([prefix, gelu_tanh(x)], -1)`` (prefix [..., K0], x [..., K - K0]): Flux's
+        single-block ``proj_out`` of the attention output and the MLP's pre-GELU tensor. In eager FP8 calls the
+        quantization kernel reads both and computes the GELU (no GELU output, no concatenated copy); every
+        other case (few rows, a split outlier layer, calibration, compile) runs the layer on the
+        concatenation itself, with the same values."""
+        rows = x.numel() // max(x.shape[-1], 1)
+        if (rows < self.min_rows or x.dtype != self.weight.dtype or prefix.dtype != x.dtype or self.prologue
+                or self.w_outlier is not None or not self.calibrated or torch.compiler.is_compiling()
+                or prefix.shape[:-1] != x.shape[:-1]):
+            return self(torch.cat([prefix, numerics.gelu_tanh(x)], dim=-1))
+        x2, p2 = x.reshape(-1, x.shape[-1]), prefix.reshape(-1, prefix.shape[-1])
+        xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, "gelu_tanh", p2)
+        y = self._gemm(xq_xs, self.bias_copy if self.parked else self.linear.bias, x2.dtype)
+        self.fp8_calls += 1
+        return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @torch.no_grad()
     def calibrate(self, x2: torch.Tensor) -> None:

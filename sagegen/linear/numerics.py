@@ -52,15 +52,18 @@ def _pad_to(x: torch.Tensor, dim: int, multiple: int) -> torch.Tensor:
 
 
 def quantize_activations(x: torch.Tensor, granularity: str = "per_token",
-                         col_scale: torch.Tensor | None = None,
-                         prologue: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[M, K] -> (e4m3 [M, K], fp32 scales [M, 1] or [M, ceil(K/128)]). ``prologue="gelu_tanh"``: of GELU(x)."""
+                         col_scale: torch.Tensor | None = None, prologue: str | None = None,
+                         prefix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (e4m3 [M, K], fp32 scales [M, 1] or [M, ceil(K/128)]). ``prologue="gelu_tanh"``: of GELU(x).
+    ``prefix`` [M, K0]: of ``cat([prefix, prologue(x)], 1)`` (K0 + K channels)."""
     if granularity not in ACT_GRANULARITIES:
         raise ValueError(f"activation granularity {granularity!r} is not supported; use one of {ACT_GRANULARITIES}")
     if prologue == "gelu_tanh":
         x = gelu_tanh(x)
     elif prologue is not None:
         raise ValueError(f"prologue={prologue!r} is not supported; use None or 'gelu_tanh'")
+    if prefix is not None:
+        x = torch.cat([prefix.to(x.dtype), x], dim=1)
     x = x.float()
     if col_scale is not None:
         x = x * col_scale.float()

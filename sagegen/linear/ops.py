@@ -143,19 +143,21 @@ def blockwise_supported(device_index: int) -> tuple[bool, str]:
 
 
 def quantize_eager(x: torch.Tensor, act_granularity: str, emulate: bool, col_scale: torch.Tensor | None = None,
-                   prologue: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   prologue: str | None = None, prefix: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` [M, K] -> (e4m3 [M, K], fp32 scales) as `gemm_eager` reads them: the Triton kernel on a GPU (block
-    scales K-major, as cuBLASLt wants them), the emulation elsewhere."""
+    scales K-major, as cuBLASLt wants them), the emulation elsewhere. ``prefix`` [M, K0] (x's dtype): the
+    activation is ``cat([prefix, prologue(x)], 1)``, never materialised on the GPU."""
     if emulate or x.device.type != "cuda":
-        return numerics.quantize_activations(x, act_granularity, col_scale, prologue)
+        return numerics.quantize_activations(x, act_granularity, col_scale, prologue, prefix)
     if act_granularity == "per_token":  # the hot path of eager steps: no re-validation of what the layer made
         from ..kernels.fp8_quant import quantize_per_token_unchecked
 
-        return quantize_per_token_unchecked(x if x.stride(1) == 1 else x.contiguous(), col_scale,
-                                            prologue == "gelu_tanh")
+        unit = lambda t: t if t is None or t.stride(1) == 1 else t.contiguous()  # noqa: E731
+        return quantize_per_token_unchecked(unit(x), col_scale, prologue == "gelu_tanh", unit(prefix))
     from ..kernels.fp8_quant import quantize_fp8_rows
 
-    return quantize_fp8_rows(x, act_granularity, col_scale, prologue=prologue, scales_k_major=True)
+    return quantize_fp8_rows(x, act_granularity, col_scale, prologue=prologue, prefix=prefix, scales_k_major=True)
 
 
 def gemm_eager(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
@@ -174,10 +176,11 @@ def gemm_eager(xq: torch.Tensor, xs: torch.Tensor, w_q: torch.Tensor, w_scale: t
 
 def fp8_linear_eager(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                      col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,
-                     prologue: str | None = None) -> torch.Tensor:
+                     prologue: str | None = None, prefix: torch.Tensor | None = None) -> torch.Tensor:
     """`fp8_linear` without the custom-op dispatch, for eager calls: on an H100 the dispatch alone cost ~60 us
-    of host time a call (bench/probes/probe_fp8_overhead.py), which made a Flux step launch-bound."""
-    xq, xs = quantize_eager(x, act_granularity, emulate, col_scale, prologue)
+    of host time a call (bench/probes/probe_fp8_overhead.py), which made a Flux step launch-bound.
+    ``prefix`` [M, K0]: the product of ``cat([prefix, prologue(x)], 1)`` (eager only)."""
+    xq, xs = quantize_eager(x, act_granularity, emulate, col_scale, prologue, prefix)
     return gemm_eager(xq, xs, w_q, w_scale, bias, act_granularity, emulate, fast_accum, x.dtype)
 
 

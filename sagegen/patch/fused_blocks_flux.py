@@ -12,7 +12,8 @@ kernels were ~45 ms of a 1024² Flux step's ~165 ms
 (bench/results/model-step-flux.1-dev-profile-triton-h200-2026-11-21.json).
 
 In the single block, ``n`` feeds ``proj_mlp`` and the Q/K/V projections: with FP8 linears the block runs in one
-`sharing` scope, so ``n`` is quantized once for all four (`sagegen.linear.shared`).
+`sharing` scope, so ``n`` is quantized once for all four (`sagegen.linear.shared`), and an FP8 ``proj_out``
+quantizes ``cat(attn, GELU(mlp))`` from the two tensors (`linear_fusion`: no GELU output, no concatenation).
 
 Values: the stock ops round every intermediate to bf16, the pass computes in fp32 and rounds once, so outputs
 differ from stock by the bf16 rounding of intermediates (tests/test_fused_blocks_flux.py bounds it against an
@@ -81,9 +82,13 @@ def single_forward(self, stock, can_run, residual_norm, hidden_states, encoder_h
     shift, scale, gate = (p.unsqueeze(1) for p in norm.linear(norm.silu(temb)).chunk(3, dim=1))
     _, n = residual_norm(h, scale=scale, shift=shift, eps=norm.norm.eps)
     with sharing():  # proj_mlp and the Q/K/V projections read the same n: one FP8 quantization of it
-        mlp = self.act_mlp(self.proj_mlp(n))
+        mlp = self.proj_mlp(n)
         attn = self.attn(hidden_states=n, image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
-    h, _ = residual_norm(h, self.proj_out(torch.cat([attn, mlp], dim=2)), gate, norm=False)
+    if getattr(self.proj_out, "fuse_cat_gelu", False):  # FP8: GELU and concatenation inside the quantization
+        y = self.proj_out.cat_gelu(attn, mlp)
+    else:
+        y = self.proj_out(torch.cat([attn, self.act_mlp(mlp)], dim=2))
+    h, _ = residual_norm(h, y, gate, norm=False)
     if h.dtype == torch.float16:
         h = h.clip(-65504, 65504)
     return h[:, :text_len], h[:, text_len:]

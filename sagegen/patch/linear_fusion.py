@@ -10,6 +10,12 @@ layer) is left alone.
 
 `unfuse` puts the same GELU modules back. The wrapper registers the GELU's own ``proj`` under the same name, so
 state-dict keys do not change.
+
+Flux's single blocks project ``cat(attention, GELU(mlp))``: where ``proj_out`` is an `FP8Linear` and ``act_mlp``
+the tanh GELU, the layer is marked (``fuse_cat_gelu``) and the block's fused forward
+(`fused_blocks_flux.single_forward`) calls ``proj_out.cat_gelu(attention, mlp)``: the quantization kernel reads
+both tensors and computes the GELU, so neither the GELU output nor the concatenation is written. Nothing changes
+in the module tree; the stock forward (compile, CPU) ignores the mark.
 """
 
 from __future__ import annotations
@@ -43,10 +49,24 @@ def _inert(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Identity) or (isinstance(module, torch.nn.Dropout) and module.p == 0)
 
 
+def _flux_single_block(module: torch.nn.Module) -> bool:
+    from .fused_common import diffusers_class
+
+    cls = diffusers_class("diffusers.models.transformers.transformer_flux", "FluxSingleTransformerBlock")
+    act = getattr(module, "act_mlp", None)
+    return (cls is not None and isinstance(module, cls) and isinstance(getattr(module, "proj_out", None), FP8Linear)
+            and type(act) is torch.nn.GELU and act.approximate == "tanh")
+
+
 def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """Fuse every eligible GELU; returns {name of the FP8 second layer: the FeedForward's ``net``}."""
+    """Fuse every eligible GELU; returns {name of the FP8 layer: the FeedForward's ``net`` (or, for a Flux
+    single block's ``proj_out``, the block)}."""
     fused = {}
     for name, module in transformer.named_modules():
+        if _flux_single_block(module):
+            module.proj_out.fuse_cat_gelu = True
+            fused[f"{name}.proj_out" if name else "proj_out"] = module
+            continue
         net = getattr(module, "net", None)
         if not isinstance(net, torch.nn.ModuleList) or len(net) < 3:
             continue
@@ -62,6 +82,10 @@ def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
 def unfuse(fused: dict[str, torch.nn.Module]) -> None:
     """Undo `fuse` (a GELU wrapper replaced by someone else since is left alone)."""
     for net in fused.values():
+        if not isinstance(net, torch.nn.ModuleList):  # a Flux single block
+            if isinstance(getattr(net, "proj_out", None), FP8Linear):
+                net.proj_out.fuse_cat_gelu = False
+            continue
         if isinstance(net[0], GeluInputOnly):
             net[0] = net[0].original
         if isinstance(net[2], FP8Linear):
