@@ -87,6 +87,7 @@ def test_cat_gelu_layer_on_gpu(seed):
     with torch.inference_mode():
         fused = layer.cat_gelu(attn, mlp)
         unfused = layer(torch.cat([attn, torch.nn.functional.gelu(mlp, approximate="tanh")], -1))
+    print(f"cat_gelu vs the layer of the concatenation: rel. L1 {rel_l1(fused, unfused):.2e}")
     assert layer.fp8_calls == 2 and fused.shape == unfused.shape
     assert cosine(fused, unfused) > 0.99999 and rel_l1(fused, unfused) < 2e-3
 
