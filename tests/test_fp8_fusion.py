@@ -103,7 +103,7 @@ def test_scales_use_only_exactly_rounded_operations():
     assert torch.equal(s_k, s[:300])
 
 
-@pytest.mark.parametrize("name", ["flux.1-dev", "cogvideox-5b"])
+@pytest.mark.parametrize("name", ["flux.1-dev", "cogvideox-5b", "hunyuanvideo"])
 def test_patcher_fuses_feedforward_gelu_exactly_and_unfuses(name):
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
@@ -122,7 +122,10 @@ def test_patcher_fuses_feedforward_gelu_exactly_and_unfuses(name):
         assert list(model.state_dict()) == keys  # the GELU wrapper renames nothing
     singles = [n for n in info["gelu_fused_layers"] if n.startswith("single_transformer_blocks.")]
     assert singles == ([f"single_transformer_blocks.{i}.proj_out" for i in range(len(model.single_transformer_blocks))]
-                       if name == "flux.1-dev" else [])
+                       if name != "cogvideox-5b" else [])
+    classes = {type(b) for b in getattr(model, "single_transformer_blocks", [])}
+    # HunyuanVideo's single blocks run diffusers' forward: a subclass calls cat_gelu (Flux's fused block does)
+    assert all(getattr(c, "_sage_cat_gelu_block", False) == (name == "hunyuanvideo") for c in classes)
     for n in singles:  # the block calls proj_out.cat_gelu (GELU and concatenation in the quantization)
         assert model.get_submodule(n).fuse_cat_gelu and model.get_submodule(n).prologue is None
     feedforward = [n for n in info["gelu_fused_layers"] if n not in singles]
@@ -136,6 +139,7 @@ def test_patcher_fuses_feedforward_gelu_exactly_and_unfuses(name):
     sagegen.unpatch(model)
     assert all(model.get_submodule(n) is m for n, m in gelus.items())
     assert not any(isinstance(m, (FP8Linear, GeluInputOnly)) for m in model.modules())
+    assert not any(getattr(type(m), "_sage_cat_gelu_block", False) for m in model.modules())
 
 
 def test_fused_layer_falls_back_with_the_gelu_for_small_calls(seed):

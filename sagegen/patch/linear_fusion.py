@@ -15,7 +15,9 @@ Flux's single blocks project ``cat(attention, GELU(mlp))``: where ``proj_out`` i
 the tanh GELU, the layer is marked (``fuse_cat_gelu``) and the block's fused forward
 (`fused_blocks_flux.single_forward`) calls ``proj_out.cat_gelu(attention, mlp)``: the quantization kernel reads
 both tensors and computes the GELU, so neither the GELU output nor the concatenation is written. Nothing changes
-in the module tree; the stock forward (compile, CPU) ignores the mark.
+in the module tree; the stock forward (compile, CPU) ignores the mark. HunyuanVideo's single blocks compute the
+same product in diffusers' own forward: they get a subclass that calls ``cat_gelu`` (`linear_fusion_hunyuan`),
+put back by `unfuse`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from ..linear import FP8Linear
+from . import linear_fusion_hunyuan as _hunyuan
 
 
 class GeluInputOnly(torch.nn.Module):
@@ -59,11 +62,13 @@ def _flux_single_block(module: torch.nn.Module) -> bool:
 
 
 def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """Fuse every eligible GELU; returns {name of the FP8 layer: the FeedForward's ``net`` (or, for a Flux
-    single block's ``proj_out``, the block)}."""
+    """Fuse every eligible GELU; returns {name of the FP8 layer: the FeedForward's ``net`` (or, for a Flux or
+    HunyuanVideo single block's ``proj_out``, the block)}."""
     fused = {}
     for name, module in transformer.named_modules():
-        if _flux_single_block(module):
+        if _flux_single_block(module) or _hunyuan.fusable(module):
+            if _hunyuan.fusable(module):
+                _hunyuan.install(module)
             module.proj_out.fuse_cat_gelu = True
             fused[f"{name}.proj_out" if name else "proj_out"] = module
             continue
@@ -82,9 +87,10 @@ def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
 def unfuse(fused: dict[str, torch.nn.Module]) -> None:
     """Undo `fuse` (a GELU wrapper replaced by someone else since is left alone)."""
     for net in fused.values():
-        if not isinstance(net, torch.nn.ModuleList):  # a Flux single block
+        if not isinstance(net, torch.nn.ModuleList):  # a Flux or HunyuanVideo single block
             if isinstance(getattr(net, "proj_out", None), FP8Linear):
                 net.proj_out.fuse_cat_gelu = False
+            _hunyuan.restore(net)
             continue
         if isinstance(net[0], GeluInputOnly):
             net[0] = net[0].original

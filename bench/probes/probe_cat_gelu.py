@@ -1,14 +1,16 @@
-"""Probe: what Flux's single-block ``proj_out`` fusion (cat(attention, GELU(mlp)) quantized from the two tensors,
-`FP8Linear.cat_gelu`) saves in a whole eager FP8 step.
+"""Probe: what the single-block ``proj_out`` fusion (cat(attention, GELU(mlp)) quantized from the two tensors,
+`FP8Linear.cat_gelu`; Flux and HunyuanVideo) saves in a whole eager FP8 step.
 
-One process, FLUX.1-dev at full size with random weights, patched with FP8 linears (default policy). The same
+One process, the model (--model, FLUX.1-dev by default) at full size with random weights and its preset size,
+patched with FP8 linears (default policy). The same
 patched model runs with the fusion on and off (the ``fuse_cat_gelu`` mark of every single block's proj_out,
 flipped in place), alternating for --rounds rounds: wall time (CUDA events) and GPU busy time (kernel time of one
 profiled step) each round, and the outputs compared (the fused GELU may move a few bf16 steps). Then one fused
 step with every proj_out's input captured: the fused layer against the unfused one on those inputs (how far
 the layers themselves differ, against how far the step's output moves).
 
-python bench/probes/probe_flux_cat_gelu.py --out bench/results/probe-flux-cat-gelu-<gpu>-<date>.json
+python bench/probes/probe_cat_gelu.py --out bench/results/probe-flux-cat-gelu-<gpu>-<date>.json
+python bench/probes/probe_cat_gelu.py --model hunyuanvideo --rounds 2 --repeats 3 --out ...
 """
 
 import argparse
@@ -58,7 +60,7 @@ def main() -> None:
     model = archs.build_transformer(args.model, dtype=torch.bfloat16, device=dev, seed=0)
     arch = archs.get_arch(args.model)
     inputs = archs.example_inputs(args.model, batch=arch.batch, dtype=torch.bfloat16, device=dev, seed=1,
-                                  height=arch.height, width=arch.width)
+                                  height=arch.height, width=arch.width, frames=arch.frames or None)
     sagegen.patch(model, linear="fp8")
     marked = [m for m in model.modules() if isinstance(m, FP8Linear) and m.fuse_cat_gelu]
     print(f"{len(marked)} proj_out layers fused", flush=True)
@@ -83,7 +85,7 @@ def main() -> None:
     layer_diffs = _layer_diffs(marked, run)
     summary = {k: {"median_s": statistics.median(x["median_s"] for x in v),
                    "gpu_busy_s": statistics.median(x["gpu_busy_s"] for x in v)} for k, v in rows.items()}
-    result = {"probe": "flux_cat_gelu", "model": args.model, "environment": device_info(dev),
+    result = {"probe": "cat_gelu", "model": args.model, "environment": device_info(dev),
               "versions": versions(), "fused_layers": len(marked), "rounds": rows, "summary": summary,
               "on_vs_off": compare(outs["on"], outs["off"]),
               "layers_on_vs_off": layer_diffs,
