@@ -7,6 +7,10 @@ and the kernel under other launch settings (ring slots, register cap). FlexAtten
 the first shape. JSON to --out.
 
     python bench/probes/probe_sparse_fixed_cost.py --out $OUT/probe-sparse-fixed.json
+
+``--base DIR`` (a directory holding an older package as ``sagegen_base/``, as `ab_versions.py` makes it): also
+times that copy's Hopper kernel on the same buffers, alternating base / new four times, at d = 0.1, dense and
+c = 1 / 4 / 16 (`ab` in the row).
 """
 
 from __future__ import annotations
@@ -39,7 +43,19 @@ def fixed_tiles(b, h, n_qt, n_kt, c, device):
     return torch.full((b, h, n_qt), c, dtype=torch.int32, device=device), idx
 
 
-def shape_rows(b, h, n, d, gen, flex) -> dict:
+def ab_rows(launches: dict, base_gluon, rounds: int = 4) -> dict:
+    """{label: {"base": [ms...], "new": [ms...]}}: each launch of both kernels timed in turn, `rounds` times."""
+    out = {}
+    for label, make in launches.items():
+        runs = {"base": [], "new": []}
+        for _ in range(rounds):
+            for name, mod in (("base", base_gluon), ("new", gluon_attn)):
+                runs[name].append(time_ms(make(mod)))
+        out[label] = {**runs, "new_over_base": sorted(n / b for n, b in zip(runs["new"], runs["base"]))}
+    return out
+
+
+def shape_rows(b, h, n, d, gen, flex, base_gluon=None) -> dict:
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     cfg = sagegen.SageConfig()
     block_q, block_k = cfg.blocks(d, torch.cuda.get_device_capability())
@@ -58,13 +74,18 @@ def shape_rows(b, h, n, d, gen, flex) -> dict:
     tiles = kernel_tiles(bs, block_q, block_k, n, n)
     c = d ** -0.5 * 1.4426950408889634  # sm_scale * log2(e)
 
-    def kernel(t):
-        return lambda: gluon_attn.launch(qq, out, None, None, H=h, group=1, n_q=n, n_k=n, d=d, block_m=block_q,
-                                         block_n=block_k, smooth_v=cfg.smooth_v, sm_scale_log2=c,
-                                         permuted_v=triton_attn.gluon_permutes_v(), q=q, tiles=t)
+    def kernel(t, mod=gluon_attn):
+        return lambda: mod.launch(qq, out, None, None, H=h, group=1, n_q=n, n_k=n, d=d, block_m=block_q,
+                                  block_n=block_k, smooth_v=cfg.smooth_v, sm_scale_log2=c,
+                                  permuted_v=triton_attn.gluon_permutes_v(), q=q, tiles=t)
     row["kernel_ms"] = time_ms(kernel(tiles))
     row["kernel_dense_ms"] = time_ms(kernel(None))
     n_qt, n_kt = -(-n // block_q), -(-n // block_k)
+    if base_gluon is not None:
+        fixed = {c_: fixed_tiles(b, h, n_qt, n_kt, c_, "cuda") for c_ in (1, 4, 16)}
+        launches = {"d=0.1": lambda mod: kernel(tiles, mod), "dense": lambda mod: kernel(None, mod),
+                    **{f"c={c_}": (lambda mod, t=t: kernel(t, mod)) for c_, t in fixed.items()}}
+        row["ab"] = ab_rows(launches, base_gluon)
     row["kernel_fixed_count_ms"] = {c_: time_ms(kernel(fixed_tiles(b, h, n_qt, n_kt, c_, "cuda"))) for c_ in COUNTS}
     row["settings"] = {}
     for stages, reg in SETTINGS[d]:
@@ -88,7 +109,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--base", help="a directory holding an older package as sagegen_base/ (A/B of the kernel)")
     args = ap.parse_args()
+    base_gluon = None
+    if args.base:
+        import importlib
+
+        sys.path.insert(0, args.base)
+        base_gluon = importlib.import_module("sagegen_base.kernels.gluon_attn")
     flex = None
     if not args.no_flex:
         from torch.nn.attention.flex_attention import flex_attention
@@ -98,7 +126,7 @@ def main():
     rows = []
     with torch.inference_mode():
         for i, shape in enumerate(SHAPES):
-            rows.append(shape_rows(*shape, gen, flex if i == 0 else None))
+            rows.append(shape_rows(*shape, gen, flex if i == 0 else None, base_gluon))
     with open(args.out, "w") as f:
         json.dump({"probe": "sparse_fixed_cost", "environment": environment(), "rows": rows}, f, indent=1)
 
