@@ -16,7 +16,7 @@ round for --rounds rounds (the median of each; speedups are the median of the ro
 and, for an MLP's second layer (input = the pre-GELU tensor, GELU tanh-approximate):
   bf16_gelu        F.gelu + F.linear in bf16 (what stock runs)
   fp8_gelu_eager   F.gelu in bf16, then fp8_fast;   fp8_gelu_fused   GELU inside the quantization kernel
-and, for Flux's single-block proj_out (input = cat(attention [M, 3072], GELU(mlp)), CAT_GELU):
+and, for the single blocks' proj_out (input = cat(attention [M, 3072], GELU(mlp)), CAT_GELU):
   bf16_cat_gelu    F.gelu, torch.cat, F.linear in bf16 (what stock runs)
   fp8_cat_gelu_eager   F.gelu + torch.cat in bf16, then fp8_fast;   fp8_cat_gelu_fused   the quantization kernel
                    reads the two tensors and computes the GELU (FP8Linear.cat_gelu)
@@ -74,9 +74,9 @@ SHAPES = [
     ("wan2.1-14b", "ffn down", 75600, 13824, 5120, True),
 ]
 QUICK = [SHAPES[i] for i in (1, 2, 5, 7, 8, 9, 11, 12, 14, 16, 17, 18)]
-# (model, layer) -> width of the attention output before GELU(mlp) in the layer's input: where sagegen's fused
-# block calls FP8Linear.cat_gelu (Flux's single blocks; HunyuanVideo's run their stock forward)
-CAT_GELU = {("flux.1-dev", "single proj_out"): 3072}
+# (model, layer) -> width of the attention output before GELU(mlp) in the layer's input: the single blocks whose
+# forward calls FP8Linear.cat_gelu under sagegen (Flux's fused block, HunyuanVideo's subclass)
+CAT_GELU = {("flux.1-dev", "single proj_out"): 3072, ("hunyuanvideo", "single proj_out"): 3072}
 ERR_ROWS = 8192
 
 
