@@ -21,7 +21,8 @@ pre-GELU tensor and the GELU runs inside the quantization kernel (every path, bf
 the layer of GELU(x)).
 
 ``cat_gelu(prefix, x)``: the layer of ``cat([prefix, GELU(x)], -1)`` with the concatenation and the GELU inside
-the quantization kernel (Flux's single blocks, whose fused forward calls it).
+the quantization kernel (the ``proj_out`` of Flux's and HunyuanVideo's single blocks, whose patched forwards call
+it).
 
 Eager calls inside an attention processor whose input another FP8 projection there has quantized (Q, K and V
 of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation.
@@ -67,7 +68,7 @@ class FP8Linear(torch.nn.Module):
         self.outlier_ratio, self.max_outliers = outlier_ratio, max_outliers
         self.fast_accum = bool(fast_accum)
         self.prologue: str | None = None  # "gelu_tanh" while the patcher fuses the preceding GELU
-        self.fuse_cat_gelu = False  # set by the patcher on Flux's single-block proj_out: its block calls cat_gelu
+        self.fuse_cat_gelu = False  # set by the patcher on a single block's proj_out: its block calls cat_gelu
         self.calibrated = outliers == "off"
         self.fp8_calls = 0  # eager calls that ran the FP8 product (not counted under torch.compile)
         with torch.no_grad():
@@ -162,8 +163,8 @@ class FP8Linear(torch.nn.Module):
                           out_dtype)
 
     def cat_gelu(self, prefix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """This layer of ``cat([prefix, gelu_tanh(x)], -1)`` (prefix [..., K0], x [..., K - K0]): Flux's
-        single-block ``proj_out`` of the attention output and the MLP's pre-GELU tensor. In eager FP8 calls the
+        """This layer of ``cat([prefix, gelu_tanh(x)], -1)`` (prefix [..., K0], x [..., K - K0]): a single
+        block's ``proj_out`` (Flux, HunyuanVideo) of the attention output and the MLP's pre-GELU tensor. In eager FP8 calls the
         quantization kernel reads both and computes the GELU (no GELU output, no concatenated copy); every
         other case (few rows, a split outlier layer, calibration, compile) runs the layer on the
         concatenation itself, with the same values."""
