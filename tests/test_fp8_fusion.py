@@ -75,10 +75,12 @@ def test_prefix_is_checked():
         quantize_fp8_rows(x, col_scale=torch.ones(32), prefix=torch.randn(4, 8, dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize("outliers", ["off", "smooth", "split"])
-def test_cat_gelu_layer_equals_the_layer_of_the_concatenation(seed, outliers):
+@pytest.mark.parametrize("outliers, granularity", [("off", "per_token"), ("smooth", "per_token"),
+                                                    ("split", "per_token"), ("off", "per_block")])
+def test_cat_gelu_layer_equals_the_layer_of_the_concatenation(seed, outliers, granularity):
     lin = torch.nn.Linear(40 + 88, 24).to(torch.bfloat16)
-    layer = FP8Linear(lin, min_rows=8, outliers=outliers)
+    layer = FP8Linear(lin, min_rows=8, outliers=outliers, act_granularity=granularity,
+                      weight_granularity="per_block" if granularity == "per_block" else "per_channel")
     attn = torch.randn(2, 9, 40, dtype=torch.bfloat16)
     mlp = (torch.randn(2, 9, 88) * 3).to(torch.bfloat16)
     attn[..., 5] *= 300  # an outlier channel for the calibrating modes
