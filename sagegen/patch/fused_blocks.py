@@ -34,7 +34,7 @@ from . import fused_blocks_flux as _flux
 from . import fused_blocks_ltx as _ltx
 from . import fused_blocks_qwen as _qwen
 from . import fused_blocks_sd3 as _sd3
-from .fused_common import _HALF
+from .fused_common import _HALF, forward_subclass
 
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
 # SkyReels-V2's block: Wan 2.1's forward plus an attention mask for self-attention (diffusion forcing) and a
@@ -179,18 +179,7 @@ def _fused_kind(block):
 
 
 def _subclass(cls: type, fused) -> type:
-    sub = _SUBCLASSES.get(cls)
-    if sub is None:  # the same name, so that class-name lookups (no-split modules, hooks) still match
-        stock = cls.forward
-
-        def forward(self, *args, **kwargs):
-            # a closure over the stock function: dynamo inlines it (it cannot trace ``type.forward`` lookups)
-            return fused(self, stock, *args, **kwargs)
-
-        sub = type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__,
-                                          "_sage_fused_block": True, "__qualname__": cls.__qualname__})
-        _SUBCLASSES[cls] = sub
-    return sub
+    return forward_subclass(cls, fused, "_sage_fused_block", _SUBCLASSES, __name__)
 
 
 def install(transformer) -> int:

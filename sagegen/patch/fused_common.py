@@ -23,6 +23,25 @@ def diffusers_class(module: str, name: str):
         return None
 
 
+def forward_subclass(cls: type, fused, marker: str, cache: dict, module: str) -> type:
+    """A subclass of ``cls`` whose forward is ``fused(self, stock_forward, *args, **kwargs)``, made once per class
+    (``cache``), flagged by the class attribute ``marker`` and placed in ``module``. It keeps ``cls``'s name, so class-name lookups
+    (no-split modules, hooks) still match; swapping an instance's class (not its ``forward``) keeps diffusers'
+    hooks working."""
+    sub = cache.get(cls)
+    if sub is None:
+        stock = cls.forward
+
+        def forward(self, *args, **kwargs):
+            # a closure over the stock function: dynamo inlines it (it cannot trace ``type.forward`` lookups)
+            return fused(self, stock, *args, **kwargs)
+
+        sub = type(cls.__name__, (cls,), {"forward": forward, "__module__": module, marker: True,
+                                          "__qualname__": cls.__qualname__})
+        cache[cls] = sub
+    return sub
+
+
 def _arguments(original, cls_path: str, attn, args, kwargs):
     """The call's arguments by name when ``original`` is exactly diffusers' class ``cls_path`` (whose code
     path the fused call mirrors; a subclass may differ); None otherwise."""

@@ -52,13 +52,19 @@ def _inert(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Identity) or (isinstance(module, torch.nn.Dropout) and module.p == 0)
 
 
-def _flux_single_block(module: torch.nn.Module) -> bool:
+def _cat_gelu_block(module: torch.nn.Module) -> str | None:
+    """"flux" or "hunyuan" for a single block whose forward sagegen runs with ``proj_out.cat_gelu`` (an FP8
+    proj_out after the tanh GELU), else None."""
+    act = getattr(module, "act_mlp", None)
+    if not (isinstance(getattr(module, "proj_out", None), FP8Linear) and type(act) is torch.nn.GELU
+            and act.approximate == "tanh"):
+        return None
     from .fused_common import diffusers_class
 
-    cls = diffusers_class("diffusers.models.transformers.transformer_flux", "FluxSingleTransformerBlock")
-    act = getattr(module, "act_mlp", None)
-    return (cls is not None and isinstance(module, cls) and isinstance(getattr(module, "proj_out", None), FP8Linear)
-            and type(act) is torch.nn.GELU and act.approximate == "tanh")
+    flux = diffusers_class("diffusers.models.transformers.transformer_flux", "FluxSingleTransformerBlock")
+    if flux is not None and isinstance(module, flux):  # the fused Flux block calls cat_gelu itself
+        return "flux"
+    return "hunyuan" if _hunyuan.is_block(module) else None
 
 
 def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -66,8 +72,9 @@ def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
     HunyuanVideo single block's ``proj_out``, the block)}."""
     fused = {}
     for name, module in transformer.named_modules():
-        if _flux_single_block(module) or _hunyuan.fusable(module):
-            if _hunyuan.fusable(module):
+        kind = _cat_gelu_block(module)
+        if kind is not None:
+            if kind == "hunyuan":
                 _hunyuan.install(module)
             module.proj_out.fuse_cat_gelu = True
             fused[f"{name}.proj_out" if name else "proj_out"] = module

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .fused_common import diffusers_class
+from .fused_common import diffusers_class, forward_subclass
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -23,14 +23,10 @@ def _block_class():
                            "HunyuanVideoSingleTransformerBlock")
 
 
-def fusable(module: torch.nn.Module) -> bool:
-    """diffusers' HunyuanVideo single block (exactly the class), tanh GELU, an FP8 proj_out."""
-    from ..linear import FP8Linear
-
+def is_block(module: torch.nn.Module) -> bool:
+    """Exactly diffusers' HunyuanVideo single block (a subclass may have another forward)."""
     cls = _block_class()
-    act = getattr(module, "act_mlp", None)
-    return (cls is not None and type(module) is cls and isinstance(getattr(module, "proj_out", None), FP8Linear)
-            and type(act) is torch.nn.GELU and act.approximate == "tanh")
+    return cls is not None and type(module) is cls
 
 
 def _forward(self, stock, hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
@@ -58,18 +54,7 @@ def _forward(self, stock, hidden_states, encoder_hidden_states, temb, attention_
 
 
 def install(module: torch.nn.Module) -> None:
-    cls = type(module)
-    sub = _SUBCLASSES.get(cls)
-    if sub is None:  # the same name, so that class-name lookups (no-split modules, hooks) still match
-        stock = cls.forward
-
-        def forward(self, *args, **kwargs):
-            return _forward(self, stock, *args, **kwargs)  # a closure over the stock function: dynamo inlines it
-
-        sub = type(cls.__name__, (cls,), {"forward": forward, "__module__": __name__, "_sage_cat_gelu_block": True,
-                                          "__qualname__": cls.__qualname__})
-        _SUBCLASSES[cls] = sub
-    module.__class__ = sub
+    module.__class__ = forward_subclass(type(module), _forward, "_sage_cat_gelu_block", _SUBCLASSES, __name__)
 
 
 def restore(module: torch.nn.Module) -> None:
