@@ -16,6 +16,11 @@ round for --rounds rounds (the median of each; speedups are the median of the ro
 and, for an MLP's second layer (input = the pre-GELU tensor, GELU tanh-approximate):
   bf16_gelu        F.gelu + F.linear in bf16 (what stock runs)
   fp8_gelu_eager   F.gelu in bf16, then fp8_fast;   fp8_gelu_fused   GELU inside the quantization kernel
+and, for the projections of one input (Q, K, V; + proj_mlp in the single blocks; SIBLINGS):
+  bf16_siblings    one F.linear each (what stock runs);   bf16_siblings_merged   one F.linear of the
+                   concatenated weights (diffusers' fuse_qkv_projections)
+  fp8_siblings_shared  one quantization, one _scaled_mm each (what the patched model runs)
+  fp8_siblings_merged  one quantization, one _scaled_mm of the concatenated FP8 weights
 and, for the single blocks' proj_out (input = cat(attention [M, 3072], GELU(mlp)), CAT_GELU):
   bf16_cat_gelu    F.gelu, torch.cat, F.linear in bf16 (what stock runs)
   fp8_cat_gelu_eager   F.gelu + torch.cat in bf16, then fp8_fast;   fp8_cat_gelu_fused   the quantization kernel
@@ -77,6 +82,11 @@ QUICK = [SHAPES[i] for i in (1, 2, 5, 7, 8, 9, 11, 12, 14, 16, 17, 18)]
 # (model, layer) -> width of the attention output before GELU(mlp) in the layer's input: the single blocks whose
 # forward calls FP8Linear.cat_gelu under sagegen (Flux's fused block, HunyuanVideo's subclass)
 CAT_GELU = {("flux.1-dev", "single proj_out"): 3072, ("hunyuanvideo", "single proj_out"): 3072}
+# (model, layer) -> output widths of the projections the model runs on the same input (one FP8 quantization
+# shared by all: `sagegen.linear.shared`): Q, K, V, and the single blocks' proj_mlp with them
+SIBLINGS = {("flux.1-dev", "double.img qkv/out"): (3072,) * 3, ("flux.1-dev", "single qkv"): (3072,) * 3 + (12288,),
+            ("sd3.5-large", "qkv/out"): (2432,) * 3, ("cogvideox-5b", "qkv/out"): (3072,) * 3,
+            ("hunyuanvideo", "qkv/out"): (3072,) * 3, ("wan2.1-14b", "q/k/v/o"): (5120,) * 3}
 ERR_ROWS = 8192
 
 
@@ -133,7 +143,7 @@ def _quant_sweep(x, bench) -> dict:
 
 
 def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, sweep, device="cuda",
-                torchao_compile=False, rounds=1, cat_gelu_k0=0) -> dict:
+                torchao_compile=False, rounds=1, cat_gelu_k0=0, siblings=()) -> dict:
     """One shape's row. Every variant is timed once a round, the rounds one after another (so that a clock
     change under the H200's power cap hits all of them alike); ms = the median over rounds, and each speedup
     the median of the rounds' ratios. ``cat_gelu_k0``: the layer's input is cat(x[:, :k0], GELU(x[:, k0:]))."""
@@ -180,6 +190,8 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
             fp8_linear(F.gelu(xe, approximate="tanh"), w_q, w_s, b, None, "per_token", False, True), gref)
     if cat_gelu_k0:
         _cat_gelu_variants(row, timed, x, xe, w, b, w_q, w_s, cat_gelu_k0)
+    if siblings:
+        _sibling_variants(row, timed, x, xe, siblings, g)
     if block_ok:
         wb_q, wb_s = quantize_weight(w, "per_block")
         timed("fp8_blockwise", lambda: fp8_linear(x, wb_q, wb_s, b, None, "per_block", False))
@@ -221,6 +233,10 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
         row["speedup"].update({k: speedup("bf16_gelu", k) for k in ("fp8_gelu_eager", "fp8_gelu_fused")})
     if cat_gelu_k0:  # against stock's GELU, concatenation and bf16 linear
         row["speedup"].update({k: speedup("bf16_cat_gelu", k) for k in ("fp8_cat_gelu_eager", "fp8_cat_gelu_fused")})
+    if siblings:  # against stock's separate bf16 projections; the merged FP8 GEMM also against merged bf16
+        row["speedup"].update({k: speedup("bf16_siblings", k) for k in ("fp8_siblings_shared", "fp8_siblings_merged",
+                                                                        "bf16_siblings_merged")})
+        row["speedup"]["fp8_siblings_merged_vs_bf16_merged"] = speedup("bf16_siblings_merged", "fp8_siblings_merged")
     if device == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -243,6 +259,34 @@ def _cat_gelu_variants(row, timed, x, xe, w, b, w_q, w_s, k0):
         fp8_linear_eager(me, w_q, w_s, b, None, "per_token", False, True, "gelu_tanh", ae), ref)
 
 
+def _sibling_variants(row, timed, x, xe, widths, g):
+    """Projections of one input x [M, K] to the given widths: separate or merged, bf16 or FP8 (one
+    quantization of x for all)."""
+    K = x.shape[1]
+    ws = [(torch.randn(n, K, device=x.device, generator=g) / K ** 0.5).to(torch.bfloat16) for n in widths]
+    bs = [torch.randn(n, device=x.device, dtype=torch.bfloat16, generator=g) * 0.1 for n in widths]
+    w_cat, b_cat = torch.cat(ws), torch.cat(bs)
+    quant = [quantize_weight(w, "per_channel") for w in ws]
+    wq_cat, ws_cat = quantize_weight(w_cat, "per_channel")  # per channel: the same values as the parts'
+    timed("bf16_siblings", lambda: [F.linear(x, w, b) for w, b in zip(ws, bs)])
+    timed("bf16_siblings_merged", lambda: F.linear(x, w_cat, b_cat).split(list(widths), dim=1))
+
+    def shared(x):
+        xq, xs = quantize_fp8_rows(x, "per_token")
+        return [_gemm_rowwise(xq, xs, w_q, w_s, b, torch.bfloat16) for (w_q, w_s), b in zip(quant, bs)]
+
+    def merged(x):
+        xq, xs = quantize_fp8_rows(x, "per_token")
+        return _gemm_rowwise(xq, xs, wq_cat, ws_cat, b_cat, torch.bfloat16).split(list(widths), dim=1)
+
+    timed("fp8_siblings_shared", lambda: shared(x))
+    timed("fp8_siblings_merged", lambda: merged(x))
+    row["siblings"] = list(widths)
+    ref = torch.cat([F.linear(xe, w, b) for w, b in zip(ws, bs)], 1)
+    row["error_vs_bf16"]["fp8_siblings_shared"] = _err(torch.cat(shared(xe), 1), ref)
+    row["error_vs_bf16"]["fp8_siblings_merged"] = _err(torch.cat(merged(xe), 1), ref)
+
+
 def _report(device, argv, block_ok, block_why, rows, partial=False) -> dict:
     props = torch.cuda.get_device_properties(device)
     report = {"benchmark": "fp8_linear",
@@ -263,6 +307,9 @@ def main(argv=None) -> dict:
                    help="also time torch.compile(torchao's layer) per shape (a compile each)")
     p.add_argument("--no-sweep", action="store_true", help="skip the quantization launch sweep")
     p.add_argument("--rounds", type=int, default=3, help="time every variant once a round, this many rounds")
+    p.add_argument("--only", default=None, help="comma-separated SHAPES indices (0-18) to run instead")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="time each variant as a replayed CUDA graph (GPU time only: no host launch cost, no L2 flush)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_fp8_linear.py needs a CUDA GPU")
@@ -270,18 +317,21 @@ def main(argv=None) -> dict:
 
     def bench(fn, rep=50):
         with torch.inference_mode():
+            if args.cuda_graphs:
+                return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
             return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
 
     device = torch.device("cuda")
     block_ok, block_why = blockwise_supported(device.index or 0)
     print(f"block-wise scaled_mm: {'yes' if block_ok else 'no: ' + block_why}", flush=True)
     rows = []
-    for model, layer, M, K, N, gelu in (QUICK if args.quick else SHAPES):
+    shapes = [SHAPES[int(i)] for i in args.only.split(",")] if args.only else QUICK if args.quick else SHAPES
+    for model, layer, M, K, N, gelu in shapes:
         if args.max_m:
             M = min(M, args.max_m)
         row = bench_shape(model, layer, M, K, N, gelu, bench, not args.no_torchao, block_ok, not args.no_sweep,
                           torchao_compile=args.torchao_compile, rounds=args.rounds,
-                          cat_gelu_k0=CAT_GELU.get((model, layer), 0))
+                          cat_gelu_k0=CAT_GELU.get((model, layer), 0), siblings=SIBLINGS.get((model, layer), ()))
         rows.append(row)
         atomic_write_json(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))  # a cut-short run keeps rows
         ms, err = row["ms"], row["error_vs_bf16"]

@@ -51,17 +51,22 @@ def test_fp8_linear_bench_row_has_every_variant_on_cpu():
 
     try:
         row = b.bench_shape("tiny", "ff down", 64, 256, 32, True, once, False, False, True, device="cpu", rounds=3,
-                            cat_gelu_k0=64)
+                            cat_gelu_k0=64, siblings=(32, 32, 48))
     except RuntimeError as e:  # torch._scaled_mm without a CPU kernel in this torch
         pytest.skip(f"no CPU _scaled_mm: {e}")
     for k in ("bf16", "fp8_fast", "fp8_precise", "quant", "gemm_fast", "gemm_precise", "bf16_gelu",
               "fp8_gelu_eager", "fp8_gelu_fused", "bf16_cat_gelu", "fp8_cat_gelu_eager", "fp8_cat_gelu_fused"):
         assert k in row["ms"], k
     assert {"fp8_cat_gelu_eager", "fp8_cat_gelu_fused"} <= set(row["speedup"]) and row["cat_gelu_k0"] == 64
+    sib = {"bf16_siblings", "bf16_siblings_merged", "fp8_siblings_shared", "fp8_siblings_merged"}
+    assert sib <= set(row["ms"]) and sib - {"bf16_siblings"} <= set(row["speedup"]) and row["siblings"] == [32, 32, 48]
     assert row["quant_best"]["launch"] in row["quant_sweep_ms"] and len(row["quant_sweep_ms"]) >= 2
     rounds = row["ms_rounds"]
     assert all(len(v) == 3 for v in rounds.values()) and row["ms"]["bf16"] == rounds["bf16"][1]
     want = sorted(b_ / t for b_, t in zip(rounds["bf16"], rounds["fp8_fast"]))[1]
     assert row["speedup"]["fp8_fast"] == want
     err = row["error_vs_bf16"]
-    assert all(0 < err[k]["rel_l1"] < 0.1 for k in ("fp8_fast", "fp8_precise", "fp8_gelu_fused", "fp8_cat_gelu_fused"))
+    assert all(0 < err[k]["rel_l1"] < 0.1 for k in ("fp8_fast", "fp8_precise", "fp8_gelu_fused", "fp8_cat_gelu_fused",
+                                                    "fp8_siblings_shared", "fp8_siblings_merged"))
+    # merged and separate FP8 projections are the same numbers (per-channel weight scales, one activation copy)
+    assert err["fp8_siblings_merged"] == pytest.approx(err["fp8_siblings_shared"], rel=1e-6)
