@@ -90,8 +90,7 @@ def test_patched_model_output_is_unchanged_by_sharing(monkeypatch, name):
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
     inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64)
-    policy = LinearPolicy(keep_blocks=(), min_rows=1, merge_max_rows=0)  # merged GEMMs: test_fp8_siblings.py
-    sagegen.patch(model, backend="reference", linear="fp8", linear_policy=policy)
+    sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
     calls = _counting(monkeypatch)
     with torch.inference_mode():
         shared_out = model(**inputs)[0]

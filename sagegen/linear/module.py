@@ -25,8 +25,7 @@ the quantization kernel (the ``proj_out`` of Flux's and HunyuanVideo's single bl
 it).
 
 Eager calls inside an attention processor whose input another FP8 projection there has quantized (Q, K and V
-of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation. Layers seen sharing one
-run as one GEMM over their concatenated weights from then on, up to ``merge_max_rows`` tokens (`siblings`).
+of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation.
 
 Calls with fewer than ``min_rows`` tokens (modulation of one timestep vector, the image models' text streams) run
 the original bf16 linear: FP8 does not pay there.
@@ -48,7 +47,7 @@ class FP8Linear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, *, act_granularity: str = "per_token",
                  weight_granularity: str = "per_channel", outliers: str = "off", emulate: bool = False,
                  min_rows: int = 1024, outlier_ratio: float = 8.0, max_outliers: int = 64, park: bool = False,
-                 fast_accum: bool = True, merge_max_rows: int = 16384):
+                 fast_accum: bool = True):
         super().__init__()
         if not isinstance(linear, torch.nn.Linear):
             raise TypeError(f"FP8Linear wraps an nn.Linear, got {type(linear).__name__}")
@@ -68,7 +67,6 @@ class FP8Linear(torch.nn.Module):
         self.outliers, self.emulate, self.min_rows = outliers, emulate, min_rows
         self.outlier_ratio, self.max_outliers = outlier_ratio, max_outliers
         self.fast_accum = bool(fast_accum)
-        self.merge_max_rows = int(merge_max_rows)
         self.prologue: str | None = None  # "gelu_tanh" while the patcher fuses the preceding GELU
         self.fuse_cat_gelu = False  # set by the patcher on a single block's proj_out: its block calls cat_gelu
         self.calibrated = outliers == "off"
@@ -111,9 +109,6 @@ class FP8Linear(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):
         self._gemm_views = None  # views of the old buffers would keep them alive (and on the old device)
-        group = self.__dict__.get("_siblings")
-        if group is not None:  # its concatenated weights stay behind: each member keeps its own
-            group.disband()
         return super()._apply(fn, recurse)
 
     def _rowwise_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,31 +139,19 @@ class FP8Linear(torch.nn.Module):
                            self.fast_accum, self.prologue)
         else:  # no dispatch; a plain input already quantized for another projection is reused (`shared`)
             cache = shared() if self.col_scale is None and self.prologue is None else None
-            group = self.__dict__.get("_siblings") if cache is not None else None
-            if group is not None and x2.shape[0] <= group.max_rows:  # one GEMM for the group (`siblings`)
-                y = cache.merged(x, group, self, self.emulate)
-                if y is None:
-                    y_all = group.gemm(self._quantized(cache, x, x2), x2.dtype)
-                    cache.put_merged(x, group, self, self.emulate, y_all)
-                    y = group.columns(self, y_all)
-            else:
-                y = self._gemm(self._quantized(cache, x, x2), bias, x2.dtype)
+            # keyed on the input as passed (its reshape is a new object per call, with no _base in inference mode)
+            xq_xs = cache.get(x, self.act_granularity, self.emulate) if cache is not None else None
+            if xq_xs is None:
+                xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, self.prologue)
+                if cache is not None:
+                    cache.put(x, self.act_granularity, self.emulate, xq_xs)
+            y = self._gemm(xq_xs, bias, x2.dtype)
         if self.w_outlier is not None:
             xo = x2.index_select(1, self.outlier_idx)
             y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ self.w_outlier.t()
         if not compiling:
             self.fp8_calls += 1
         return y.reshape(*lead, y.shape[-1])
-
-    def _quantized(self, cache, x: torch.Tensor, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x2's FP8 copy, from the scope's cache when another projection made it (keyed on the input as passed:
-        its reshape is a new object per call, with no _base in inference mode)."""
-        xq_xs = cache.get(x, self.act_granularity, self.emulate, self) if cache is not None else None
-        if xq_xs is None:
-            xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, self.prologue)
-            if cache is not None:
-                cache.put(x, self.act_granularity, self.emulate, xq_xs, self)
-        return xq_xs
 
     def _gemm(self, xq_xs: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
               out_dtype: torch.dtype) -> torch.Tensor:

@@ -54,11 +54,6 @@ class LinearPolicy:
             on an H100 the fused quantizer takes 0.57-0.80x the time of eager GELU + the plain quantizer at the
             models' MLP shapes (bench/results/probe-gelu-quant-h100-2026-11-25.json; CogVideoX-5b step 1089 ->
             1069 ms). Its tanh differs from torch's in the last bits: ~1e-4 of the FP8 codes differ.
-        merge_max_rows: FP8 layers seen projecting one input (Q, K, V; Flux's single blocks also proj_mlp) run as
-            one GEMM over their concatenated weights (no extra memory: the layers' weights become views) for
-            calls up to this many tokens; 0 never merges. Default 16384: on an H200 the merged GEMM was 5-9%
-            faster at the image models' 4-9k tokens and within the noise at 35-119k
-            (bench/results/fp8-linear-siblings-h200-2026-11-26.json), and each merge saves launches.
     """
 
     keep_blocks: tuple[int | str, ...] = (0, -1)
@@ -72,7 +67,6 @@ class LinearPolicy:
     bf16_copies: str = "keep"
     fast_accum: bool = True
     fuse_gelu: bool = True
-    merge_max_rows: int = 16384
 
     def __post_init__(self) -> None:
         keep = self.keep_blocks
@@ -101,9 +95,6 @@ class LinearPolicy:
         for flag in ("fast_accum", "fuse_gelu"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"LinearPolicy.{flag} must be True or False, got {getattr(self, flag)!r}")
-        if isinstance(self.merge_max_rows, bool) or not (isinstance(self.merge_max_rows, int)
-                                                         and self.merge_max_rows >= 0):
-            raise ValueError(f"LinearPolicy.merge_max_rows must be an int >= 0, got {self.merge_max_rows!r}")
         if not (isinstance(self.max_outliers, int) and self.max_outliers >= 1):
             raise ValueError(f"LinearPolicy.max_outliers must be an int >= 1, got {self.max_outliers!r}")
         if not (isinstance(self.outlier_ratio, (int, float)) and self.outlier_ratio > 1):
@@ -112,8 +103,7 @@ class LinearPolicy:
     def module_kwargs(self) -> dict:
         return dict(act_granularity=self.act_granularity, weight_granularity=self.weight_granularity,
                     outliers=self.outliers, min_rows=self.min_rows, outlier_ratio=self.outlier_ratio,
-                    max_outliers=self.max_outliers, park=self.bf16_copies == "cpu", fast_accum=self.fast_accum,
-                    merge_max_rows=self.merge_max_rows)
+                    max_outliers=self.max_outliers, park=self.bf16_copies == "cpu", fast_accum=self.fast_accum)
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -13,9 +13,6 @@ the input's views (``x._base``, which stays the same object across the processor
 address, shape, strides, dtype and version counter (so an in-place change in between is a miss). When that
 root tensor is freed the entry is dropped (a weakref callback), so the FP8 copy never outlives its source and
 a new tensor at a reused address can never match. Eager only: `FP8Linear` skips it under torch.compile.
-
-The cache also notes which layers took each quantization: layers that share one become a merged GEMM
-(`sagegen.linear.siblings`), whose output it then holds for the group's other members.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ import threading
 import weakref
 
 import torch
-
-from .siblings import MergedOutputs, SiblingGroup, propose
 
 
 def _root(x: torch.Tensor) -> torch.Tensor:
@@ -42,52 +37,21 @@ class SharedActivations:
     """The last plain activation quantization of this thread (see the module doc)."""
 
     def __init__(self):
-        self._entry = None  # (weakref to the root tensor, key, (x_fp8, scales), [layers that took it])
-        self._merged: MergedOutputs | None = None
+        self._entry = None  # (weakref to the root tensor, key, (x_fp8, scales))
         self.hits = 0
 
-    def get(self, x: torch.Tensor, granularity: str, emulate: bool, layer=None):
+    def get(self, x: torch.Tensor, granularity: str, emulate: bool):
         entry = self._entry
         if entry is not None and entry[0]() is _root(x) and entry[1] == _key(x, granularity, emulate):
             self.hits += 1
-            entry[3].append(layer)
             return entry[2]
         return None
 
-    def put(self, x: torch.Tensor, granularity: str, emulate: bool, value, layer=None) -> None:
-        self._learn()
-        self._entry = (weakref.ref(_root(x), self._dropped), _key(x, granularity, emulate), value, [layer])
-
-    def merged(self, x: torch.Tensor, group: SiblingGroup, layer, emulate: bool) -> torch.Tensor | None:
-        """``layer``'s columns of the group's GEMM of ``x``, if this scope ran it; else None."""
-        m = self._merged
-        if m is not None and m.group is group and m.root() is _root(x) and m.key == _key(x, "merged", emulate):
-            m.taken.add(id(layer))
-            return group.columns(layer, m.y)
-        return None
-
-    def put_merged(self, x: torch.Tensor, group: SiblingGroup, layer, emulate: bool, y: torch.Tensor) -> None:
-        if self._merged is not None:
-            self._merged.finish()
-        self._merged = MergedOutputs(_root(x), _key(x, "merged", emulate), group, y, self._merged_dropped)
-        self._merged.taken.add(id(layer))
+    def put(self, x: torch.Tensor, granularity: str, emulate: bool, value) -> None:
+        self._entry = (weakref.ref(_root(x), self._dropped), _key(x, granularity, emulate), value)
 
     def clear(self) -> None:
-        self._learn()
         self._entry = None
-        if self._merged is not None:
-            self._merged.finish()
-        self._merged = None
-
-    def _learn(self) -> None:
-        """Layers that took the outgoing quantization together may become one merged GEMM."""
-        entry = self._entry
-        if entry is not None and len(entry[3]) > 1:
-            propose(entry[3])
-
-    def _merged_dropped(self, ref) -> None:
-        if self._merged is not None and self._merged.root is ref:
-            self._merged = None
 
     def _dropped(self, ref) -> None:
         entry = self._entry

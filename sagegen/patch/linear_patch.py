@@ -126,11 +126,9 @@ def info(transformer: torch.nn.Module) -> dict | None:
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return None
-    fp8, groups = {}, {}
+    fp8 = {}
     for name, (parent, key, _) in state.originals.items():
         module = parent._modules.get(key)
-        if isinstance(module, FP8Linear) and "_siblings" in module.__dict__:
-            groups.setdefault(id(module.__dict__["_siblings"]), []).append(name)
         if isinstance(module, FP8Linear):
             fp8[name] = {"calls": module.fp8_calls,
                          "outlier_channels": 0 if module.outlier_idx is None else int(module.outlier_idx.numel()),
@@ -144,7 +142,5 @@ def info(transformer: torch.nn.Module) -> dict | None:
             "bf16_layers": dict(sorted(state.bf16.items())), "fp8_weight_bytes_added": weight_bytes,
             "bf16_copies": state.policy.bf16_copies,
             "gelu_fused_layers": sorted(state.gelu_fused),
-            # learned during eager calls (`sagegen.linear.siblings`): empty before the first one
-            "merged_projections": sorted(groups.values()),
             "bf16_bytes_moved_to_cpu": sum(o.weight.numel() * o.weight.element_size()
                                            for n, (_, _, o) in state.originals.items() if n in state.parked)}
