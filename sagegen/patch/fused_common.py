@@ -4,6 +4,7 @@ call. A module of its own so that neither family module imports the other."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 
@@ -53,9 +54,16 @@ def _arguments(original, cls_path: str, attn, args, kwargs):
     if type(original) is not cls:
         return None
     try:
-        return inspect.signature(cls.__call__).bind(original, attn, *args, **kwargs).arguments
+        return _call_signature(cls).bind(original, attn, *args, **kwargs).arguments
     except TypeError:
         return None
+
+
+@functools.cache
+def _call_signature(cls: type) -> inspect.Signature:
+    # once per class: inspect.signature on every attention call was ~2% of an eager Flux step's host time on a
+    # slow host (bench/results/probe-host-profile-flux-h200-2026-11-26.json)
+    return inspect.signature(cls.__call__)
 
 
 def _native_dispatch(original) -> bool:
@@ -85,22 +93,31 @@ def _rope_pair(rope, *shape: int):
 def _joint_buffers(parts, heads: int, head_dim: int, **kernel_options) -> list[torch.Tensor]:
     """Joint [B, tokens, H, D] Q/K/V buffers filled from ``parts``, each ((q, k, v) projections [B, n, H·D],
     its token slice, (norm_q, norm_k), rotary tables or None): Q and K normalised (and rotated) straight into
-    place by `rms_norm_rope(**kernel_options)`, V copied (so no concatenations)."""
+    place by `rms_norm_rope(**kernel_options)`, V copied (so no concatenations). With one part (Flux's and
+    HunyuanVideo's single blocks) V, and Q or K without norm and rotation, are the projections' own views."""
     from ..kernels.triton_qk_prologue import rms_norm_rope
 
     first = parts[0][0][0]
     total = sum(p[0][0].shape[1] for p in parts)
-    joint = [torch.empty(first.shape[0], total, heads, head_dim, dtype=first.dtype, device=first.device)
-             for _ in range(3)]
+    single = len(parts) == 1
+    joint: list = [None, None, None]
     hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernel takes
+
+    def buffer(i):
+        if joint[i] is None:
+            joint[i] = torch.empty(first.shape[0], total, heads, head_dim, dtype=first.dtype, device=first.device)
+        return joint[i]
+
     for (q, k, v), rows, (norm_q, norm_k), table in parts:
-        for src, norm, dst in ((q, norm_q, joint[0]), (k, norm_k, joint[1])):
+        for i, (src, norm) in enumerate(((q, norm_q), (k, norm_k), (v, None))):
             src = src.unflatten(-1, (heads, head_dim))
-            if norm is None and table is None:
-                dst[:, rows] = src
+            if norm is None and (table is None or i == 2):
+                if single:
+                    joint[i] = src
+                else:
+                    buffer(i)[:, rows] = src
             else:
-                rms_norm_rope(hnd(src), norm, table, out=hnd(dst[:, rows]), **kernel_options)
-        joint[2][:, rows] = v.unflatten(-1, (heads, head_dim))
+                rms_norm_rope(hnd(src), norm, table, out=hnd(buffer(i)[:, rows]), **kernel_options)
     return joint
 
 
