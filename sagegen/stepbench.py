@@ -51,7 +51,15 @@ import sagegen
 from sagegen.models import arch as archs
 from sagegen.patch import patch_info, reset_stats, set_attention_override, sparse_density
 from sagegen.runfiles import atomic_write_json
-from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions
+from sagegen.stepbench_measure import (
+    HOST_BOUND_RATIO,
+    Timer,
+    compare,
+    device_info,
+    host_check,
+    profile_step,
+    versions,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -186,6 +194,9 @@ def _summary(results: dict, outputs: dict) -> dict:
         summary["attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["stock"]
         if "sagegen" in t:
             summary["sagegen_attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["sagegen"]
+    waited = [k for k, v in results.items() if v.get("host_bound")]
+    if waited:
+        summary["host_bound_variants"] = waited
     return summary
 
 
@@ -259,8 +270,9 @@ def main(argv=None) -> dict:
         out, times, peak = timer.measure(fn, args.warmup, args.repeats)
         outputs[variant] = out.float().cpu()
         results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak}
+        busy = host_check(results[variant], fn) if device.type == "cuda" else ""
         print(f"{variant:>17}: {statistics.median(times) * 1000:9.1f} ms  (runs: "
-              f"{', '.join(f'{t * 1000:.1f}' for t in times)})" + (f"  peak {peak:.1f} GB" if peak else ""),
+              f"{', '.join(f'{t * 1000:.1f}' for t in times)})" + (f"  peak {peak:.1f} GB" if peak else "") + busy,
               flush=True)
         del out
         gc.collect()
@@ -372,6 +384,10 @@ def main(argv=None) -> dict:
               f"rel-L1 {d['rel_l1']:.4f}")
     if "speedup_compiled" in report:
         print(f"compiled: speedup {report['speedup_compiled']:.3f}x over compiled stock")
+    if report.get("host_bound_variants"):
+        print(f"note: {', '.join(report['host_bound_variants'])} waited on the host (wall time > "
+              f"{HOST_BOUND_RATIO:.2f}x GPU busy time): their times depend on this machine's CPU as much as on the "
+              "GPU; --cuda-graphs replays each step without the host")
     print(f"wrote {args.out}")
     return report
 

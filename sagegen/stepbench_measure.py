@@ -86,6 +86,30 @@ def profile_step(fn) -> dict:
     return {"groups_s": groups, "total_s": sum(groups.values()), "top_kernels": kernels[:10]}
 
 
+# A step's wall time above this multiple of its GPU busy time: the GPU waited for the host (Python, launches).
+HOST_BOUND_RATIO = 1.10
+# Steps longer than this are not profiled for the host check (video steps are GPU-bound; a profiled step costs a step).
+HOST_CHECK_MAX_S = 2.0
+
+
+def host_bound(wall_s: float, gpu_busy_s: float) -> bool | None:
+    """Whether a step waited on the host: wall time > HOST_BOUND_RATIO x GPU busy time (None: no GPU time seen,
+    e.g. kernels the profiler cannot attribute)."""
+    if not gpu_busy_s > 0:
+        return None
+    return wall_s > HOST_BOUND_RATIO * gpu_busy_s
+
+
+def host_check(entry: dict, fn) -> str:
+    """For a CUDA step shorter than HOST_CHECK_MAX_S: one profiled call of ``fn``; adds ``gpu_busy_s`` and
+    ``host_bound`` to its result ``entry`` and returns a note for the log line ("" for longer steps)."""
+    if entry["median_s"] >= HOST_CHECK_MAX_S:
+        return ""
+    gpu = profile_step(fn)["total_s"]
+    entry.update(gpu_busy_s=gpu, host_bound=host_bound(entry["median_s"], gpu))
+    return f"  GPU busy {gpu * 1000:.1f} ms" + ("  HOST-BOUND" if entry["host_bound"] else "")
+
+
 def versions() -> dict:
     import diffusers
 

@@ -94,6 +94,26 @@ def test_profile_kernel_groups():
         assert group(name) == "other", name
 
 
+def test_host_check_marks_steps_that_waited_on_the_host(monkeypatch):
+    """A short CUDA step is profiled once: wall time > 1.1x GPU busy time marks it host-bound, in the entry and
+    in the report's summary; long steps are not profiled; no GPU time seen says nothing."""
+    from sagegen import stepbench, stepbench_measure as m
+
+    assert m.host_bound(0.157, 0.079) is True and m.host_bound(0.098, 0.093) is False
+    assert m.host_bound(0.1, 0.0) is None
+    busy = iter([0.080, 0.095])
+    monkeypatch.setattr(m, "profile_step", lambda fn: {"total_s": next(busy)})
+    eager, graphs, video = {"median_s": 0.157}, {"median_s": 0.098}, {"median_s": 15.0}
+    assert "HOST-BOUND" in m.host_check(eager, None) and eager["host_bound"] is True
+    assert "HOST-BOUND" not in m.host_check(graphs, None) and graphs["host_bound"] is False
+    assert m.host_check(video, None) == "" and "host_bound" not in video
+    results = {"stock": {"median_s": 0.17}, "sagegen_fp8": eager, "sagegen_fp8_graphs": graphs}
+    outputs = {k: torch.zeros(2) for k in results}
+    assert stepbench._summary(results, outputs)["host_bound_variants"] == ["sagegen_fp8"]
+    del results["sagegen_fp8"], outputs["sagegen_fp8"]
+    assert "host_bound_variants" not in stepbench._summary(results, outputs)
+
+
 def test_bad_arguments(tmp_path):
     bench = load_bench()
     with pytest.raises(SystemExit):
