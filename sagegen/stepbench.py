@@ -51,6 +51,7 @@ import sagegen
 from sagegen.models import arch as archs
 from sagegen.patch import patch_info, reset_stats, set_attention_override, sparse_density
 from sagegen.runfiles import atomic_write_json
+from sagegen.stepbench_compile import SCOPES, compiled, repeated_blocks
 from sagegen.stepbench_measure import (
     HOST_BOUND_RATIO,
     Timer,
@@ -77,6 +78,9 @@ def parse_args(argv=None):
     p.add_argument("--compiled-only", action="store_true",
                    help="with --compile: time only stock eager (the reference) and the compiled variants")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend (default inductor)")
+    p.add_argument("--compile-scope", choices=SCOPES, default="full",
+                   help="full: torch.compile(model); regional: diffusers' compile_repeated_blocks(fullgraph=True), "
+                        "each repeated block compiled once (Flux, Wan, HunyuanVideo, ...: minutes less compiling)")
     p.add_argument("--compile-mode", default=None, choices=["default", "reduce-overhead", "max-autotune",
                                                             "max-autotune-no-cudagraphs"],
                    help="torch.compile mode for every compiled side (reduce-overhead: CUDA graphs)")
@@ -118,6 +122,12 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.compiled_only and not args.compile:
         p.error("--compiled-only needs --compile")
+    if args.compile_scope == "regional":
+        if not args.compile:
+            p.error("--compile-scope regional needs --compile")
+        if not repeated_blocks(archs.get_arch(args.model).cls):
+            p.error(f"--compile-scope regional: {archs.get_arch(args.model).cls} declares no _repeated_blocks in "
+                    "this diffusers, so diffusers cannot compile it by region; use --compile-scope full")
     if args.warmup < 0 or args.repeats < 1:
         p.error("--warmup must be >= 0 and --repeats >= 1")
     for name in ("batch", "height", "width", "frames"):
@@ -248,6 +258,7 @@ def main(argv=None) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
             "dtype": args.dtype, "compile_backend": args.compile_backend if args.compile else None,
+            "compile_scope": args.compile_scope if args.compile else None,
             "compile_mode": args.compile_mode if args.compile else None,
             "sage_config": config.to_dict(), "backend": backend,
             "sparse": [{"spec": spec, "config": c.to_dict()} for spec, c in args.sparse],
@@ -343,18 +354,21 @@ def main(argv=None) -> dict:
 
         graph_variants(model, forward, record, args, config, backend)
     if args.compile:
-        torch._dynamo.reset()
-        record("stock_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))
-        torch._dynamo.reset()
+        def record_compiled(variant):
+            torch._dynamo.reset()
+            fn, undo = compiled(model, args.compile_scope, args.compile_backend, args.compile_mode)
+            record(variant, forward(fn))
+            undo()
+            torch._dynamo.reset()
+
+        record_compiled("stock_compiled")
         sagegen.patch(model, config, backend=backend, allow_generic=True)
-        record("sagegen_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))
+        record_compiled("sagegen_compiled")
         sagegen.unpatch(model)
-        torch._dynamo.reset()
         if args.linear:
             sagegen.patch(model, config, backend=backend, linear=args.linear, linear_policy=args.linear_policy)
-            record("sagegen_fp8_compiled", forward(torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)))
+            record_compiled("sagegen_fp8_compiled")
             sagegen.unpatch(model)
-            torch._dynamo.reset()
 
     if args.torchao:
         from .stepbench_torchao import torchao_variants

@@ -9,6 +9,7 @@ import torch
 
 import sagegen
 from sagegen.patch import patch_info
+from sagegen.stepbench_compile import compiled
 
 
 def load_torchao():
@@ -37,7 +38,6 @@ def torchao_variants(model, forward, record, args, config, backend, linear_info)
     names = set(linear_info["fp8_layers"] if linear_info else fp8_layer_names(model, config, backend, args))
     quantize_(model, config_cls(granularity=per_row()),
               filter_fn=lambda module, fqn: fqn in names)
-    compile_ = lambda: torch.compile(model, backend=args.compile_backend, mode=args.compile_mode)
     for attention in ("stock", "sagegen"):
         name = "torchao_fp8" if attention == "stock" else "sagegen_torchao_fp8"
         if attention == "sagegen":
@@ -46,6 +46,8 @@ def torchao_variants(model, forward, record, args, config, backend, linear_info)
             record(name, forward(model))
         if args.compile:
             torch._dynamo.reset()
-            record(f"{name}_compiled", forward(compile_()))
+            fn, undo = compiled(model, args.compile_scope, args.compile_backend, args.compile_mode)
+            record(f"{name}_compiled", forward(fn))
+            undo()
             torch._dynamo.reset()
     sagegen.unpatch(model)

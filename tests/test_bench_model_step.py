@@ -94,6 +94,27 @@ def test_profile_kernel_groups():
         assert group(name) == "other", name
 
 
+def test_regional_compile_scope(tmp_path):
+    """--compile-scope regional compiles diffusers' repeated blocks (fullgraph) for every compiled variant, sagegen's
+    fused blocks and FP8 linears included, and leaves the model eager again after each; models without
+    _repeated_blocks, or no --compile, are usage errors before any model is built."""
+    bench = load_bench()
+    out = tmp_path / "step.json"
+    report = bench.main(["flux.1-dev", "--tiny", "--out", str(out), "--warmup", "0", "--repeats", "1", "--compile",
+                         "--compile-backend", "eager", "--compile-scope", "regional", "--compiled-only",
+                         "--linear", "fp8"])
+    assert set(report["results"]) == {"stock", "stock_compiled", "sagegen_compiled", "sagegen_fp8_compiled"}
+    assert report["compile_scope"] == "regional"
+    diff = report["diff_vs_stock"]
+    assert diff["stock_compiled"]["rel_l1"] < 1e-6 and diff["sagegen_compiled"]["cosine"] > 0.99
+    for argv in (["sd3.5-medium", "--compile", "--compile-scope", "regional"],
+                 ["flux.1-dev", "--compile-scope", "regional"]):
+        with pytest.raises(SystemExit) as exc:
+            bench.main([*argv, "--tiny", "--out", str(tmp_path / "bad.json")])
+        assert exc.value.code == 2
+    assert not (tmp_path / "bad.json").exists()
+
+
 def test_host_check_marks_steps_that_waited_on_the_host(monkeypatch):
     """A short CUDA step is profiled once: wall time > 1.1x GPU busy time marks it host-bound, in the entry and
     in the report's summary; long steps are not profiled; no GPU time seen says nothing."""
