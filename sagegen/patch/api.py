@@ -220,6 +220,7 @@ def _patch_one(transformer, modules, full_names, config, policy, backend, fp32_d
     for name, module in modules.items():
         current = module.processor
         if _proc.is_wrapper(current):
+            current.set_full_precision(full_names)  # a re-patch may keep other layers in full precision
             continue
         backend_fns = None
         if session.family == "generic" and _route.dispatches(current):

@@ -229,7 +229,7 @@ def _eager_under_compile(processor, attn, args, kwargs):
     guards on nothing that differs between layers (guards on each layer's name hit dynamo's recompile limit)."""
     session = processor._sage_session
     session.current_name = processor._sage_name
-    if session.step_full_precision or processor._sage_name in session.full_precision_names:
+    if session.step_full_precision or processor._sage_full_precision:
         session.count("full_precision_calls")
         return processor._sage_original(attn, *args, **kwargs)
     out = _fused.call(processor, attn, args, kwargs)
@@ -246,6 +246,7 @@ class SageProcessorBase:
         object.__setattr__(self, "_sage_original", original)
         object.__setattr__(self, "_sage_name", name)
         object.__setattr__(self, "_sage_session", session)
+        object.__setattr__(self, "_sage_full_precision", name in session.full_precision_names)
         object.__setattr__(self, "_sage_rebound", rebind(original, session))
         # the backend route (`backend_route`): (quantized, full-precision) copies of the processor's __call__
         object.__setattr__(self, "_sage_backend_fns", backend_fns)
@@ -256,15 +257,21 @@ class SageProcessorBase:
 
     def _sage_call(self, attn, args, kwargs):
         session = self._sage_session
-        if _compiling() and session.family in EAGER_UNDER_COMPILE:
+        compiling = _compiling()
+        if compiling and session.family in EAGER_UNDER_COMPILE:
             return _eager_under_compile(self, attn, args, kwargs)
-        session.current_name = self._sage_name
+        if not compiling or session.sparse is not None:
+            # Traced code reads no per-layer value unless a per-layer decision needs it (the sparse policy):
+            # dynamo guards on what it reads, and diffusers' regional compilation, one graph for every block,
+            # would recompile per layer and hit the recompile limit (a hard error with fullgraph=True).
+            session.current_name = self._sage_name
+        # a bool per layer (`set_full_precision`), not the name: at most two graphs under regional compilation
+        full = session.step_full_precision or self._sage_full_precision
         backend_fns = self._sage_backend_fns
         if backend_fns is not None:  # diffusers' dispatcher, "sagegen" backend with this patch's settings
-            full = session.step_full_precision or self._sage_name in session.full_precision_names
             session.count("full_precision_calls" if full else "processor_calls")  # as on the other routes
             return backend_fns[1 if full else 0](self._sage_original, attn, *args, **kwargs)
-        if session.step_full_precision or self._sage_name in session.full_precision_names:
+        if full:
             session.count("full_precision_calls")
             return self._sage_original(attn, *args, **kwargs)
         if _compiling():
@@ -289,6 +296,10 @@ class SageProcessorBase:
                 "on sagegen. Is a non-native diffusers attention backend selected (set_attention_backend or "
                 "DIFFUSERS_ATTN_BACKEND)? Reset it to 'native' to route attention through sagegen.")
         return out
+
+    def set_full_precision(self, names: frozenset[str]) -> None:
+        """Whether this layer runs in full precision under the patch's policy (``names``: the kept layers)."""
+        object.__setattr__(self, "_sage_full_precision", self._sage_name in names)
 
     # Reads fall through to the original processor (diffusers inspects e.g. `_attention_backend`), and writes
     # to attributes the original has go to it, so diffusers' own setters keep working while patched.
