@@ -1,4 +1,4 @@
-"""Shared test utilities: error metrics and random attention problems."""
+"""Shared test utilities: error metrics, random attention problems, a graph-recording compile backend."""
 
 from __future__ import annotations
 
@@ -30,3 +30,13 @@ def qkv(b, hq, hkv, nq, nk, d, dtype=torch.float16, layout="HND", device="cpu", 
 
 def to_hnd(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "HND" else t.transpose(1, 2)
+
+
+def graph_recorder():
+    """(graphs, backend): a torch.compile backend that runs each FX graph as traced and keeps it in ``graphs``."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    return graphs, backend

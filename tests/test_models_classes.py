@@ -14,6 +14,7 @@ import torch
 import torch._dynamo
 
 import sagegen
+from helpers import graph_recorder
 from patch_support import rel_l1
 from sagegen.models.tiny_classes import TINY_CLASSES, build_tiny_class, tiny_class_inputs
 from sagegen.patch import attention_modules, fused_blocks, patch_info
@@ -63,20 +64,11 @@ def test_class_route_output_unpatch_and_backend(name):
     assert torch.equal(after_backend, stock)  # use_backend left nothing behind
 
 
-def _recorder():
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-    return graphs, backend
-
-
 @pytest.mark.parametrize("name", TINY_CLASSES)
 def test_class_compiles_fullgraph_with_sageattn(name):
     model = build_tiny_class(name)
     inputs = tiny_class_inputs(name, model)
-    graphs, backend = _recorder()
+    graphs, backend = graph_recorder()
     if name in NO_FULLGRAPH:  # the stock model breaks the graph itself: nothing sagegen can keep whole
         with torch.no_grad(), pytest.raises(Exception, match="[Dd]ata-dependent"):
             torch.compile(model, backend=backend, fullgraph=True)(**inputs)

@@ -10,6 +10,7 @@ import torch._dynamo
 from typer.testing import CliRunner
 
 import sagegen
+from helpers import graph_recorder
 from patch_support import rel_l1
 from sagegen.cli.app import app
 from sagegen.models import arch as archs
@@ -129,12 +130,7 @@ def test_wan_class_route_output_and_exact_unpatch(in_channels):
 
 def test_wan_compiles_fullgraph_with_sageattn_in_the_graph():
     model, inputs = _wan_model()
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    graphs, backend = graph_recorder()
     torch._dynamo.reset()
     try:
         with torch.no_grad():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sagegen
-from helpers import rel_l1
+from helpers import graph_recorder, rel_l1
 from sagegen.models import arch as archs
 
 BLOCKS = {"flux.1-dev": {"num_layers": 3, "num_single_layers": 3}, "wan2.1-t2v-1.3b": {"num_layers": 3},
@@ -32,12 +32,7 @@ def _uncompile(model):
 
 def _regional(model, inputs):
     """Outputs and the graphs dynamo made compiling the model's repeated blocks (fullgraph); undone after."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    graphs, backend = graph_recorder()
     torch._dynamo.reset()
     try:
         with torch.no_grad():

@@ -21,10 +21,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import sagegen  # noqa: E402
+from probe_util import full_size_model  # noqa: E402
 from sagegen.linear.module import FP8Linear  # noqa: E402
-from sagegen.models import arch as archs  # noqa: E402
 from sagegen.runfiles import atomic_write_json  # noqa: E402
 from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions  # noqa: E402
 
@@ -57,10 +58,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
     dev = torch.device("cuda")
-    model = archs.build_transformer(args.model, dtype=torch.bfloat16, device=dev, seed=0)
-    arch = archs.get_arch(args.model)
-    inputs = archs.example_inputs(args.model, batch=arch.batch, dtype=torch.bfloat16, device=dev, seed=1,
-                                  height=arch.height, width=arch.width, frames=arch.frames or None)
+    model, inputs = full_size_model(args.model, dev)
     sagegen.patch(model, linear="fp8")
     marked = [m for m in model.modules() if isinstance(m, FP8Linear) and m.fuse_cat_gelu]
     print(f"{len(marked)} proj_out layers fused", flush=True)

@@ -20,9 +20,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import sagegen  # noqa: E402
-from sagegen.models import arch as archs  # noqa: E402
+from probe_util import full_size_model  # noqa: E402
 from sagegen.runfiles import atomic_write_json  # noqa: E402
 from sagegen.stepbench_measure import device_info, profile_step, versions  # noqa: E402
 
@@ -46,10 +47,7 @@ def main() -> None:
     p.add_argument("--variants", default="stock,attention,fp8")
     args = p.parse_args()
     dev = torch.device("cuda")
-    model = archs.build_transformer(args.model, dtype=torch.bfloat16, device=dev, seed=0)
-    arch = archs.get_arch(args.model)
-    inputs = archs.example_inputs(args.model, batch=arch.batch, dtype=torch.bfloat16, device=dev, seed=1,
-                                  height=arch.height, width=arch.width, frames=arch.frames or None)
+    model, inputs = full_size_model(args.model, dev)
 
     def run():
         with torch.inference_mode():

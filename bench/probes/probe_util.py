@@ -1,4 +1,5 @@
-"""Shared by the bench probes: loading a patched copy of a kernel module, and the results file's environment."""
+"""Shared by the bench probes: loading a patched copy of a kernel module, the results file's environment, and a
+full-size model with random weights at its preset size."""
 
 from __future__ import annotations
 
@@ -75,3 +76,14 @@ def per_call_us(fn, iters=400, warmup=20):
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / iters * 1e6
+
+
+def full_size_model(name: str, device: torch.device):
+    """(transformer at full size with random weights, bf16; its inputs at the preset's size and CFG batch)."""
+    from sagegen.models import arch as archs
+
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device=device, seed=0)
+    arch = archs.get_arch(name)
+    inputs = archs.example_inputs(name, batch=arch.batch, dtype=torch.bfloat16, device=device, seed=1,
+                                  height=arch.height, width=arch.width, frames=arch.frames or None)
+    return model, inputs
