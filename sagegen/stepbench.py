@@ -55,12 +55,12 @@ from sagegen.stepbench_compile import SCOPES, compiled, repeated_blocks
 from sagegen.stepbench_measure import (
     HOST_BOUND_RATIO,
     Timer,
-    compare,
     device_info,
     host_check,
     profile_step,
     versions,
 )
+from sagegen.stepbench_measure import summary as _summary
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -181,33 +181,6 @@ def enabled_variants(args) -> list[str]:
     for base in ("torchao_fp8", "sagegen_torchao_fp8") if args.torchao else ():
         names += ([base] if eager else []) + ([f"{base}_compiled"] if args.compile else [])
     return names
-
-
-def _summary(results: dict, outputs: dict) -> dict:
-    """Ratios between the variants measured so far (a partial run has some of them)."""
-    t = {k: v["median_s"] for k, v in results.items()}
-    summary = {"diff_vs_stock": {v: compare(o, outputs["stock"]) for v, o in outputs.items() if v != "stock"}}
-    pairs = {"speedup": ("stock", "sagegen"), "speedup_compiled": ("stock_compiled", "sagegen_compiled"),
-             "speedup_fp8": ("stock", "sagegen_fp8"), "fp8_vs_attention_only": ("sagegen", "sagegen_fp8"),
-             "speedup_fp8_compiled": ("stock_compiled", "sagegen_fp8_compiled"),
-             "compiled_vs_eager_stock": ("stock", "stock_compiled"),
-             "speedup_torchao_fp8": ("stock", "torchao_fp8"),
-             "speedup_sagegen_torchao_fp8": ("stock", "sagegen_torchao_fp8"),
-             "speedup_torchao_fp8_compiled": ("stock_compiled", "torchao_fp8_compiled"),
-             "speedup_sagegen_torchao_fp8_compiled": ("stock_compiled", "sagegen_torchao_fp8_compiled"),
-             "sagegen_fp8_vs_torchao_compiled": ("sagegen_torchao_fp8_compiled", "sagegen_fp8_compiled"),
-             "stock_graphs_vs_stock": ("stock", "stock_graphs"), "speedup_graphs": ("stock", "sagegen_graphs"),
-             "speedup_fp8_graphs": ("stock", "sagegen_fp8_graphs"),
-             "speedup_fp8_graphs_vs_stock_graphs": ("stock_graphs", "sagegen_fp8_graphs")}
-    summary.update({name: t[a] / t[b] for name, (a, b) in pairs.items() if a in t and b in t})
-    if "no_attention" in t:
-        summary["attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["stock"]
-        if "sagegen" in t:
-            summary["sagegen_attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["sagegen"]
-    waited = [k for k, v in results.items() if v.get("host_bound")]
-    if waited:
-        summary["host_bound_variants"] = waited
-    return summary
 
 
 def _write(path: str, report: dict) -> None:
