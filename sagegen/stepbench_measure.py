@@ -134,7 +134,7 @@ def device_info(device: torch.device) -> dict:
 def summary(results: dict, outputs: dict) -> dict:
     """Ratios between the variants measured so far (a partial run has some of them)."""
     t = {k: v["median_s"] for k, v in results.items()}
-    summary = {"diff_vs_stock": {v: compare(o, outputs["stock"]) for v, o in outputs.items() if v != "stock"}}
+    out = {"diff_vs_stock": {v: compare(o, outputs["stock"]) for v, o in outputs.items() if v != "stock"}}
     pairs = {"speedup": ("stock", "sagegen"), "speedup_compiled": ("stock_compiled", "sagegen_compiled"),
              "speedup_fp8": ("stock", "sagegen_fp8"), "fp8_vs_attention_only": ("sagegen", "sagegen_fp8"),
              "speedup_fp8_compiled": ("stock_compiled", "sagegen_fp8_compiled"),
@@ -147,12 +147,12 @@ def summary(results: dict, outputs: dict) -> dict:
              "stock_graphs_vs_stock": ("stock", "stock_graphs"), "speedup_graphs": ("stock", "sagegen_graphs"),
              "speedup_fp8_graphs": ("stock", "sagegen_fp8_graphs"),
              "speedup_fp8_graphs_vs_stock_graphs": ("stock_graphs", "sagegen_fp8_graphs")}
-    summary.update({name: t[a] / t[b] for name, (a, b) in pairs.items() if a in t and b in t})
+    out.update({name: t[a] / t[b] for name, (a, b) in pairs.items() if a in t and b in t})
     if "no_attention" in t:
-        summary["attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["stock"]
+        out["attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["stock"]
         if "sagegen" in t:
-            summary["sagegen_attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["sagegen"]
+            out["sagegen_attention_share_lower_bound"] = 1.0 - t["no_attention"] / t["sagegen"]
     waited = [k for k, v in results.items() if v.get("host_bound")]
     if waited:
-        summary["host_bound_variants"] = waited
-    return summary
+        out["host_bound_variants"] = waited
+    return out
