@@ -107,6 +107,36 @@ def test_default_policy_keeps_embedders_final_projection_and_first_and_last_bloc
     sagegen.unpatch(model)
 
 
+class _LoraLinear(torch.nn.Module):
+    """The shape of peft's LoRA wrapper (peft is not installed here): base_layer plus lora_A / lora_B."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 16):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(base.in_features, rank, bias=False)})
+        self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(rank, base.out_features, bias=False)})
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](x))
+
+
+def test_peft_lora_layers_stay_bf16():
+    """An FP8 copy of a LoRA base layer would not see fuse_lora's in-place merge: such layers (and the adapters)
+    stay bf16, with the reason; the model's other linears still run FP8."""
+    model, _ = _tiny("flux.1-dev")
+    attn = model.transformer_blocks[0].attn
+    attn.to_q = _LoraLinear(attn.to_q).to(torch.bfloat16)
+    sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=()))
+    info = patch_info(model)["linear"]
+    lora = [n for n in info["bf16_layers"] if n.startswith("transformer_blocks.0.attn.to_q.")]
+    assert sorted(lora) == ["transformer_blocks.0.attn.to_q.base_layer", "transformer_blocks.0.attn.to_q.lora_A.default",
+                            "transformer_blocks.0.attn.to_q.lora_B.default"]
+    assert all("peft LoRA" in info["bf16_layers"][n] for n in lora)
+    assert "transformer_blocks.0.attn.to_k" in info["fp8_layers"]
+    assert isinstance(attn.to_q.base_layer, torch.nn.Linear)
+    sagegen.unpatch(model)
+
+
 def test_patched_context_restores_the_previous_linear_patch():
     model, _ = _tiny("sd3.5-medium")
     sagegen.patch(model, linear="fp8", linear_policy=EVERYWHERE)

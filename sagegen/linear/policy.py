@@ -134,12 +134,17 @@ def select_linears(transformer: torch.nn.Module, policy: LinearPolicy, blocks: l
                              f"{type(transformer).__name__}")
 
     skipped_prefixes = [n for n, m in transformer.named_modules() if skip_types and isinstance(m, skip_types)]
+    # peft LoRA layers (a `base_layer` beside `lora_A` / `lora_B`): merging an adapter (fuse_lora) writes into the
+    # bf16 weight in place, which an FP8 copy would not see. Fuse and unload adapters first, then patch.
+    lora = [n for n, m in transformer.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")]
     chosen, bf16 = {}, {}
     for name, module in linears.items():
         if any(name.startswith(p + ".") for p in skipped_prefixes):
             continue
         block = next((b for b in blocks if name.startswith(b + ".")), None)
-        if block is None and not policy.include_outside_blocks:
+        if any(name.startswith(p + ".") for p in lora):
+            bf16[name] = "part of a peft LoRA layer (fuse_lora + unload_lora_weights before patching to quantize it)"
+        elif block is None and not policy.include_outside_blocks:
             bf16[name] = "outside the main blocks (embedder / final projection)"
         elif block in kept_blocks:
             bf16[name] = f"in kept block {block}"
