@@ -125,8 +125,9 @@ def parse_args(argv=None):
     if args.compile_scope == "regional":
         if not args.compile:
             p.error("--compile-scope regional needs --compile")
-        if not repeated_blocks(archs.get_arch(args.model).cls):
-            p.error(f"--compile-scope regional: {archs.get_arch(args.model).cls} declares no _repeated_blocks in "
+        cls = archs.get_arch(args.model).cls
+        if not repeated_blocks(cls):
+            p.error(f"--compile-scope regional: {cls} declares no _repeated_blocks in "
                     "this diffusers, so diffusers cannot compile it by region; use --compile-scope full")
     if args.warmup < 0 or args.repeats < 1:
         p.error("--warmup must be >= 0 and --repeats >= 1")

@@ -23,10 +23,11 @@ def compiled(model: torch.nn.Module, scope: str, backend: str, mode: str | None)
     if scope == "full":
         return torch.compile(model, backend=backend, mode=mode), lambda: None
     model.compile_repeated_blocks(backend=backend, mode=mode, fullgraph=True)
+    return model, lambda: uncompile(model)
 
-    def undo():
-        for module in model.modules():
-            if getattr(module, "_compiled_call_impl", None) is not None:
-                module._compiled_call_impl = None
 
-    return model, undo
+def uncompile(model: torch.nn.Module) -> None:
+    """Drop what ``Module.compile`` (and so ``compile_repeated_blocks``) installed: every submodule eager again."""
+    for module in model.modules():
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None

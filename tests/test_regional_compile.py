@@ -11,6 +11,7 @@ import torch
 import sagegen
 from helpers import graph_recorder, rel_l1
 from sagegen.models import arch as archs
+from sagegen.stepbench_compile import uncompile
 
 BLOCKS = {"flux.1-dev": {"num_layers": 3, "num_single_layers": 3}, "wan2.1-t2v-1.3b": {"num_layers": 3},
           "qwen-image": {"num_layers": 3}}
@@ -24,12 +25,6 @@ def _model(name):
     return model, inputs
 
 
-def _uncompile(model):
-    for m in model.modules():
-        if getattr(m, "_compiled_call_impl", None) is not None:
-            m._compiled_call_impl = None
-
-
 def _regional(model, inputs):
     """Outputs and the graphs dynamo made compiling the model's repeated blocks (fullgraph); undone after."""
     graphs, backend = graph_recorder()
@@ -39,7 +34,7 @@ def _regional(model, inputs):
             model.compile_repeated_blocks(fullgraph=True, backend=backend)
             out = model(**inputs)[0]
     finally:
-        _uncompile(model)
+        uncompile(model)
         torch._dynamo.reset()
     return out, len(graphs)
 

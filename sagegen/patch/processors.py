@@ -274,7 +274,7 @@ class SageProcessorBase:
         if full:
             session.count("full_precision_calls")
             return self._sage_original(attn, *args, **kwargs)
-        if _compiling():
+        if compiling:
             # Traced by dynamo: no bookkeeping, and no torch-function mode where avoidable (see the module doc).
             rebound = self._sage_rebound
             if rebound is not None:
