@@ -36,8 +36,13 @@ def _ring_launch(qq, out, lse, kv_len, *, H, group, n_q, n_k, d, block_m, block_
                  permuted_v=True, q=None, tiles=None):
     if ring.applies(q, tiles, kv_len, block_m, d, qq.k8.shape[-1]) and lse is None:
         ROUTED["ring"] += 1
-        return ring.launch(qq, out, lse, H=H, group=group, n_q=n_q, n_k=n_k, d=d, block_n=block_n,
-                           smooth_v=smooth_v, sm_scale_log2=sm_scale_log2, permuted_v=permuted_v)
+        try:
+            return ring.launch(qq, out, lse, H=H, group=group, n_q=n_q, n_k=n_k, d=d, block_n=block_n,
+                               smooth_v=smooth_v, sm_scale_log2=sm_scale_log2, permuted_v=permuted_v)
+        except Exception as exc:  # not a build error to triton_attn: it would quietly fall back for good
+            import traceback
+            traceback.print_exc()
+            raise RuntimeError("the shared-ring kernel failed") from exc
     return _ORIGINAL(qq, out, lse, kv_len, H=H, group=group, n_q=n_q, n_k=n_k, d=d, block_m=block_m,
                      block_n=block_n, smooth_v=smooth_v, sm_scale_log2=sm_scale_log2, permuted_v=permuted_v, q=q,
                      tiles=tiles)
