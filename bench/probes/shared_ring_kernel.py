@@ -20,8 +20,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from sagegen.kernels.gluon_attn import _epilogue, _issue_kv, _p_operand, _softmax_block, _tma_load, shared_layouts
 
-LOADER_REGS = 24
-CONSUMER_REGS = 240
+LOADER_REGS = gl.constexpr(24)
+CONSUMER_REGS = gl.constexpr(240)
 
 
 @gluon.jit
