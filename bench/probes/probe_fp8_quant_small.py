@@ -88,7 +88,7 @@ def main():
         print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                           if k not in ("ms_rounds", "ms")}), flush=True)
         print("  " + " ".join(f"{k}={v * 1e3:.1f}" for k, v in sorted(ms.items(), key=lambda kv: kv[1])), flush=True)
-        del x, w
+        x = w = None  # free before the next shape (the lambdas above read these names)
         torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
     with open(args.out, "w") as f:
