@@ -106,14 +106,13 @@ def compile_gluon_ring(arch: int = 90, has_kv_len: bool = False, return_lse: boo
     fn = gluon_attn_ring._attn_fwd_sm90_ring
     names = list(inspect.signature(fn.fn).parameters)
     const = dict(BLOCK_N=bk, HEAD_DIM=128, STAGES=gluon_attn_ring.STAGES, HAS_KV_LEN=has_kv_len, SMOOTH_V=True,
-                 RETURN_LSE=return_lse, PERMUTED_V=True, q_layout=q_l, stride_od=1)
-    qb_l = gluon_attn_ring.gl.NVMMASharedLayout.get_default_for([64, 128], gluon_attn_ring.gl.bfloat16)
-    desc = {"q_desc": f"tensordesc<bf16[64, 128],{qb_l!r}>", "k_desc": f"tensordesc<i8[{bk}, 128],{k_l!r}>",
-            "v_desc": f"tensordesc<fp8e4nv[128, {bk}],{v_l!r}>"}
-    ptr = {**PTR, "KV_LEN": "*i32"}
+                 RETURN_LSE=return_lse, PERMUTED_V=True, PAD_D=False, q_layout=q_l, stride_qd=1, stride_od=1)
+    desc = {"k_desc": f"tensordesc<i8[{bk}, 128],{k_l!r}>", "v_desc": f"tensordesc<fp8e4nv[128, {bk}],{v_l!r}>"}
+    ptr = {**PTR, "KV_LEN": "*i32", "Q": "*bf16"}
     sig = {n: "constexpr" if n in const else desc.get(n) or ptr.get(n) or ("fp32" if n == "sm_scale_log2" else "i32")
            for n in names}
-    aligned = [n for n in names if n in ptr or n in ("stride_ob", "stride_oh", "stride_om")]
+    aligned = [n for n in names if n in ptr or n in ("stride_qb", "stride_qh", "stride_qm", "stride_ob", "stride_oh",
+                                                      "stride_om")]
     src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()},
                          attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})

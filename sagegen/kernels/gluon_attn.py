@@ -76,12 +76,6 @@ def _quantize_q_tile(Q, q_smem, b, h, row0, N_Q, D, stride_qb, stride_qh, stride
     ptrs = (Q + b.to(gl.int64) * stride_qb + h.to(gl.int64) * stride_qh + gl.expand_dims(offs_m, 1) * stride_qm
             + gl.expand_dims(offs_d, 0) * stride_qd)
     x = gl.load(ptrs, mask=valid, other=0.0).to(gl.float32)
-    return _quantize_q_rows(x, q_smem, row_s)
-
-
-@gluon.jit
-def _quantize_q_rows(x, q_smem, row_s: gl.constexpr):
-    """Rows of Q (fp32, any distributed layout) -> INT8 in q_smem, one scale per row (returned in `row_s`)."""
     # + sum(x * 0): exactly amax for finite rows, NaN for a row with NaN or inf (max() would drop a NaN)
     amax = gl.maximum(gl.max(gl.abs(x), axis=1), _EPS) + gl.sum(x * 0.0, axis=1)
     y = x * gl.expand_dims(gl.div_rn(gl.full_like(amax, _INT8_MAX), amax), 1)

@@ -5,7 +5,7 @@ head from L2 into its own ring. Here one CTA holds 128 query rows: two consumer 
 same loop and numerics as `gluon_attn`, op for op, so its output is bit-identical) read one ring that a loader
 warp fills by TMA, so each K/V tile crosses L2 -> shared memory once per 128 rows instead of once per 64. A slot
 is refilled once both warpgroups have arrived on its "empty" barrier. Each warpgroup quantizes its own Q rows
-from the bf16 rows the loader brought in by TMA (`gluon_attn._quantize_q_rows`, the same ops), so no Q pass runs.
+(`gluon_attn._quantize_q_tile`), so no Q pass runs.
 
 Why: alone, the kernel matches `gluon_attn` within ~1%; inside a Wan2.1-14B 720p step, where the H200 sits at its
 700 W cap, the halved tile traffic is worth ~0.8% of the step with a separate Q pass
@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gluon_attn import _epilogue, _issue_kv, _p_operand, _quantize_q_rows, _softmax_block, _tma_load, shared_layouts
+from .gluon_attn import _epilogue, _issue_kv, _p_operand, _quantize_q_tile, _softmax_block, shared_layouts
 
 # False: `triton_attn` keeps every call on `gluon_attn` (to measure the difference).
 ENABLED = True
@@ -48,13 +48,9 @@ def _n_blocks(KV_LEN, b, N_K, HAS_KV_LEN: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, qb_smem, k_smem, v_smem, q_bar, full, empty, KV_LEN, b, q_row, q_col,
-                    kv_row0, v_row0, N_K, HAS_KV_LEN: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
-    """One warp: both warpgroups' bf16 Q rows, then K/V tile j into slot j % STAGES once both warpgroups are done
-    with tile j - STAGES."""
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, q_col], q_bar, qb_smem.index(0))
-    _tma_load(q_desc, [q_row + 64, q_col], q_bar, qb_smem.index(1))
+def _load_partition(k_desc, v_desc, k_smem, v_smem, full, empty, KV_LEN, b, kv_row0, v_row0, N_K,
+                    HAS_KV_LEN: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr):
+    """One warp: K/V tile j into slot j % STAGES once both warpgroups are done with tile j - STAGES."""
     n_keys, n_blocks = _n_blocks(KV_LEN, b, N_K, HAS_KV_LEN, BLOCK_N)
     for j in range(n_blocks):
         if j >= STAGES:
@@ -63,11 +59,12 @@ def _load_partition(q_desc, k_desc, v_desc, qb_smem, k_smem, v_smem, q_bar, full
 
 
 @gluon.jit
-def _mma_partition(WG: gl.constexpr, qb_smem, q_smem, k_smem, v_smem, q_bar, full, empty, KS, VS, VM, KV_LEN, Out,
-                   Lse, b, h, row0, kv_row0, v_row0, N_Q, N_K, D, stride_ob, stride_oh, stride_om, stride_od,
-                   stride_lb, stride_lh, sm_scale_log2, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-                   STAGES: gl.constexpr, HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
-                   PERMUTED_V: gl.constexpr):
+def _mma_partition(WG: gl.constexpr, Q, q_smem, k_smem, v_smem, full, empty, KS, VS, VM, KV_LEN, Out, Lse, b, h,
+                   row0, kv_row0, v_row0, N_Q, N_K, D, stride_qb, stride_qh, stride_qm, stride_qd,
+                   stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, sm_scale_log2,
+                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HAS_KV_LEN: gl.constexpr,
+                   SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
+                   PAD_D: gl.constexpr):
     """One warpgroup, query rows row0..row0+63: `gluon_attn`'s loop (tile j+1's Q·Kᵀ in flight during tile j's
     softmax); it arrives on a slot's "empty" barrier once its P·V of that slot is done."""
     BLOCK_M: gl.constexpr = 64
@@ -81,14 +78,9 @@ def _mma_partition(WG: gl.constexpr, qb_smem, q_smem, k_smem, v_smem, q_bar, ful
     n_keys, n_blocks = _n_blocks(KV_LEN, b, N_K, HAS_KV_LEN, BLOCK_N)
     ks_base = KS + kv_row0
     q_tile = q_smem.index(WG)
-    # this warpgroup's bf16 Q rows (TMA'd by the loader) -> INT8: `gluon_attn`'s per-row quantization. Rows past
-    # N_Q hold the next rows of the buffer (or zeros past its end): computed, never stored.
-    TPW_D: gl.constexpr = HEAD_DIM // 8
-    q_in: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // TPW_D, TPW_D],
-                                          warps_per_cta=[4, 1], order=[1, 0])
-    mbarrier.wait(q_bar, 0)
-    x = qb_smem.index(WG).load(q_in).to(gl.float32)
-    q_scale = _quantize_q_rows(x, q_tile, row_s) * sm_scale_log2
+    # rows past N_Q (the second warpgroup of a head's last CTA) quantize as zeros and are never stored
+    q_scale = _quantize_q_tile(Q, q_tile, b, h, row0, N_Q, D, stride_qb, stride_qh, stride_qm, stride_qd,
+                               BLOCK_M, HEAD_DIM, PAD_D, row_s) * sm_scale_log2
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     r_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
     l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
@@ -131,11 +123,12 @@ def _mma_partition(WG: gl.constexpr, qb_smem, q_smem, k_smem, v_smem, q_bar, ful
 
 @gluon.jit
 def _attn_fwd_sm90_ring(
-    q_desc, k_desc, v_desc, KS, VS, VM, KV_LEN, Out, Lse,
-    stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
-    H, GROUP, N_Q, N_K, NK_PAD, D, QR_B, QR_H, QC_H, sm_scale_log2,
+    k_desc, v_desc, Q, KS, VS, VM, KV_LEN, Out, Lse,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
+    H, GROUP, N_Q, N_K, NK_PAD, D, sm_scale_log2,
     BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, HAS_KV_LEN: gl.constexpr,
-    SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr, q_layout: gl.constexpr,
+    SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr, PAD_D: gl.constexpr,
+    q_layout: gl.constexpr,
 ):
     pid_bh = gl.program_id(1)
     b = pid_bh // H
@@ -144,90 +137,68 @@ def _attn_fwd_sm90_ring(
     kv_row0 = bh_kv * NK_PAD
     v_row0 = bh_kv * HEAD_DIM
     row0 = gl.program_id(0) * 128
-    q_row = b * QR_B + h * QR_H + row0  # Q's 2-D TMA view: [B·H·N, D] (HND) or [B·N, H·D] (NHD)
-    q_col = h * QC_H
 
-    qb_smem = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     q_smem = gl.allocate_shared_memory(gl.int8, [2, 64, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # one arrival per warpgroup
 
     gl.warp_specialize([
-        (_mma_partition, (0, qb_smem, q_smem, k_smem, v_smem, q_bar, full, empty, KS, VS, VM, KV_LEN, Out, Lse, b,
-                          h, row0, kv_row0, v_row0, N_Q, N_K, D, stride_ob, stride_oh, stride_om, stride_od,
-                          stride_lb, stride_lh, sm_scale_log2, BLOCK_N, HEAD_DIM, STAGES, HAS_KV_LEN, SMOOTH_V,
-                          RETURN_LSE, PERMUTED_V)),
-        (_mma_partition, (1, qb_smem, q_smem, k_smem, v_smem, q_bar, full, empty, KS, VS, VM, KV_LEN, Out, Lse, b,
-                          h, row0 + 64, kv_row0, v_row0, N_Q, N_K, D, stride_ob, stride_oh, stride_om, stride_od,
-                          stride_lb, stride_lh, sm_scale_log2, BLOCK_N, HEAD_DIM, STAGES, HAS_KV_LEN, SMOOTH_V,
-                          RETURN_LSE, PERMUTED_V)),
-        (_load_partition, (q_desc, k_desc, v_desc, qb_smem, k_smem, v_smem, q_bar, full, empty, KV_LEN, b, q_row,
-                           q_col, kv_row0, v_row0, N_K, HAS_KV_LEN, STAGES, BLOCK_N)),
+        (_mma_partition, (0, Q, q_smem, k_smem, v_smem, full, empty, KS, VS, VM, KV_LEN, Out, Lse, b, h, row0,
+                          kv_row0, v_row0, N_Q, N_K, D, stride_qb, stride_qh, stride_qm, stride_qd, stride_ob,
+                          stride_oh, stride_om, stride_od, stride_lb, stride_lh, sm_scale_log2, BLOCK_N, HEAD_DIM,
+                          STAGES, HAS_KV_LEN, SMOOTH_V, RETURN_LSE, PERMUTED_V, PAD_D)),
+        (_mma_partition, (1, Q, q_smem, k_smem, v_smem, full, empty, KS, VS, VM, KV_LEN, Out, Lse, b, h, row0 + 64,
+                          kv_row0, v_row0, N_Q, N_K, D, stride_qb, stride_qh, stride_qm, stride_qd, stride_ob,
+                          stride_oh, stride_om, stride_od, stride_lb, stride_lh, sm_scale_log2, BLOCK_N, HEAD_DIM,
+                          STAGES, HAS_KV_LEN, SMOOTH_V, RETURN_LSE, PERMUTED_V, PAD_D)),
+        (_load_partition, (k_desc, v_desc, k_smem, v_smem, full, empty, KV_LEN, b, kv_row0, v_row0, N_K,
+                           HAS_KV_LEN, STAGES, BLOCK_N)),
     ], [4, 1], [_CONSUMER_REGS, _LOADER_REGS])
 
 
-def q_view(q: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
-    """Q [B, H, N, 128] as the 2-D tensor the kernel's TMA reads, with (row per batch, row per head, column per
-    head): a dense [B, H, N, D] buffer or a [B, N, H, D] one seen through the transpose; None for other strides."""
-    B, H, N, D = q.shape
-    if q.is_contiguous():
-        return q.view(B * H * N, D), H * N, N, 0
-    if q.transpose(1, 2).is_contiguous():
-        return q.transpose(1, 2).view(B * N, H * D), N, 0, D
-    return None
-
-
-def applies(d: int, block_m: int, q_in_kernel: bool, sparse: bool) -> bool:
-    """Whether a call that `gluon_attn` runs may go here instead (`launch` still needs Q's strides in one of
-    `q_view`'s two forms)."""
-    return ENABLED and not broken and d == 128 and block_m == 64 and q_in_kernel and not sparse
+def applies(d_pad: int, block_m: int, q_in_kernel: bool, sparse: bool) -> bool:
+    """Whether a call that `gluon_attn` runs goes here instead."""
+    return ENABLED and not broken and d_pad == 128 and block_m == 64 and q_in_kernel and not sparse
 
 
 def try_launch(qq, out, lse, kv_len, **kwargs) -> bool:
-    """`launch`; False where Q's strides do not suit it, or (with a warning, once) where the kernel does not build
-    with this Triton: the caller then runs `gluon_attn`, as every later call does."""
+    """`launch`; False (with a warning, once) if the kernel does not build with this Triton: the caller then runs
+    `gluon_attn`, as every later call does."""
     try:
-        return launch(qq, out, lse, kv_len, **kwargs)
+        launch(qq, out, lse, kv_len, **kwargs)
     except (CompilationError, OutOfResources, PTXASError) as exc:
         why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
         broken.append(why)
         warnings.warn(f"sagegen: the shared-ring Gluon kernel did not build with this Triton ({why}); using "
                       "gluon_attn from now on", RuntimeWarning, stacklevel=3)
         return False
+    return True
 
 
 def launch(qq, out: torch.Tensor, lse, kv_len, *, q: torch.Tensor, H: int, group: int, n_q: int, n_k: int, d: int,
-           block_n: int, smooth_v: bool, sm_scale_log2: float, permuted_v: bool = True) -> bool:
-    """As `gluon_attn.launch` (buffers from `triton_quant.quantize(..., quantize_q=False)`), Q unquantized. False
-    (nothing launched) when Q's strides are not one of `q_view`'s forms.
+           block_n: int, smooth_v: bool, sm_scale_log2: float, permuted_v: bool = True) -> None:
+    """As `gluon_attn.launch` (buffers from `triton_quant.quantize(..., quantize_q=False)`), Q unquantized.
 
     out: [B, H, Nq, D], any strides; lse: [B, H, Nq] fp32 or None; kv_len: int32 [B] valid-prefix key lengths
-    or None; q: [B, H, Nq, 128] bf16/fp16."""
-    view = q_view(q)
-    if view is None or d != 128:
-        return False
-    q2, qr_b, qr_h, qc_h = view
+    or None; q: [B, H, Nq, D] bf16/fp16, any strides."""
+    d_pad = qq.k8.shape[-1]
     nk_pad = qq.k8.shape[2]
-    q_l, k_l, v_l = shared_layouts(64, block_n, d)
-    qb_l = gl.NVMMASharedLayout.get_default_for([64, d], gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16)
-    q_desc = TensorDescriptor.from_tensor(q2, [64, d], qb_l)
-    k_desc = TensorDescriptor.from_tensor(qq.k8.view(-1, d), [block_n, d], k_l)
-    v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, nk_pad), [d, block_n], v_l)
+    q_l, k_l, v_l = shared_layouts(64, block_n, d_pad)
+    k_desc = TensorDescriptor.from_tensor(qq.k8.view(-1, d_pad), [block_n, d_pad], k_l)
+    v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, nk_pad), [d_pad, block_n], v_l)
     vm = qq.v_mean if qq.v_mean is not None else qq.v_scale
     grid = (triton.cdiv(n_q, ROWS), out.shape[0] * H)
     _attn_fwd_sm90_ring[grid](
-        q_desc, k_desc, v_desc, qq.k_scale, qq.v_scale, vm, kv_len if kv_len is not None else qq.k_scale, out,
+        k_desc, v_desc, q, qq.k_scale, qq.v_scale, vm, kv_len if kv_len is not None else qq.k_scale, out,
         lse if lse is not None else qq.k_scale,
-        *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
-        H, group, n_q, n_k, nk_pad, d, qr_b, qr_h, qc_h, sm_scale_log2,
-        BLOCK_N=block_n, HEAD_DIM=d, STAGES=STAGES, HAS_KV_LEN=kv_len is not None, SMOOTH_V=smooth_v,
-        RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, q_layout=q_l, num_warps=4, enable_fp_fusion=True,
+        *q.stride(), *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
+        H, group, n_q, n_k, nk_pad, d, sm_scale_log2,
+        BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=STAGES, HAS_KV_LEN=kv_len is not None, SMOOTH_V=smooth_v,
+        RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, PAD_D=d != d_pad, q_layout=q_l, num_warps=4,
+        enable_fp_fusion=True,
     )
-    return True

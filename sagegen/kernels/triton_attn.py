@@ -376,7 +376,7 @@ def sage_attention(
         try:
             tiles = (kernel_tiles(block_sparse, block_q, block_k, Nq, Nk, key_lengths)
                      if block_sparse is not None else None)
-            if not (gluon_attn_ring.applies(D, block_q, q_in_kernel and gluon_permutes_v(), tiles is not None)
+            if not (gluon_attn_ring.applies(d_pad, block_q, q_in_kernel and gluon_permutes_v(), tiles is not None)
                     and gluon_attn_ring.try_launch(qq, out, lse, key_lengths, q=q, H=H, group=H // Hkv, n_q=Nq,
                                                    n_k=Nk, d=D, block_n=block_k, smooth_v=config.smooth_v,
                                                    sm_scale_log2=c)):
