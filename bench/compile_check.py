@@ -95,29 +95,6 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
                           options={"num_warps": 4, "maxnreg": maxnreg or default_reg})
 
 
-def compile_gluon_ring(arch: int = 90, has_kv_len: bool = False, return_lse: bool = False):
-    """`gluon_attn_ring`'s kernel (head dim 128) at its launch settings, compiled for `arch` without a GPU."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from sagegen.kernels import gluon_attn, gluon_attn_ring
-
-    bq, bk = SageConfig().blocks(128)
-    q_l, k_l, v_l = gluon_attn.shared_layouts(bq, bk, 128)
-    fn = gluon_attn_ring._attn_fwd_sm90_ring
-    names = list(inspect.signature(fn.fn).parameters)
-    const = dict(BLOCK_N=bk, HEAD_DIM=128, STAGES=gluon_attn_ring.STAGES, HAS_KV_LEN=has_kv_len, SMOOTH_V=True,
-                 RETURN_LSE=return_lse, PERMUTED_V=True, PAD_D=False, q_layout=q_l, stride_qd=1, stride_od=1)
-    desc = {"k_desc": f"tensordesc<i8[{bk}, 128],{k_l!r}>", "v_desc": f"tensordesc<fp8e4nv[128, {bk}],{v_l!r}>"}
-    ptr = {**PTR, "KV_LEN": "*i32", "Q": "*bf16"}
-    sig = {n: "constexpr" if n in const else desc.get(n) or ptr.get(n) or ("fp32" if n == "sm_scale_log2" else "i32")
-           for n in names}
-    aligned = [n for n in names if n in ptr or n in ("stride_qb", "stride_qh", "stride_qm", "stride_ob", "stride_oh",
-                                                      "stride_om")]
-    src = GluonASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()},
-                         attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
-
-
 def _cuobjdump(kernel, flag: str) -> str:
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -156,8 +133,6 @@ def main():
             open(args.sass, "w").write(sass_of(k))
     k = compile_gluon(args.head_dim)
     print("gluon (sm90)", summary(k))
-    if args.head_dim == 128:
-        print("gluon shared ring (sm90)", summary(compile_gluon_ring()))
     if args.sass:
         open(args.sass + ".gluon", "w").write(sass_of(k))
 

@@ -169,37 +169,6 @@ def test_gluon_q_quantized_in_kernel_is_bit_identical(seed, monkeypatch, d, layo
     assert torch.equal(runs[True][0], runs[False][0]) and torch.equal(runs[True][1], runs[False][1])
 
 
-@pytest.mark.parametrize("b,h,hkv,nq,nk,layout,masked", [
-    (2, 8, 4, 1000 + 3, 700 + 9, "HND", False), (1, 3, 3, 4133, 4133, "NHD", False), (2, 4, 2, 129, 3000 + 5, "NHD", True),
-    (1, 2, 1, 1, 200, "HND", False), (2, 4, 4, 64, 64, "HND", True), (1, 40, 40, 8192 + 65, 8192 + 65, "NHD", False)])
-def test_gluon_shared_ring_is_bit_identical(seed, monkeypatch, b, h, hkv, nq, nk, layout, masked):
-    """gluon_attn_ring (head dim 128: two warpgroups sharing one K/V ring) gives gluon_attn's output and LSE bit for
-    bit: odd lengths, a last CTA whose second warpgroup has no rows, one query, GQA, both layouts, key-padding
-    prefixes; and it really ran."""
-    from sagegen.kernels import gluon_attn_ring
-
-    cfg = _use_kernel(monkeypatch, "gluon", SageConfig(smooth_v=True))
-    q, k, v = qkv(b, h, hkv, nq, nk, 128, dtype=torch.bfloat16, device="cuda", layout=layout)
-    q = q * 4.0
-    mask = None
-    if masked:
-        n_dim = 2 if layout == "HND" else 1
-        mask = torch.ones(b, 1, 1, k.shape[n_dim], dtype=torch.bool, device="cuda")
-        mask[0, ..., -(k.shape[n_dim] // 3):] = False
-    calls, real_launch = [], gluon_attn_ring.launch
-    monkeypatch.setattr(gluon_attn_ring, "launch", lambda *a, **kw: calls.append(1) or real_launch(*a, **kw))
-    runs = {}
-    for enabled in (True, False):
-        monkeypatch.setattr(gluon_attn_ring, "ENABLED", enabled)
-        runs[enabled] = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, attn_mask=mask,
-                                         return_lse=True, backend="triton")
-    assert calls == [1] and not gluon_attn_ring.broken
-    assert torch.equal(runs[True][0], runs[False][0]) and torch.equal(runs[True][1], runs[False][1])
-    r, lr = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, attn_mask=mask, return_lse=True,
-                             backend="reference")
-    assert rel_l1(runs[True][0], r) < 2e-4 and (runs[True][1] - lr).abs().max() < 5e-4
-
-
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_hopper_kernels_key_padding_prefix(seed, monkeypatch, kernel):
     """HunyuanVideo-style key padding (valid keys first, per-batch lengths): the Gluon kernels run it as key

@@ -370,19 +370,15 @@ def sage_attention(
                   permute_v_keys=use_gluon and gluon_permutes_v(), quantize_q=not q_in_kernel)
     c = sm_scale * LOG2E
     if use_gluon:
-        from . import gluon_attn, gluon_attn_ring
+        from . import gluon_attn
 
         lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
         try:
             tiles = (kernel_tiles(block_sparse, block_q, block_k, Nq, Nk, key_lengths)
                      if block_sparse is not None else None)
-            if not (gluon_attn_ring.applies(d_pad, block_q, q_in_kernel and gluon_permutes_v(), tiles is not None)
-                    and gluon_attn_ring.try_launch(qq, out, lse, key_lengths, q=q, H=H, group=H // Hkv, n_q=Nq,
-                                                   n_k=Nk, d=D, block_n=block_k, smooth_v=config.smooth_v,
-                                                   sm_scale_log2=c)):
-                gluon_attn.launch(qq, out, lse, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
-                                  block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
-                                  permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None, tiles=tiles)
+            gluon_attn.launch(qq, out, lse, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
+                              block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
+                              permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None, tiles=tiles)
             return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
         except GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel
             if choice == "gluon":
