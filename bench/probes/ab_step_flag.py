@@ -1,0 +1,67 @@
+"""A/B one module-level switch of sagegen's kernels inside whole denoising steps: a full-size model with random
+weights (the preset's size), one stock step, then patched steps with the switch on and off in alternation
+(A, B, A, B, ...), all in one process. JSON to --out.
+
+    python bench/probes/ab_step_flag.py wan2.1-t2v-14b gluon_attn_ring.ENABLED --out $OUT/ab-step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+import sagegen  # noqa: E402
+from probe_util import environment, full_size_model, write_json  # noqa: E402
+
+
+def timed(fn) -> float:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("flag", help="module.NAME under sagegen.kernels, set to True (A) and False (B)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    module_name, _, name = args.flag.rpartition(".")
+    module = importlib.import_module(f"sagegen.kernels.{module_name}")
+    original = getattr(module, name)
+    model, inputs = full_size_model(args.model, torch.device("cuda"))
+    step = lambda: model(**inputs)[0]  # noqa: E731
+    ms = {"stock": [], "A": [], "B": []}
+    with torch.inference_mode():
+        step()
+        ms["stock"].append(timed(step))
+        sagegen.patch(model)
+        for value in (True, False):
+            setattr(module, name, value)
+            step()  # warm-up (compiles)
+        for _ in range(args.rounds):
+            for label, value in (("A", True), ("B", False)):
+                setattr(module, name, value)
+                ms[label].append(timed(step))
+                print(label, f"{ms[label][-1]:.1f} ms", flush=True)
+    setattr(module, name, original)
+    med = {k: statistics.median(v) for k, v in ms.items()}
+    result = {"model": args.model, "flag": args.flag, "ms": ms, "median_ms": med,
+              "speedup_A": med["stock"] / med["A"], "speedup_B": med["stock"] / med["B"], "A_over_B": med["B"] / med["A"]}
+    print({k: v for k, v in result.items() if k != "ms"}, flush=True)
+    write_json(args.out, environment=environment(), **result)
+
+
+if __name__ == "__main__":
+    main()
