@@ -204,29 +204,3 @@ def test_blockwise_runs_on_hopper():
         pytest.skip(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
     ok, why = blockwise_supported(torch.cuda.current_device())
     assert ok, why
-
-
-@pytest.mark.parametrize("case", ["plain", "bias_gelu", "smooth", "strided"])
-def test_compiled_fp8_linear_is_traced_into_inductor(seed, case):
-    """Under torch.compile a per-token FP8Linear is the Triton quantizer op and torch._scaled_mm, not the opaque
-    fp8_linear custom op (whose Python dispatch made compiled steps host-bound), with the eager path's values."""
-    from helpers import graph_recorder
-
-    _need_fp8()
-    torch._dynamo.reset()
-    lin = torch.nn.Linear(768, 1280, bias=case == "bias_gelu").to("cuda", torch.bfloat16)
-    layer = FP8Linear(lin, outliers="smooth" if case == "smooth" else "off", min_rows=16)
-    if case == "bias_gelu":
-        layer.prologue = "gelu_tanh"
-    x = torch.randn(3, 333, 768 * (2 if case == "strided" else 1), device="cuda", dtype=torch.bfloat16) * 3
-    if case == "strided":
-        x = x[..., ::2]  # a view with stride 2 along the features
-    with torch.no_grad():
-        eager = layer(x)  # (calibrates the smoothing first)
-        graphs, backend = graph_recorder()
-        traced = torch.compile(layer, backend=backend, fullgraph=True)(x)
-        compiled = torch.compile(layer, fullgraph=True)(x)
-    code = graphs[0].code
-    assert "fp8_quant_per_token" in code and "_scaled_mm" in code and "fp8_linear" not in code, code
-    assert torch.equal(traced, eager)
-    assert rel_l1(compiled, eager) < 1e-2 and cosine(compiled, eager) > 0.9999

@@ -333,34 +333,3 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
                                           scales.stride(0), scales.stride(1), triton.cdiv(M, bm), n_kb,
                                           BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE, num_warps=num_warps or 4, **common)
     return q, scales
-
-
-def _per_token_op():
-    """`quantize_per_token_unchecked` as a ``torch.library.triton_op`` (torch >= 2.6), or None: inside a
-    ``torch.compile`` graph inductor launches the kernel itself from its generated code, without the Python
-    custom-op dispatch that made compiled FP8 steps host-bound (bench/NOTES.md v6.1)."""
-    triton_op = getattr(torch.library, "triton_op", None)
-    wrap_triton = getattr(torch.library, "wrap_triton", None)
-    if triton_op is None or wrap_triton is None:
-        return None
-
-    @triton_op("sagegen::fp8_quant_per_token", mutates_args=())
-    def fp8_quant_per_token(x: torch.Tensor, col_scale: torch.Tensor | None, gelu: bool
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [M, K] (unit stride along K), col_scale None or fp32 [K] -> (e4m3 [M, K], fp32 [M, 1])."""
-        M, K = x.shape
-        launch = _default_per_token_plan(K, False)
-        q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
-        scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-        n_tiles = -(-M // launch["BLOCK_M"])
-        if M:
-            wrap_triton(_fp8_quant_per_token_kernel)[(n_tiles,)](
-                x, x, x if col_scale is None else col_scale, q, scales, M, K, 0, x.stride(0), 0, q.stride(0),
-                n_tiles, HAS_COL=col_scale is not None, GELU=gelu, HAS_PREFIX=False, INTERPRET=False,
-                TANH_LIBDEVICE=False, enable_fp_fusion=True, **launch)
-        return q, scales
-
-    return fp8_quant_per_token
-
-
-quantize_per_token_op = _per_token_op()

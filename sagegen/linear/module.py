@@ -37,8 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from . import numerics
-from .ops import (blockwise_weight_scale_for_gemm, fp8_linear, fp8_linear_traced, gemm_eager,
-                  gemm_rowwise_prepared, quantize_eager, traceable)
+from .ops import blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, gemm_rowwise_prepared, quantize_eager
 from .shared import shared
 
 OUTLIER_MODES = ("off", "smooth", "split")
@@ -135,11 +134,7 @@ class FP8Linear(torch.nn.Module):
             self.calibrate(numerics.gelu_tanh(x2) if self.prologue else x2)
         on_gpu = x2.is_cuda and not self.emulate
         w_scale = self.w_scale_gemm if on_gpu else self.w_scale
-        if compiling and on_gpu and traceable(x2, self.act_granularity, self.emulate):
-            # ops inductor launches from its own code (no per-layer Python dispatch)
-            y = fp8_linear_traced(x2, self.w_q.t(), self.w_scale_gemm.view(1, -1), bias, self.col_scale,
-                                  self.fast_accum, self.prologue)
-        elif compiling:  # the custom op, which dynamo keeps whole
+        if compiling:  # the custom op, which dynamo keeps whole
             y = fp8_linear(x2, self.w_q, w_scale, bias, self.col_scale, self.act_granularity, self.emulate,
                            self.fast_accum, self.prologue)
         else:  # no dispatch; a plain input already quantized for another projection is reused (`shared`)

@@ -184,35 +184,6 @@ def fp8_linear_eager(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, 
     return gemm_eager(xq, xs, w_q, w_scale, bias, act_granularity, emulate, fast_accum, x.dtype)
 
 
-def traceable(x: torch.Tensor, act_granularity: str, emulate: bool) -> bool:
-    """Whether `fp8_linear_traced` can take this call (a CUDA tensor, per-token scales, torch >= 2.6)."""
-    if emulate or not x.is_cuda or act_granularity != "per_token":
-        return False
-    from ..kernels.fp8_quant import quantize_per_token_op
-
-    return quantize_per_token_op is not None
-
-
-def fp8_linear_traced(x: torch.Tensor, w_q_t: torch.Tensor, w_s_row: torch.Tensor, bias: torch.Tensor | None,
-                      col_scale: torch.Tensor | None, fast_accum: bool, prologue: str | None) -> torch.Tensor:
-    """The per-token FP8 linear as ops inductor sees into, for code ``torch.compile`` traces: the quantizer as a
-    Triton op (launched from inductor's generated code) and ``torch._scaled_mm`` as an aten op, instead of the
-    opaque `fp8_linear` custom op, whose Python dispatch per layer made regionally compiled Flux FP8 steps
-    host-bound (146.8 ms wall for 86.9 ms of GPU work, bench/NOTES.md v6.1). Same values as `fp8_linear`.
-    ``x`` [M, K] on a GPU; ``w_q_t`` = w_q.t() [K, N]; ``w_s_row`` [1, N]."""
-    from ..kernels.fp8_quant import quantize_per_token_op
-
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    xq, xs = quantize_per_token_op(x, col_scale, prologue == "gelu_tanh")
-    fused = _FUSE_BIAS and bias is not None and bias.dtype == torch.bfloat16
-    y = torch._scaled_mm(xq, w_q_t, scale_a=xs, scale_b=w_s_row, bias=bias if fused else None,
-                         out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
-    if bias is not None and not fused:
-        y = y + bias.to(y.dtype)
-    return y if y.dtype == x.dtype else y.to(x.dtype)
-
-
 @torch.library.custom_op("sagegen::fp8_linear", mutates_args=())
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,
