@@ -3,6 +3,9 @@ triton_op, torch._scaled_mm) against the opaque `sagegen::fp8_linear` custom op,
 GPU busy time (profiler) per variant. JSON to --out.
 
     python bench/probes/probe_fp8_compiled_traced.py --out $OUT/probe-fp8-compiled-traced.json
+
+Needs the traced path (`sagegen.linear.module.traceable`, `ops.fp8_linear_traced`) of commit 495a30f, reverted
+after these runs (bench/NOTES.md v6.1): check it out to rerun.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from probe_util import environment, full_size_model, write_json  # noqa: E402
 from sagegen.linear import module as fp8_module  # noqa: E402
 from sagegen.stepbench_compile import compiled  # noqa: E402
 
-_TRACEABLE = fp8_module.traceable
+_TRACEABLE = getattr(fp8_module, "traceable", None)
 
 
 def timed(fn) -> float:
@@ -53,6 +56,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if _TRACEABLE is None:
+        sys.exit("this probe needs the traced FP8 path of commit 495a30f (reverted); check that commit out")
     model, inputs = full_size_model(args.model, torch.device("cuda"))
     res = {v: {"wall_ms": [], "gpu_busy_ms": []} for v in ("traced", "custom_op")}
     with torch.inference_mode():
