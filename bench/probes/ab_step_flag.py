@@ -18,16 +18,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
-from probe_util import environment, full_size_model, write_json  # noqa: E402
-
-
-def timed(fn) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
+from probe_util import environment, event_ms, full_size_model, write_json  # noqa: E402
 
 
 def main():
@@ -45,7 +36,7 @@ def main():
     ms = {"stock": [], "A": [], "B": []}
     with torch.inference_mode():
         step()
-        ms["stock"].append(timed(step))
+        ms["stock"].append(event_ms(step))
         sagegen.patch(model)
         for value in (True, False):
             setattr(module, name, value)
@@ -53,7 +44,7 @@ def main():
         for _ in range(args.rounds):
             for label, value in (("A", True), ("B", False)):
                 setattr(module, name, value)
-                ms[label].append(timed(step))
+                ms[label].append(event_ms(step))
                 print(label, f"{ms[label][-1]:.1f} ms", flush=True)
     setattr(module, name, original)
     med = {k: statistics.median(v) for k, v in ms.items()}

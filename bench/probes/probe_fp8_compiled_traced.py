@@ -20,20 +20,11 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
-from probe_util import environment, full_size_model, write_json  # noqa: E402
+from probe_util import environment, event_ms, full_size_model, write_json  # noqa: E402
 from sagegen.linear import module as fp8_module  # noqa: E402
 from sagegen.stepbench_compile import compiled  # noqa: E402
 
 _TRACEABLE = getattr(fp8_module, "traceable", None)
-
-
-def timed(fn) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
 
 
 TOP = {}
@@ -71,7 +62,7 @@ def main():
                 step = lambda: fn(**inputs)[0]  # noqa: E731
                 step()
                 step()
-                walls = [timed(step) for _ in range(5)]
+                walls = [event_ms(step) for _ in range(5)]
                 res[variant]["wall_ms"].append(statistics.median(walls))
                 res[variant]["gpu_busy_ms"].append(gpu_busy_ms(step, variant))
                 for row in TOP[variant]:

@@ -18,16 +18,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
-from probe_util import environment, write_json  # noqa: E402
-
-
-def timed(fn) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
+from probe_util import environment, event_ms, write_json  # noqa: E402
 
 
 def main():
@@ -50,11 +41,11 @@ def main():
 
     attn()
     gemms()
-    alone = [timed(attn) for _ in range(args.blocks)]
+    alone = [event_ms(attn) for _ in range(args.blocks)]
     mixed, gemm_ms = [], []
     for _ in range(args.blocks):
-        gemm_ms.append(timed(gemms))
-        mixed.append(timed(attn))
+        gemm_ms.append(event_ms(gemms))
+        mixed.append(event_ms(attn))
     res = {"attention_alone_ms": alone, "attention_after_gemms_ms": mixed, "gemms_ms": gemm_ms}
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     print(f"attention alone {med(alone):.2f} ms, after the block's GEMMs {med(mixed):.2f} ms "

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 import shared_ring_kernel as ring  # noqa: E402
-from probe_util import bench_ms, environment, full_size_model, write_json  # noqa: E402
+from probe_util import bench_ms, environment, event_ms, full_size_model, write_json  # noqa: E402
 from sagegen.kernels import gluon_attn  # noqa: E402
 
 _ORIGINAL = gluon_attn.launch
@@ -51,15 +51,6 @@ def _ring_launch(qq, out, lse, kv_len, *, H, group, n_q, n_k, d, block_m, block_
 def use(variant: str) -> None:
     gluon_attn.QUANT_Q_IN_KERNEL = variant == "default"
     gluon_attn.launch = _ring_launch if variant == "ring" else _ORIGINAL
-
-
-def timed(fn) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
 
 
 VARIANTS = ("default", "qpass", "ring")
@@ -105,11 +96,11 @@ def attention_rows(rounds: int) -> dict:
             attn()
             r = res[variant]
             r["do_bench_ms"].append(bench_ms(attn))
-            r["alone_ms"].append(statistics.median(timed(attn) for _ in range(8)))
+            r["alone_ms"].append(statistics.median(event_ms(attn) for _ in range(8)))
             mixed = []
             for _ in range(8):
                 gemms()
-                mixed.append(timed(attn))
+                mixed.append(event_ms(attn))
             r["after_gemms_ms"].append(statistics.median(mixed))
             print(variant, {key: round(val[-1], 2) for key, val in r.items()}, flush=True)
     use("default")
@@ -127,7 +118,7 @@ def step_rows(rounds: int) -> dict:
     res = {"stock": [], **{v: [] for v in ("default", "ring")}}
     with torch.inference_mode():
         step()
-        res["stock"].append(timed(step))
+        res["stock"].append(event_ms(step))
         print("stock", res["stock"][-1], flush=True)
         sagegen.patch(model)
         for variant in ("default", "ring"):
@@ -136,7 +127,7 @@ def step_rows(rounds: int) -> dict:
         for _ in range(rounds):
             for variant in ("default", "ring"):
                 use(variant)
-                res[variant].append(timed(step))
+                res[variant].append(event_ms(step))
                 print(variant, res[variant][-1], "routed to ring:", ROUTED["ring"], flush=True)
     use("default")
     med = {k: statistics.median(v) for k, v in res.items()}

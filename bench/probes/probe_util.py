@@ -45,6 +45,16 @@ def write_json(path: str | None, **payload) -> None:
             json.dump(payload, f, indent=1)
 
 
+def event_ms(fn) -> float:
+    """Time of one fn() in ms, between CUDA events (a whole step, or one call in a sequence)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
 def bench_ms(fn) -> float:
     """Median time of fn() in ms (`triton.testing.do_bench`, the benchmark's settings)."""
     import triton.testing
