@@ -100,13 +100,16 @@ def host_bound(wall_s: float, gpu_busy_s: float) -> bool | None:
     return wall_s > HOST_BOUND_RATIO * gpu_busy_s
 
 
-def host_check(entry: dict, fn) -> str:
+def host_check(entry: dict, fn, replayed: bool = False) -> str:
     """For a CUDA step shorter than HOST_CHECK_MAX_S: one profiled call of ``fn``; adds ``gpu_busy_s`` and
-    ``host_bound`` to its result ``entry`` and returns a note for the log line ("" for longer steps)."""
+    ``host_bound`` to its result ``entry`` and returns a note for the log line ("" for longer steps).
+    ``replayed``: the step is a CUDA graph replay, which launches nothing from the host, so its wall time beyond
+    the GPU busy time is not host time (gaps between the graph's kernels, or kernels the profiler leaves out):
+    ``host_bound`` is None there (a Flux FP8 replay: 101.0 ms wall, 85.1 ms busy; bench/NOTES.md v6.1)."""
     if entry["median_s"] >= HOST_CHECK_MAX_S:
         return ""
     gpu = profile_step(fn)["total_s"]
-    entry.update(gpu_busy_s=gpu, host_bound=host_bound(entry["median_s"], gpu))
+    entry.update(gpu_busy_s=gpu, host_bound=None if replayed else host_bound(entry["median_s"], gpu))
     return f"  GPU busy {gpu * 1000:.1f} ms" + ("  HOST-BOUND" if entry["host_bound"] else "")
 
 

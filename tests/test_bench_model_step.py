@@ -117,7 +117,8 @@ def test_regional_compile_scope(tmp_path):
 
 def test_host_check_marks_steps_that_waited_on_the_host(monkeypatch):
     """A short CUDA step is profiled once: wall time > 1.1x GPU busy time marks it host-bound, in the entry and
-    in the report's summary; long steps are not profiled; no GPU time seen says nothing."""
+    in the report's summary; long steps are not profiled; no GPU time seen says nothing; a CUDA graph replay is
+    profiled but not judged."""
     from sagegen import stepbench, stepbench_measure as m
 
     assert m.host_bound(0.157, 0.079) is True and m.host_bound(0.098, 0.093) is False
@@ -128,10 +129,14 @@ def test_host_check_marks_steps_that_waited_on_the_host(monkeypatch):
     assert "HOST-BOUND" in m.host_check(eager, None) and eager["host_bound"] is True
     assert "HOST-BOUND" not in m.host_check(graphs, None) and graphs["host_bound"] is False
     assert m.host_check(video, None) == "" and "host_bound" not in video
-    results = {"stock": {"median_s": 0.17}, "sagegen_fp8": eager, "sagegen_fp8_graphs": graphs}
+    replay = {"median_s": 0.101}  # a CUDA graph replay launches nothing from the host: not judged
+    monkeypatch.setattr(m, "profile_step", lambda fn: {"total_s": 0.085})
+    assert "HOST-BOUND" not in m.host_check(replay, None, replayed=True) and replay["host_bound"] is None
+    assert replay["gpu_busy_s"] == 0.085
+    results = {"stock": {"median_s": 0.17}, "sagegen_fp8": eager, "sagegen_fp8_graphs": graphs, "stock_graphs": replay}
     outputs = {k: torch.zeros(2) for k in results}
     assert stepbench._summary(results, outputs)["host_bound_variants"] == ["sagegen_fp8"]
-    del results["sagegen_fp8"], outputs["sagegen_fp8"]
+    del results["sagegen_fp8"], outputs["sagegen_fp8"]  # (the replay, wall 1.19x busy, stays unjudged)
     assert "host_bound_variants" not in stepbench._summary(results, outputs)
 
 
