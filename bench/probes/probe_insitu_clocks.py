@@ -12,13 +12,9 @@ import argparse
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-import sagegen  # noqa: E402
-from probe_util import environment, event_ms, write_json  # noqa: E402
+from probe_util import environment, event_ms, wan_block_workload, write_json  # noqa: E402
 
 
 def main():
@@ -26,19 +22,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--blocks", type=int, default=12)
     args = ap.parse_args()
-    n, h, d, dim, ff = 75600, 40, 128, 5120, 13824
-    q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    x = torch.randn(n, dim, device="cuda", dtype=torch.bfloat16)
-    w = {name: torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 0.01
-         for name, shape in (("qkv", (3 * dim, dim)), ("o", (dim, dim)), ("up", (ff, dim)), ("down", (dim, ff)))}
-    attn = lambda: sagegen.sageattn(q, k, v, tensor_layout="NHD", config=sagegen.DIFFUSION_CONFIG)  # noqa: E731
-
-    def gemms():
-        F.linear(x, w["qkv"])
-        F.linear(x, w["o"])
-        hid = F.linear(x, w["up"])
-        F.linear(hid, w["down"])
-
+    attn, gemms, _ = wan_block_workload()
     attn()
     gemms()
     alone = [event_ms(attn) for _ in range(args.blocks)]

@@ -19,13 +19,12 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 import shared_ring_kernel as ring  # noqa: E402
-from probe_util import bench_ms, environment, event_ms, full_size_model, write_json  # noqa: E402
+from probe_util import bench_ms, environment, event_ms, full_size_model, wan_block_workload, write_json  # noqa: E402
 from sagegen.kernels import gluon_attn  # noqa: E402
 
 _ORIGINAL = gluon_attn.launch
@@ -77,18 +76,7 @@ def agreement() -> dict:
 
 
 def attention_rows(rounds: int) -> dict:
-    n, h, d, dim, ff = 75600, 40, 128, 5120, 13824
-    q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    x = torch.randn(n, dim, device="cuda", dtype=torch.bfloat16)
-    w = {name: torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 0.01
-         for name, shape in (("qkv", (3 * dim, dim)), ("o", (dim, dim)), ("up", (ff, dim)), ("down", (dim, ff)))}
-    attn = lambda: sagegen.sageattn(q, k, v, tensor_layout="NHD", config=sagegen.DIFFUSION_CONFIG)  # noqa: E731
-
-    def gemms():
-        F.linear(x, w["qkv"])
-        F.linear(x, w["o"])
-        F.linear(F.linear(x, w["up"]), w["down"])
-
+    attn, gemms, flops = wan_block_workload()
     res = {v: {"do_bench_ms": [], "alone_ms": [], "after_gemms_ms": []} for v in VARIANTS}
     for _ in range(rounds):
         for variant in VARIANTS:
@@ -104,7 +92,6 @@ def attention_rows(rounds: int) -> dict:
             r["after_gemms_ms"].append(statistics.median(mixed))
             print(variant, {key: round(val[-1], 2) for key, val in r.items()}, flush=True)
     use("default")
-    flops = 4 * h * n * n * d
     for r in res.values():
         r["tflops_after_gemms"] = flops / statistics.median(r["after_gemms_ms"]) * 1e-9
         r["tflops_do_bench"] = flops / statistics.median(r["do_bench_ms"]) * 1e-9

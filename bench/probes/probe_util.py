@@ -45,6 +45,31 @@ def write_json(path: str | None, **payload) -> None:
             json.dump(payload, f, indent=1)
 
 
+def wan_block_workload(n: int = 75600):
+    """(attention, gemms, flops): Wan2.1-14B's self-attention call at n tokens (NHD, DIFFUSION_CONFIG, random
+    bf16 inputs) and its block's bf16 GEMMs (Q/K/V, output, FFN up and down), as two callables: the in-step
+    proxy of the power-cap probes."""
+    import torch.nn.functional as F
+
+    import sagegen
+
+    h, d, dim, ff = 40, 128, 5120, 13824
+    q, k, v = (torch.randn(1, n, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    x = torch.randn(n, dim, device="cuda", dtype=torch.bfloat16)
+    w = {name: torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 0.01
+         for name, shape in (("qkv", (3 * dim, dim)), ("o", (dim, dim)), ("up", (ff, dim)), ("down", (dim, ff)))}
+
+    def attention():
+        return sagegen.sageattn(q, k, v, tensor_layout="NHD", config=sagegen.DIFFUSION_CONFIG)
+
+    def gemms():
+        F.linear(x, w["qkv"])
+        F.linear(x, w["o"])
+        F.linear(F.linear(x, w["up"]), w["down"])
+
+    return attention, gemms, 4 * h * n * n * d
+
+
 def event_ms(fn) -> float:
     """Time of one fn() in ms, between CUDA events (a whole step, or one call in a sequence)."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
