@@ -90,10 +90,10 @@ def sageattn(
         # Below the crossover, stock SDPA is faster: call it directly (no custom op, no copies).
         return backends.sdpa_direct(q, k, v, tensor_layout, attn_mask, is_causal, scale)
     sparse_args = (None, None, 0, 0) if sparse is None else tuple(sparse)
-    out, lse = torch.ops.sagegen.sageattn(
-        q, k, v, attn_mask, is_causal, scale, tensor_layout, return_lse, backend, *_config_args(config),
-        *sparse_args,
-    )
+    args = (q, k, v, attn_mask, is_causal, scale, tensor_layout, return_lse, backend, *_config_args(config),
+            *sparse_args)
+    direct = _eager_direct(q, k, v, attn_mask, sparse_args[0], sparse_args[1])
+    out, lse = _sageattn_impl(*args) if direct else torch.ops.sagegen.sageattn(*args)
     return (out, lse) if return_lse else out
 
 
@@ -267,6 +267,20 @@ def warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+# False routes eager calls through the custom op as well (only to measure the difference).
+EAGER_DIRECT = True
+
+
+def _eager_direct(*tensors) -> bool:
+    """Whether a call may run `_sageattn_impl` without the custom op's dispatch, as an eager FP8 linear does: no
+    compiler or tracer is recording it (dynamo, `torch.jit.trace`, a dispatch mode such as FakeTensorMode or
+    FlopCounterMode) and the tensors are plain ones. The dispatch alone took ~20-60 us of host time a call
+    (bench/probes/probe_call_overhead.py); the result is the same."""
+    return (EAGER_DIRECT and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and not torch._C._len_torch_dispatch_stack()
+            and all(t is None or type(t) is torch.Tensor for t in tensors))
+
+
 @torch.library.custom_op("sagegen::sageattn", mutates_args=())
 def _sageattn_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
@@ -276,6 +290,15 @@ def _sageattn_op(
     sparse_counts: torch.Tensor | None = None, sparse_indices: torch.Tensor | None = None,
     sparse_block_q: int = 0, sparse_block_kv: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _sageattn_impl(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend,
+                          q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision, pv_accum,
+                          fallback, block_q, block_k, sparse_counts, sparse_indices, sparse_block_q, sparse_block_kv)
+
+
+def _sageattn_impl(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend,
+                   q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision, pv_accum, fallback,
+                   block_q, block_k, sparse_counts=None, sparse_indices=None, sparse_block_q=0, sparse_block_kv=0):
+    """The op's body (the schema above): (out in q's layout, lse [B, Hq, Nq] fp32 or an empty tensor)."""
     config = _config_from_args(q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision,
                                pv_accum, fallback, block_q, block_k)
     sparse = None

@@ -265,6 +265,8 @@ def test_kernel_switches_reject_bad_values(monkeypatch):
     monkeypatch.delenv("SAGEGEN_CAPABILITY")
     monkeypatch.setenv("SAGEGEN_KERNEL", "cuda")
     q, k, v = qkv(1, 2, 2, 16, 16, 32)
+    if torch.cuda.is_available():  # on a GPU machine the CPU tensors would be refused first (no interpreter)
+        q, k, v = q.cuda(), k.cuda(), v.cuda()
     with pytest.raises(ValueError, match="SAGEGEN_KERNEL='cuda'"):
         sagegen.sageattn(q, k, v, backend="triton")
 
@@ -287,3 +289,47 @@ def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout, backend):
             True, "fp8", "fp32", "sdpa", 64, 128)
     args = args[:8] + (backend,) + args[9:]
     torch.library.opcheck(torch.ops.sagegen.sageattn.default, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
+    """Eager calls run the op's body directly (the dispatch cost ~20-60 us of host time a call); a compiler,
+    FakeTensorMode or FlopCounterMode must still get the custom op, and both paths give the same result."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from sagegen.api import _config_args, _eager_direct
+
+    q, k, v = qkv(1, 2, 2, 40, 56, 64, layout="NHD")
+    mask = torch.rand(1, 1, 40, 56) > 0.2
+    assert _eager_direct(q, k, v, mask, None, None)
+    with FlopCounterMode(display=False):
+        assert not _eager_direct(q, k, v)
+    with FakeTensorMode() as mode:
+        fq = mode.from_tensor(q)
+        assert not _eager_direct(fq, fq, fq)
+        out = sagegen.sageattn(fq, fq, fq, tensor_layout="NHD", backend="reference")  # the op's fake impl
+        assert type(out).__name__ == "FakeTensor" and out.shape == q.shape
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not _eager_direct(q.as_subclass(Sub), k, v)
+    direct, lse = sagegen.sageattn(q, k, v, tensor_layout="NHD", attn_mask=mask, return_lse=True,
+                                   backend="reference")
+    via_op, op_lse = torch.ops.sagegen.sageattn(q, k, v, mask, False, 0.125, "NHD", True, "reference",
+                                                *_config_args(SageConfig()))
+    assert torch.equal(direct, via_op) and torch.equal(lse, op_lse)
+    assert direct.stride() == via_op.stride()
+
+
+def test_host_cdiv_and_next_power_of_2_match_triton():
+    """The host-side helpers that replace Triton's (ConstexprFunctions since 3.x, ~2 us a call from Python)."""
+    import triton
+
+    from sagegen.kernels.spec import cdiv, next_power_of_2
+
+    for a in list(range(0, 300)) + [75600, 2**31 - 1, 2**31, 3 * 2**40 + 1]:
+        for b in (1, 3, 16, 64, 128):
+            assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
+        if a >= 1:
+            assert next_power_of_2(a) == triton.next_power_of_2(a), a

@@ -5,6 +5,7 @@ The two implementations are imported lazily and never import each other.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -19,6 +20,7 @@ MIN_CAPABILITY = (8, 0)  # Ampere: INT8 tensor cores
 FP8_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores
 
 
+@functools.cache
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import FP8_MAX
+from .spec import FP8_MAX, cdiv, next_power_of_2
 from .triton_quant import interpreting, round_to_e4m3_grid
 
 try:  # the GPU's tanhf (the CUDA math library's, as torch's GELU kernel calls)
@@ -220,7 +220,7 @@ def per_token_launch(K: int, *, block_m: int | None = None, num_warps: int | Non
     """The per-token kernel's tile and warps for rows of K channels (the bench sweeps the overrides)."""
     single = K <= max_single_pass_k
     if single:
-        bk = triton.next_power_of_2(max(K, 16))
+        bk = next_power_of_2(max(K, 16))
         # at least ~4096 elements a program (a whole row for K > 4096), 32 fp32 values a thread (16-byte loads,
         # no spills): 4 warps for 4096 elements, 8 for 8192, 16 for 16384
         bm = block_m or max(1, 4096 // bk)
@@ -314,22 +314,22 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
     if granularity == "per_token":
         scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
         launch = per_token_launch(K, block_m=block_m, num_warps=num_warps, max_single_pass_k=max_single_pass_k)
-        n_tiles = triton.cdiv(M, launch["BLOCK_M"])
+        n_tiles = cdiv(M, launch["BLOCK_M"])
         if M:
             grid = (min(n_tiles, programs) if programs else n_tiles,)
             _fp8_quant_per_token_kernel[grid](x, pre, col, q, scales, M, K, K0, x.stride(0), stride_pm, q.stride(0),
                                               n_tiles, **common, **launch)
         return q, scales
-    n_kb = triton.cdiv(K, BLOCK_K_SCALE)
+    n_kb = cdiv(K, BLOCK_K_SCALE)
     if scales_k_major:
         scales = torch.empty((n_kb, M), dtype=torch.float32, device=x.device).t()
     else:
         scales = torch.empty((M, n_kb), dtype=torch.float32, device=x.device)
     bm = block_m or (4 if interp else 32)
-    n_tiles = triton.cdiv(M, bm) * n_kb
+    n_tiles = cdiv(M, bm) * n_kb
     if M:
         grid = (min(n_tiles, programs) if programs else n_tiles,)
         _fp8_quant_per_block_kernel[grid](x, pre, col, q, scales, M, K, K0, x.stride(0), stride_pm, q.stride(0),
-                                          scales.stride(0), scales.stride(1), triton.cdiv(M, bm), n_kb,
+                                          scales.stride(0), scales.stride(1), cdiv(M, bm), n_kb,
                                           BLOCK_M=bm, BLOCK_K=BLOCK_K_SCALE, num_warps=num_warps or 4, **common)
     return q, scales

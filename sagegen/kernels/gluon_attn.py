@@ -18,8 +18,9 @@ own Q rows (`_quantize_q_tile`) instead of reading them from the separate quanti
 
 from __future__ import annotations
 
+import functools
+
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -27,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .block_sparse import sparse_args
-from .spec import EPS, INT8_MAX, LOG2_FP8_MAX, REF_WINDOW
+from .spec import EPS, INT8_MAX, LOG2_FP8_MAX, REF_WINDOW, cdiv
 
 _EPS = gl.constexpr(EPS)
 _INT8_MAX = gl.constexpr(INT8_MAX)
@@ -276,8 +277,10 @@ def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
         gl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
 
 
+@functools.lru_cache(maxsize=None)
 def shared_layouts(block_m: int, block_n: int, head_dim: int):
-    """NVMMA shared layouts of the Q, K and transposed-V tiles (what the TMA descriptors carry)."""
+    """NVMMA shared layouts of the Q, K and transposed-V tiles (what the TMA descriptors carry). Made once per
+    tile shape: building them costs ~10 us of host time, on every attention call."""
     return (gl.NVMMASharedLayout.get_default_for([block_m, head_dim], gl.int8),
             gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gl.int8),
             gl.NVMMASharedLayout.get_default_for([head_dim, block_n], gl.float8e4nv))
@@ -311,7 +314,7 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     """
     d_pad = qq.k8.shape[-1]
     nk_pad = qq.k8.shape[2]
-    nq_pad = triton.cdiv(n_q, block_m) * block_m
+    nq_pad = cdiv(n_q, block_m) * block_m
     stages, maxnreg = launch_settings(d_pad)
     q_l, k_l, v_l = shared_layouts(block_m, block_n, d_pad)
     k_desc = TensorDescriptor.from_tensor(qq.k8.view(-1, d_pad), [block_n, d_pad], k_l)
@@ -323,7 +326,7 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         q_desc, q_arg, q_strides, qs = k_desc, q, q.stride(), qq.k_scale
     vm = qq.v_mean if qq.v_mean is not None else qq.v_scale
     sparse_ptrs, sparse_strides = sparse_args(tiles, qq.k_scale)
-    grid = (triton.cdiv(n_q, block_m), out.shape[0] * H)
+    grid = (cdiv(n_q, block_m), out.shape[0] * H)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     _attn_fwd_sm90[grid](
         q_desc, k_desc, v_desc, q_arg, qs, qq.k_scale, qq.v_scale, vm,

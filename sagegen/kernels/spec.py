@@ -5,6 +5,7 @@ Neither implementation imports the other; both import this.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -41,6 +42,17 @@ SAMPLE_TOKENS = 1024
 CAPABILITY_ENV = "SAGEGEN_CAPABILITY"
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b), for host code: `triton.cdiv` became a ConstexprFunction (~2 us a call from Python), and an
+    attention call made a dozen such calls."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1), for host code (as `cdiv`)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
 def capturing() -> bool:
     """Whether this thread's current CUDA stream is being captured into a CUDA graph (where a host sync fails)."""
     return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
@@ -54,7 +66,16 @@ def device_capability(device: torch.device) -> tuple[int, int]:
         if not (major.isdigit() and (minor.isdigit() or not minor)):
             raise ValueError(f"{CAPABILITY_ENV}={forced!r}: expected a compute capability such as '8.9' or '9.0'")
         return int(major), int(minor or 0)
-    return tuple(torch.cuda.get_device_capability(device))
+    if device is None or device.index is None:  # "the current device", which can change: not cached
+        return tuple(torch.cuda.get_device_capability(device))
+    return _cuda_capability(device.index, torch.cuda.get_device_capability)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int, query) -> tuple[int, int]:
+    # torch's query costs ~9 us of host time, and an attention call made several; keyed on the query function
+    # too, so that a replaced one (tests) is never served another's answer
+    return tuple(query(index))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
 from .block_sparse import kernel_tiles, sparse_args
-from .spec import LOG2_FP8_MAX, LOG2E, REF_WINDOW, MaskSpec, capturing, device_capability
+from .spec import LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv, device_capability, next_power_of_2
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
@@ -345,7 +345,7 @@ def sage_attention(
     Hkv, Nk = k.shape[1], k.shape[2]
     capability = device_capability(q.device) if q.is_cuda else None
     block_q, block_k = config.blocks(D, capability)
-    d_pad = max(16, triton.next_power_of_2(D))
+    d_pad = max(16, next_power_of_2(D))
     key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
     choice = os.environ.get(KERNEL_ENV, "auto")
     if choice not in ("auto", "triton", "gluon"):
@@ -418,7 +418,7 @@ def sage_attention(
         v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, nk_pad), [chunk_d, block_k])
     else:
         v_desc = TensorDescriptor.from_tensor(qq.v.view(-1, d_pad), [block_k, chunk_d])
-    grid = (triton.cdiv(Nq, block_q), B * H)
+    grid = (cdiv(Nq, block_q), B * H)
     tiles = kernel_tiles(block_sparse, block_q, block_k, Nq, Nk) if block_sparse is not None else None
     sparse_ptrs, sparse_strides = sparse_args(tiles, qq.k_scale)
     num_warps, num_stages, *maxnreg = launch_settings(block_q, block_k, d_pad, capability)

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .spec import next_power_of_2
+
 MODE_TOPK, MODE_CDF = 0, 1
 
 
@@ -97,7 +99,7 @@ def select_blocks(scores: torch.Tensor, live: torch.Tensor, *, mode: str, value:
     counts = torch.empty(B, H, NQB, dtype=torch.int32, device=scores.device)
     indices = torch.empty(B, H, NQB, NKB, dtype=torch.int32, device=scores.device)
     k_top = max(1, min(NKB, math.ceil(value * NKB - 1e-9)))
-    block = max(16, triton.next_power_of_2(NKB))
+    block = max(16, next_power_of_2(NKB))
     _select_kernel[(B * H * NQB,)](
         scores, live, q_sim, k_sim, rows_always.to(torch.int8), cols_always.to(torch.int8), counts, indices,
         H, NQB, NKB, group, k_top, float(value), float(sim_threshold), float(scale), block_q, block_kv,

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .spec import cdiv, next_power_of_2
 from .triton_qk_prologue import FP_FUSION, _to_out
 from .triton_quant import interpreting
 
@@ -147,9 +148,9 @@ def heads_rms_norm_rope(x: torch.Tensor, norm: tuple[torch.Tensor | None, float]
         cos, sin = _check_tables(rope, x, per_channel_rope)
         strides = cos.stride() if per_channel_rope else (0, *cos.stride())
         table = _TABLE_KIND[cos.dtype]
-    head_dim = triton.next_power_of_2(D)
+    head_dim = next_power_of_2(D)
     block_n = max(1, min(16, 2048 // head_dim))
-    _heads_rms_rope_kernel[(triton.cdiv(N, block_n), B)](
+    _heads_rms_rope_kernel[(cdiv(N, block_n), B)](
         x, out, weight if weight is not None else dummy, cos, sin, x.stride(0), x.stride(1), x.stride(2),
         x.stride(3), out.stride(0), out.stride(1), out.stride(2), out.stride(3), *strides, H, N, D, float(eps),
         BLOCK_N=block_n, HEAD_DIM=head_dim, HAS_NORM=norm is not None, HAS_WEIGHT=weight is not None,

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .spec import cdiv, next_power_of_2
 from .triton_quant import interpreting
 
 
@@ -153,9 +154,9 @@ def _launch(x, out, norm_kind: int, w, bias, eps, rope, table_shape: tuple, pair
         if cos.stride() != sin.stride():
             cos, sin = cos.contiguous(), sin.contiguous()
         strides = cos.stride() if pair_table else (cos.stride(0), 0, cos.stride(1))
-    head_dim = triton.next_power_of_2(D)
+    head_dim = next_power_of_2(D)
     block_n = max(1, min(64, 4096 // head_dim))
-    _norm_rope_kernel[(triton.cdiv(N, block_n), B * H)](
+    _norm_rope_kernel[(cdiv(N, block_n), B * H)](
         x, out, w if w is not None else dummy, bias if bias is not None else dummy, cos, sin, *x.stride(),
         *out.stride(), *strides, H, N, D, start, float(eps), BLOCK_N=block_n, HEAD_DIM=head_dim, NORM=norm_kind,
         HAS_WEIGHT=w is not None, ROPE=rope is not None, PAIR_TABLE=pair_table, EXACT_CAST=interpreting(),

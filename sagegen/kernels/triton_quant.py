@@ -7,6 +7,7 @@ fp8 e4m3 transposed to [B, H, D_pad, N_pad] (the FP8 tensor-core dot needs V K-m
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import triton
 import triton.language as tl
 
 from ..config import SageConfig
-from .spec import EPS, FP8_MAX, INT8_MAX, SAMPLE_TOKENS
+from .spec import EPS, FP8_MAX, INT8_MAX, SAMPLE_TOKENS, cdiv, next_power_of_2
 
 # Kernels may only read module globals that are constexpr.
 _EPS = tl.constexpr(EPS)
@@ -298,6 +299,16 @@ STATS_ROWS = 32  # rows it reads at a time
 STATS_STAGES = 3  # software-pipeline stages of its loop over V's rows: 96 vs 111 us unpipelined (H200, hd128 8k)
 
 
+def _f32_buffers(device, *wanted):
+    """fp32 buffers for (flag, shape) pairs (None where the flag is off), carved from one allocation: a
+    torch.empty costs ~4 us of host time, and these are made on every attention call. Each starts at a
+    multiple of 128 bytes, so the kernels' pointer specialisation is what separate buffers would get."""
+    sizes = [math.prod(shape) if flag else 0 for flag, shape in wanted]
+    padded = [-(-n // 32) * 32 for n in sizes]
+    pieces = torch.empty(sum(padded), dtype=torch.float32, device=device).split(padded)
+    return tuple(piece[:n].view(shape) if flag else None for piece, n, (flag, shape) in zip(pieces, sizes, wanted))
+
+
 def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
     """Channel statistics of k and v [B, H, N, D]: (k_mean, v_mean, v_scale, v_inv_scale), each [B*H, d_pad]
     fp32 or None. The smoothing means are over the sampled keys (spec.SAMPLE_TOKENS); V's FP8 scale (with
@@ -306,13 +317,12 @@ def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
     B, H, N, D = k.shape
     if not (k_mean or v_mean or v_range):
         return None, None, None, None
-    nb = triton.cdiv(N, STATS_BLOCK)
+    nb = cdiv(N, STATS_BLOCK)
     n_sample = min(N, SAMPLE_TOKENS)
-    parts = triton.cdiv(n_sample, STATS_BLOCK)
-    f32 = lambda flag, *shape: torch.empty(*shape, dtype=torch.float32, device=k.device) if flag else None
-    ksum, vsum = f32(k_mean, B * H, parts, d_pad), f32(v_mean, B * H, parts, d_pad)
-    count = torch.empty(B * H, parts, dtype=torch.float32, device=k.device)
-    vmin, vmax = f32(v_range, B * H, nb, d_pad), f32(v_range, B * H, nb, d_pad)
+    parts = cdiv(n_sample, STATS_BLOCK)
+    ksum, vsum, count, vmin, vmax = _f32_buffers(k.device, (k_mean, (B * H, parts, d_pad)),
+                                                 (v_mean, (B * H, parts, d_pad)), (True, (B * H, parts)),
+                                                 (v_range, (B * H, nb, d_pad)), (v_range, (B * H, nb, d_pad)))
     pick = lambda t: t if t is not None else count
     grid = (max(nb if v_range else 0, parts if (k_mean or v_mean) else 0), B * H)
     _kv_stats_kernel[grid](
@@ -322,8 +332,9 @@ def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
         KEY_MASK=key_bias is not None, PAD_D=D != d_pad, STAGES=STATS_STAGES,
         num_warps=QUANT_WARPS["stats"], enable_fp_fusion=True,
     )
-    km, vm = f32(k_mean, B * H, d_pad), f32(v_mean, B * H, d_pad)
-    v_scale, v_inv_scale = f32(v_range, B * H, d_pad), f32(v_range, B * H, d_pad)
+    # the results in an allocation of their own: the partials above are freed when this returns
+    km, vm, v_scale, v_inv_scale = _f32_buffers(k.device, (k_mean, (B * H, d_pad)), (v_mean, (B * H, d_pad)),
+                                                (v_range, (B * H, d_pad)), (v_range, (B * H, d_pad)))
     channels = min(32, d_pad)
     _kv_stats_finish_kernel[(B * H, d_pad // channels)](
         pick(ksum), pick(vsum), count, pick(vmin), pick(vmax), pick(km), pick(vm), pick(v_scale),
@@ -355,8 +366,8 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    nq_pad = triton.cdiv(Nq, block_q) * block_q
-    nk_pad = triton.cdiv(Nk, block_k) * block_k
+    nq_pad = cdiv(Nq, block_q) * block_q
+    nk_pad = cdiv(Nk, block_k) * block_k
     dev = q.device
     q8 = q_scale = q_bm = None
     if quantize_q:
@@ -430,8 +441,8 @@ def pool_blocks(x: torch.Tensor, block: int, center: torch.Tensor) -> tuple[torc
     """Per `block` tokens of x [B, H, N, D] (any strides): (mean [B, H, NB, D], sim [B, H, NB]) fp32, with
     `center` [B, H, D] fp32. One read of x: at hd128 and 32k tokens ~1% of the attention call's time."""
     B, H, N, D = x.shape
-    nb = triton.cdiv(N, block)
-    d_pad = triton.next_power_of_2(D)
+    nb = cdiv(N, block)
+    d_pad = next_power_of_2(D)
     mean = torch.empty(B, H, nb, D, dtype=torch.float32, device=x.device)
     sim = torch.empty(B, H, nb, dtype=torch.float32, device=x.device)
     _pool_kernel[(nb, B * H)](

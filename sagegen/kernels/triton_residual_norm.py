@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .spec import next_power_of_2
 from .triton_qk_prologue import FP_FUSION, _to_out
 from .triton_quant import interpreting
 
@@ -106,7 +107,7 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
     h2, n2 = h.view(B * S, C), (n.view(B * S, C) if norm else None)
     strides = (*_row_strides(gate, B, S, "gate"), *_row_strides(scale, B, S, "scale"),
                *_row_strides(shift, B, S, "shift"))
-    block_c = triton.next_power_of_2(C)
+    block_c = next_power_of_2(C)
     dummy = x2
     _residual_norm_kernel[(B * S,)](
         x2, y2 if y2 is not None else dummy, gate if gate is not None else dummy,

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .spec import next_power_of_2
+
 
 @triton.jit
 def _combine_above(m_left, ok_left, m_right, ok_right):
@@ -74,14 +76,14 @@ def convert(counts: torch.Tensor, indices: torch.Tensor, block_q: int, block_kv:
     out_counts = torch.empty(b_out, h_mask, nqt, dtype=torch.int32, device=indices.device)
     out_indices = torch.empty(b_out, h_mask, nqt, nkt, dtype=torch.int32, device=indices.device)
     per = block_kv // tile_k
-    block = max(16, triton.next_power_of_2(nkb))
+    block = max(16, next_power_of_2(nkb))
     bstride = lambda t: t.stride(0) if t.shape[0] > 1 else 0  # noqa: E731 (a broadcast batch dim)
     _tiles_kernel[(b_out * h_mask * nqt,)](
         counts, indices, key_lengths if key_lengths is not None else counts, out_counts, out_indices,
         h_mask, nqt, nkb, nkt, block_q // tile_q, per, tile_k,
         bstride(counts), counts.stride(1), counts.stride(2), bstride(indices), indices.stride(1),
         indices.stride(2),
-        HAS_KV_LEN=key_lengths is not None, BLOCK=block, PER=triton.next_power_of_2(per),
+        HAS_KV_LEN=key_lengths is not None, BLOCK=block, PER=next_power_of_2(per),
         num_warps=4 if block * per <= 2048 else 8, enable_fp_fusion=True,  # integer work; silences 3.9
     )
     return out_counts, out_indices
