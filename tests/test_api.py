@@ -292,7 +292,7 @@ def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout, backend):
 
 
 def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
-    """Eager calls run the op's body directly (the dispatch cost ~20-60 us of host time a call); a compiler,
+    """Eager calls run the op's body directly (the dispatch cost 20-110 us of host time a call); a compiler,
     FakeTensorMode or FlopCounterMode must still get the custom op, and both paths give the same result."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode

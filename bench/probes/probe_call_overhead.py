@@ -7,7 +7,11 @@ call, measured with the queue kept full (a sleep kernel first, so the host's lau
 a case whose host time is below its GPU time is not host-bound. Also a cProfile of the sageattn and FP8-linear
 calls (top functions by own time).
 
-    python bench/probes/probe_call_overhead.py [--out FILE.json] [--n 100] [--rounds 7]
+    python bench/probes/probe_call_overhead.py [--out FILE.json] [--n 100] [--rounds 7] [--base DIR]
+
+--base: an older copy of the package imported as `sagegen_base` (as bench/probes/ab_versions.py does); its
+kernel launcher (`kernels.triton_attn.sage_attention`, what the op runs after its checks) is timed beside this
+checkout's, interleaved.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--n", type=int, default=100, help="calls per timing")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--base", default=None)
     args = ap.parse_args()
     import sagegen
     from sagegen.kernels import backends, gluon_attn, triton_quant
@@ -138,6 +143,14 @@ def main() -> None:
         "linear_bf16_2048x3072": lambda: lin(a),
         "fp8_linear_2048x3072": lambda: fp8(a),
     }
+    if args.base:
+        import importlib
+        import sys
+
+        sys.path.insert(0, args.base)
+        for label, pkg in (("base", "sagegen_base"), ("now", "sagegen")):
+            launcher = importlib.import_module(f"{pkg}.kernels.triton_attn").sage_attention
+            cases[f"launcher_{label}"] = (lambda f: lambda: f(q, k, v, out, sm_scale=0.088, config=cfg))(launcher)
     results, rounds = {}, {}
     for name, fn in list(cases.items()):
         try:

@@ -7,7 +7,6 @@ fp8 e4m3 transposed to [B, H, D_pad, N_pad] (the FP8 tensor-core dot needs V K-m
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -299,16 +298,6 @@ STATS_ROWS = 32  # rows it reads at a time
 STATS_STAGES = 3  # software-pipeline stages of its loop over V's rows: 96 vs 111 us unpipelined (H200, hd128 8k)
 
 
-def _f32_buffers(device, *wanted):
-    """fp32 buffers for (flag, shape) pairs (None where the flag is off), carved from one allocation: a
-    torch.empty costs ~4 us of host time, and these are made on every attention call. Each starts at a
-    multiple of 128 bytes, so the kernels' pointer specialisation is what separate buffers would get."""
-    sizes = [math.prod(shape) if flag else 0 for flag, shape in wanted]
-    padded = [-(-n // 32) * 32 for n in sizes]
-    pieces = torch.empty(sum(padded), dtype=torch.float32, device=device).split(padded)
-    return tuple(piece[:n].view(shape) if flag else None for piece, n, (flag, shape) in zip(pieces, sizes, wanted))
-
-
 def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
     """Channel statistics of k and v [B, H, N, D]: (k_mean, v_mean, v_scale, v_inv_scale), each [B*H, d_pad]
     fp32 or None. The smoothing means are over the sampled keys (spec.SAMPLE_TOKENS); V's FP8 scale (with
@@ -320,9 +309,10 @@ def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
     nb = cdiv(N, STATS_BLOCK)
     n_sample = min(N, SAMPLE_TOKENS)
     parts = cdiv(n_sample, STATS_BLOCK)
-    ksum, vsum, count, vmin, vmax = _f32_buffers(k.device, (k_mean, (B * H, parts, d_pad)),
-                                                 (v_mean, (B * H, parts, d_pad)), (True, (B * H, parts)),
-                                                 (v_range, (B * H, nb, d_pad)), (v_range, (B * H, nb, d_pad)))
+    f32 = lambda flag, *shape: torch.empty(*shape, dtype=torch.float32, device=k.device) if flag else None
+    ksum, vsum = f32(k_mean, B * H, parts, d_pad), f32(v_mean, B * H, parts, d_pad)
+    count = torch.empty(B * H, parts, dtype=torch.float32, device=k.device)
+    vmin, vmax = f32(v_range, B * H, nb, d_pad), f32(v_range, B * H, nb, d_pad)
     pick = lambda t: t if t is not None else count
     grid = (max(nb if v_range else 0, parts if (k_mean or v_mean) else 0), B * H)
     _kv_stats_kernel[grid](
@@ -332,9 +322,8 @@ def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
         KEY_MASK=key_bias is not None, PAD_D=D != d_pad, STAGES=STATS_STAGES,
         num_warps=QUANT_WARPS["stats"], enable_fp_fusion=True,
     )
-    # the results in an allocation of their own: the partials above are freed when this returns
-    km, vm, v_scale, v_inv_scale = _f32_buffers(k.device, (k_mean, (B * H, d_pad)), (v_mean, (B * H, d_pad)),
-                                                (v_range, (B * H, d_pad)), (v_range, (B * H, d_pad)))
+    km, vm = f32(k_mean, B * H, d_pad), f32(v_mean, B * H, d_pad)
+    v_scale, v_inv_scale = f32(v_range, B * H, d_pad), f32(v_range, B * H, d_pad)
     channels = min(32, d_pad)
     _kv_stats_finish_kernel[(B * H, d_pad // channels)](
         pick(ksum), pick(vsum), count, pick(vmin), pick(vmax), pick(km), pick(vm), pick(v_scale),
