@@ -293,7 +293,8 @@ def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout, backend):
 
 def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
     """Eager calls run the op's body directly (the dispatch cost 20-110 us of host time a call); a compiler,
-    FakeTensorMode or FlopCounterMode must still get the custom op, and both paths give the same result."""
+    FakeTensorMode, FlopCounterMode or a torch-function mode must still get the custom op, and both paths give
+    the same result."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -303,6 +304,13 @@ def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
     mask = torch.rand(1, 1, 40, 56) > 0.2
     assert _eager_direct(q, k, v, mask, None, None)
     with FlopCounterMode(display=False):
+        assert not _eager_direct(q, k, v)
+
+    class Watch(torch.overrides.TorchFunctionMode):  # as tests' AttentionSpy, below the patcher's own mode
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watch():
         assert not _eager_direct(q, k, v)
     with FakeTensorMode() as mode:
         fq = mode.from_tensor(q)
