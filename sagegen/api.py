@@ -282,8 +282,7 @@ def _eager_direct(*tensors) -> bool:
             and all(t is None or type(t) is torch.Tensor for t in tensors))
 
 
-@torch.library.custom_op("sagegen::sageattn", mutates_args=())
-def _sageattn_op(
+def _sageattn_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool,
     sm_scale: float, tensor_layout: str, return_lse: bool, backend: str,
     q_granularity: str, k_granularity: str, smooth_k: bool, smooth_q: bool, smooth_v: bool,
@@ -291,15 +290,8 @@ def _sageattn_op(
     sparse_counts: torch.Tensor | None = None, sparse_indices: torch.Tensor | None = None,
     sparse_block_q: int = 0, sparse_block_kv: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _sageattn_impl(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend,
-                          q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision, pv_accum,
-                          fallback, block_q, block_k, sparse_counts, sparse_indices, sparse_block_q, sparse_block_kv)
-
-
-def _sageattn_impl(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, return_lse, backend,
-                   q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision, pv_accum, fallback,
-                   block_q, block_k, sparse_counts=None, sparse_indices=None, sparse_block_q=0, sparse_block_kv=0):
-    """The op's body (the schema above): (out in q's layout, lse [B, Hq, Nq] fp32 or an empty tensor)."""
+    """The body of the custom op below (eager calls run it directly): (out in q's layout, lse [B, Hq, Nq] fp32 or
+    an empty tensor)."""
     config = _config_from_args(q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision,
                                pv_accum, fallback, block_q, block_k)
     sparse = None
@@ -318,6 +310,10 @@ def _sageattn_impl(q, k, v, attn_mask, is_causal, sm_scale, tensor_layout, retur
     if lse is None:
         lse = torch.empty(0, dtype=torch.float32, device=q.device)
     return out, lse
+
+
+# the op's schema comes from _sageattn_impl's annotations; the plain function stays callable
+_sageattn_op = torch.library.custom_op("sagegen::sageattn", mutates_args=())(_sageattn_impl)
 
 
 @_sageattn_op.register_fake

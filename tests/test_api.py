@@ -319,7 +319,7 @@ def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
         assert type(out).__name__ == "FakeTensor" and out.shape == q.shape
 
     class Sub(torch.Tensor):
-        pass
+        """A tensor subclass (as DTensor is one): its own dispatch must see the op."""
 
     assert not _eager_direct(q.as_subclass(Sub), k, v)
     direct, lse = sagegen.sageattn(q, k, v, tensor_layout="NHD", attn_mask=mask, return_lse=True,
