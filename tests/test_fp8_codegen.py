@@ -36,6 +36,11 @@ cases.append((fq._fp8_quant_per_token_kernel,
               dict(fq.per_token_launch(20480, max_single_pass_k=16384), GELU=True, HAS_COL=False, HAS_PREFIX=True),
               4))
 cases[-1][1].pop("num_warps")
+for K in (9728, 12288):  # GELU rows in 1024-wide chunks (SD3.5's ff down; Flux's, CogVideoX's, HunyuanVideo's)
+    assert fq.gelu_rows_chunked(K, True, False, False)
+    launch = fq.per_token_launch(K, chunked=True)
+    warps = launch.pop("num_warps")
+    cases.append((fq._fp8_quant_per_token_kernel, dict(launch, GELU=True, HAS_COL=False, HAS_PREFIX=False), warps))
 cases.append((fq._fp8_quant_per_block_kernel,
               dict(BLOCK_M=32, BLOCK_K=128, GELU=False, HAS_COL=True, HAS_PREFIX=False), 4))
 for fn, const, warps in cases:
@@ -60,7 +65,7 @@ def test_fp8_quant_kernels_compile_without_spills(arch):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     reports = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(reports) == 8
+    assert len(reports) == 10
     for r in reports:
         assert r["stack"] == 0 and r["ldl/stl"] == 0, r
         assert r["ldg128"] > 0, r  # the bf16 rows are read in 16-byte vectors

@@ -11,6 +11,7 @@ import torch
 import sagegen
 from helpers import cosine, rel_l1
 from sagegen.kernels.fp8_quant import quantize_fp8_rows
+from sagegen.kernels.spec import GELU_AMAX_FLOOR
 from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.linear.numerics import quantize_activations
 from sagegen.models import arch as archs
@@ -192,3 +193,63 @@ def test_wan_transformer_runs_fp8_linears_with_the_fused_gelu():
     assert not any(isinstance(m, GeluInputOnly) for m in model.modules())
     sagegen.unpatch(model)
     assert not any(isinstance(m, (FP8Linear, GeluInputOnly)) for m in model.modules())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gelu_amax_floor_bounds_every_negative_output(dtype):
+    """The floor is what lets the chunked kernel take a GELU row's scale from GELU(max x): it must exceed
+    |GELU(x)| for every negative x of the dtype, with torch's formula and the kernel's sigmoid form, after the
+    rounding to the dtype that the kernel applies; and stay close to GELU's true minimum (0.1700)."""
+    from sagegen.kernels import fp8_quant as fq
+
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype)
+    x = x[torch.isfinite(x) & (x < 0)].float()
+    torch_form = torch.nn.functional.gelu(x.double(), approximate="tanh")
+    sigmoid_form = x / (1.0 + torch.exp2(x * (fq._GELU_A.value + fq._GELU_B.value * x * x)))
+    for g in (torch_form, sigmoid_form):
+        worst = g.to(dtype).float().abs().max().item()
+        assert 0.169 < worst < GELU_AMAX_FLOOR, worst
+    assert float(torch.tensor(GELU_AMAX_FLOOR, dtype=dtype)) == GELU_AMAX_FLOOR
+
+
+def test_chunked_gelu_rows_equal_one_tile_and_the_emulation(seed):
+    """The chunked GELU path (pass 1: max x only; amax = GELU(max x) with the floor) gives the one-tile path's
+    codes and scales bit for bit, on rows where the floor binds and where it does not: all negative, a largest
+    input below 0.27 (GELU 0.11 < floor; negatives near -0.75 give 0.17), zeros, a lone large value in the
+    last chunk, mixed; odd widths and a strided input."""
+    from sagegen.kernels import fp8_quant as fq
+
+    M, K = 13, 300
+    wide = (torch.randn(M, K + 5) * 2).to(torch.bfloat16)
+    x = wide[:, 2:2 + K]
+    x[0] = -(torch.rand(K) * 5 + 0.1).to(torch.bfloat16)          # all negative
+    x[1] = (torch.rand(K) * 0.27 - 1.0).to(torch.bfloat16)        # max < 0.27, values near -0.75
+    x[2] = 0.0
+    x[3, :] = -0.5
+    x[3, K - 3] = 40.0                                             # the row's max in the last chunk
+    x[4] = torch.linspace(-3, 1.5, K).to(torch.bfloat16)
+    chunked = fq.quantize_fp8_rows(x, prologue="gelu_tanh", chunked=True)
+    one = fq.quantize_fp8_rows(x, prologue="gelu_tanh", chunked=False)
+    assert fq.per_token_launch(K, chunked=True)["SINGLE_PASS"] is False
+    assert torch.equal(chunked[1], one[1]) and torch.equal(chunked[0].view(torch.uint8), one[0].view(torch.uint8))
+    floor_scale = torch.tensor(GELU_AMAX_FLOOR) * torch.tensor(1 / 448, dtype=torch.float32)
+    assert torch.equal(chunked[1][:3, 0], floor_scale.expand(3))  # the floor binds on rows 0-2 only
+    assert (chunked[1][3:, 0] > floor_scale).all()
+    q_ref, s_ref = quantize_activations(x, "per_token", prologue="gelu_tanh")
+    assert torch.allclose(chunked[1], s_ref, rtol=2 ** -7, atol=0)
+    assert (chunked[0].view(torch.uint8) != q_ref.view(torch.uint8)).float().mean() < 0.01
+    # without the floor, row 1's scale would be its own amax (~0.17), not the floor: the test can see the rule
+    assert torch.nn.functional.gelu(x[1].float(), approximate="tanh").abs().max() < GELU_AMAX_FLOOR
+
+
+def test_which_gelu_rows_run_in_chunks():
+    from sagegen.kernels import fp8_quant as fq
+
+    assert fq.gelu_rows_chunked(9728, True, False, False) and fq.gelu_rows_chunked(12288, True, False, False)
+    assert fq.gelu_rows_chunked(8960, True, False, False)             # Wan2.1-1.3B's ffn down
+    assert not fq.gelu_rows_chunked(13824, True, False, False)        # Wan 14B: 84% of the tile
+    assert not fq.gelu_rows_chunked(8192, True, False, False)         # a full tile
+    assert not fq.gelu_rows_chunked(9728, False, False, False)        # plain rows are bound by memory
+    assert not fq.gelu_rows_chunked(9728, True, True, False)          # a channel multiplier breaks the max rule
+    assert not fq.gelu_rows_chunked(9728, True, False, True)          # a prefix: one tile (Flux's 15360)

@@ -12,6 +12,7 @@ import sagegen
 from conftest import gpu
 from helpers import cosine, rel_l1
 from sagegen.kernels.fp8_quant import quantize_fp8_rows
+from sagegen.kernels.spec import GELU_AMAX_FLOOR
 from sagegen.linear import FP8Linear, LinearPolicy, fp8_capable, fp8_linear, fp8_linear_reference, quantize_weight
 from sagegen.linear.numerics import quantize_activations
 from sagegen.linear.ops import blockwise_supported
@@ -42,7 +43,7 @@ def test_quantizer_matches_the_emulation_bit_for_bit_on_gpu(seed, granularity, s
 
 
 @pytest.mark.parametrize("granularity", ["per_token", "per_block"])
-@pytest.mark.parametrize("shape", [(333, 300), (4096, 12288)])
+@pytest.mark.parametrize("shape", [(333, 300), (4096, 12288), (8858, 9728), (1000, 13824), (1000, 20000)])
 def test_fused_gelu_quantizer_matches_eager_gelu_then_the_emulation(seed, granularity, shape):
     M, K = shape
     x = (torch.randn(M, K, device="cuda") * 3).to(torch.bfloat16)
@@ -55,6 +56,29 @@ def test_fused_gelu_quantizer_matches_eager_gelu_then_the_emulation(seed, granul
     print(f"fused GELU vs eager: {diff_q:.2e} of the FP8 codes and {diff_s:.2e} of the scales differ")
     assert torch.allclose(s, s_ref, rtol=2 ** -7, atol=0) and diff_s < 1e-2
     assert diff_q < 1e-3 and (q.float() - q_ref.float()).abs().max() <= 32
+
+
+@pytest.mark.parametrize("K", [300, 8960, 9728, 12288])
+def test_chunked_gelu_rows_equal_one_tile_on_gpu(seed, K):
+    """The chunked GELU rows (scale from GELU(max x) and the floor) against the one-tile kernel (every GELU's
+    amax): bit for bit, with rows where the floor binds (all negative, largest input below 0.27, zeros) and a
+    row whose largest input sits in the last chunk."""
+    from sagegen.kernels.fp8_quant import per_token_launch
+
+    M = 1001
+    x = (torch.randn(M, K, device="cuda") * 3).to(torch.bfloat16)
+    x[0] = -(torch.rand(K, device="cuda") * 5 + 0.1)
+    x[1] = torch.rand(K, device="cuda") * 0.27 - 1.0
+    x[2] = 0
+    x[3] = -0.5
+    x[3, -1] = 60.0
+    ref = quantize_fp8_rows(x, prologue="gelu_tanh", chunked=False)
+    got = quantize_fp8_rows(x, prologue="gelu_tanh", chunked=True)
+    assert not per_token_launch(K, chunked=True)["SINGLE_PASS"]
+    assert torch.equal(got[1], ref[1])
+    assert torch.equal(got[0].view(torch.uint8), ref[0].view(torch.uint8))
+    floor = torch.tensor(GELU_AMAX_FLOOR) * torch.tensor(1 / 448, dtype=torch.float32)
+    assert torch.equal(got[1][:3, 0].cpu(), floor.expand(3)) and (got[1][3:, 0].cpu() > floor).all()
 
 
 @pytest.mark.parametrize("granularity", ["per_token", "per_block"])

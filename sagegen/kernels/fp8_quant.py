@@ -25,8 +25,13 @@ NaN handling is not specified (the GPU's max drops NaNs, torch's keeps them). Th
 library's ``tanhf``, which made the fused kernel compute-bound at 3x the plain quantizer's time on an H100): it
 matches eager GELU to a rounding of the last bit on a few elements, not bit for bit everywhere.
 
+With the GELU prologue the amax is floored at ``GELU_AMAX_FLOOR`` (0.171875; GELU's outputs below zero are at
+most 0.1700 in magnitude), as in the emulation: the scale is unchanged wherever a row reaches the floor.
+
 One program per tile of rows (per token: the whole row in registers up to 16384 channels, one read; wider rows
-in two passes, the second from L2) or per (row tile, 1x128 block). Loads are 16-byte vectors when the row
+in two passes, the second from L2) or per (row tile, 1x128 block). GELU rows that would leave a fifth or more of
+a power-of-two tile idle (9728, 12288 channels) run in 1024-wide chunks, two passes: the first reads x for its
+maximum only (with the floor, the amax is GELU(max x)), the second computes each GELU once. Loads are 16-byte vectors when the row
 stride is a multiple of 8 elements. Nothing here knows diffusers.
 """
 
@@ -38,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import FP8_MAX, cdiv, next_power_of_2
+from .spec import FP8_MAX, GELU_AMAX_FLOOR, cdiv, next_power_of_2
 from .triton_quant import interpreting, round_to_e4m3_grid
 
 try:  # the GPU's tanhf (the CUDA math library's, as torch's GELU kernel calls)
@@ -62,6 +67,13 @@ _GELU_A_PY = -2.0 / 0.6931471805599453 * 2.0 ** 0.5 * (2.0 / 3.141592653589793 *
 _GELU_A = tl.constexpr(float(torch.tensor(_GELU_A_PY, dtype=torch.float32).item()))
 _GELU_B = tl.constexpr(float(torch.tensor(_GELU_A_PY * 0.044715, dtype=torch.float32).item()))
 TANH_IMPLS = ("exp2", "libdevice")
+# GELU's outputs below zero are never larger than 0.1700 in magnitude: a GELU row's amax is floored above that,
+# so that its scale can come from GELU(max x) alone
+_GELU_AMAX_FLOOR = tl.constexpr(GELU_AMAX_FLOOR)
+# GELU rows whose power-of-two tile would leave this share of its lanes idle or more run in chunks instead
+# (SD3.5's 9728 channels fill 59% of a 16384 tile, 12288 fill 75%; Wan 14B's 13824, 84%, stay in one tile)
+GELU_CHUNK_IDLE_SHARE = 0.2
+GELU_CHUNK_K = 1024
 
 
 @triton.jit
@@ -89,6 +101,15 @@ def _round_to_bf16_grid(x):
 
 
 @triton.jit
+def _gelu_stored(x, X, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
+    # GELU of fp32 x, rounded to X's dtype as the eager activation stores it, back in fp32
+    g = _gelu_tanh(x, INTERPRET, TANH_LIBDEVICE)
+    if INTERPRET and X.dtype.element_ty == tl.bfloat16:
+        return _round_to_bf16_grid(g)
+    return g.to(X.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
 def _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL: tl.constexpr,
               GELU: tl.constexpr, HAS_PREFIX: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     # The row is cat(P[:, :K0], act(X)) with a prefix, else act(X): the prefix's lanes load P, the others X
@@ -100,11 +121,7 @@ def _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_C
     else:
         x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0)
     if GELU:  # the eager GELU stores its output in x's dtype: round there before quantizing
-        g = _gelu_tanh(x.to(tl.float32), INTERPRET, TANH_LIBDEVICE)
-        if INTERPRET and X.dtype.element_ty == tl.bfloat16:
-            x = _round_to_bf16_grid(g)
-        else:
-            x = g.to(X.dtype.element_ty)
+        x = _gelu_stored(x.to(tl.float32), X, INTERPRET, TANH_LIBDEVICE)
     x = x.to(tl.float32)
     if HAS_PREFIX:
         x = tl.where(head[None, :], p.to(tl.float32), x)
@@ -114,7 +131,9 @@ def _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_C
 
 
 @triton.jit
-def _scale_and_inverse(amax):
+def _scale_and_inverse(amax, GELU: tl.constexpr):
+    if GELU:
+        amax = tl.maximum(amax, _GELU_AMAX_FLOOR)
     scale = amax * _INV_FP8_MAX
     scale = tl.where(scale > 0, scale, 1.0)
     return scale, tl.math.div_rn(tl.zeros_like(scale) + 1.0, scale)
@@ -161,7 +180,7 @@ def _quantize_rows_once(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, s
     ok = row_ok[:, None] & col_ok[None, :]
     x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
                   INTERPRET, TANH_LIBDEVICE)
-    scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
+    scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1), GELU)
     q = _quantize_tile(x, inv[:, None], INTERPRET)
     tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
     tl.store(S + rows, scale, mask=row_ok)
@@ -171,15 +190,29 @@ def _quantize_rows_once(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, s
 def _quantize_rows_twice(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, stride_pm, stride_qm,
                          HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr,
                          HAS_PREFIX: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
-    amax = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):  # pass 1: the row's amax
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_ok = cols < K
-        ok = row_ok[:, None] & col_ok[None, :]
-        x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
-                      INTERPRET, TANH_LIBDEVICE)
-        amax = tl.maximum(amax, tl.max(tl.abs(x), axis=1))
-    scale, inv = _scale_and_inverse(amax)
+    # Pass 1, the row's amax: a running element-wise maximum over chunks, reduced once (a cross-warp reduction
+    # per chunk is what made power-of-two parts slow, bench/NOTES.md v5.8).
+    if GELU and not HAS_COL and not HAS_PREFIX:
+        # GELU rises for x > -0.75 and stays within the amax floor below it, so with the floor the row's amax is
+        # GELU(max x): pass 1 reads x and computes no GELU, pass 2 computes each GELU once
+        run = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # masked lanes read 0: GELU(0) = 0 is below the floor
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            ok = row_ok[:, None] & (cols < K)[None, :]
+            x = tl.load(X + rows64[:, None] * stride_xm + cols[None, :], mask=ok, other=0.0)
+            run = tl.maximum(run, x.to(tl.float32))
+        amax = _gelu_stored(tl.max(run, axis=1), X, INTERPRET, TANH_LIBDEVICE)
+    else:
+        run = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            ok = row_ok[:, None] & col_ok[None, :]
+            x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
+                          INTERPRET, TANH_LIBDEVICE)
+            run = tl.maximum(run, tl.abs(x))
+        amax = tl.max(run, axis=1)
+    scale, inv = _scale_and_inverse(amax, GELU)
     for k0 in range(0, K, BLOCK_K):  # pass 2: quantize (the tile is back from L2)
         cols = k0 + tl.arange(0, BLOCK_K)
         col_ok = cols < K
@@ -209,30 +242,41 @@ def _fp8_quant_per_block_kernel(X, P, C, Q, S, M, K, K0, stride_xm, stride_pm, s
         rows64 = rows.to(tl.int64)
         x = _load_act(X, P, rows64, cols, ok, col_ok, stride_xm, stride_pm, K0, C, HAS_COL, GELU, HAS_PREFIX,
                       INTERPRET, TANH_LIBDEVICE)
-        scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1))
+        scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1), GELU)
         q = _quantize_tile(x, inv[:, None], INTERPRET)
         tl.store(Q + rows64[:, None] * stride_qm + cols[None, :], q, mask=ok)
         tl.store(S + rows64 * stride_sm + kb * stride_sk, scale, mask=row_ok)
 
 
-def per_token_launch(K: int, *, block_m: int | None = None, num_warps: int | None = None,
-                     max_single_pass_k: int = SINGLE_PASS_ELEMENTS, interpret: bool = False) -> dict:
-    """The per-token kernel's tile and warps for rows of K channels (the bench sweeps the overrides)."""
-    single = K <= max_single_pass_k
+def gelu_rows_chunked(K: int, gelu: bool, has_col: bool, has_prefix: bool) -> bool:
+    """Whether GELU rows of K channels run in chunks (two passes, GELU(max x) for the scale) rather than in one
+    power-of-two tile: where the tile would leave GELU_CHUNK_IDLE_SHARE of its lanes idle or more, because the
+    GELU path is bound by instruction issue and idle lanes issue too (bench/NOTES.md v5.8, v6.3)."""
+    return gelu and not has_col and not has_prefix and next_power_of_2(K) * (1 - GELU_CHUNK_IDLE_SHARE) >= K
+
+
+def per_token_launch(K: int, *, chunked: bool = False, block_m: int | None = None, num_warps: int | None = None,
+                     max_single_pass_k: int = SINGLE_PASS_ELEMENTS, chunk_k: int | None = None,
+                     interpret: bool = False) -> dict:
+    """The per-token kernel's tile and warps for rows of K channels (the bench sweeps the overrides).
+    ``chunked``: two passes over BLOCK_K chunks even where the row fits one tile (see `gelu_rows_chunked`)."""
+    single = K <= max_single_pass_k and not chunked
     if single:
         bk = next_power_of_2(max(K, 16))
         # at least ~4096 elements a program (a whole row for K > 4096), 32 fp32 values a thread (16-byte loads,
         # no spills): 4 warps for 4096 elements, 8 for 8192, 16 for 16384
         bm = block_m or max(1, 4096 // bk)
+    elif interpret or interpreting():
+        bk, bm = chunk_k or 128, block_m or 4
     else:
-        bk, bm = (128, block_m or 4) if interpret or interpreting() else (1024, block_m or 2)
+        bk, bm = chunk_k or GELU_CHUNK_K, block_m or 2
     warps = num_warps or min(16, max(4, bm * bk // 1024))
     return dict(BLOCK_M=bm, BLOCK_K=bk, SINGLE_PASS=single, num_warps=warps)
 
 
 @functools.lru_cache(maxsize=512)
-def _default_per_token_plan(K: int, interp: bool) -> dict:
-    return per_token_launch(K, interpret=interp)
+def _default_per_token_plan(K: int, interp: bool, gelu: bool, has_col: bool, has_prefix: bool) -> dict:
+    return per_token_launch(K, chunked=gelu_rows_chunked(K, gelu, has_col, has_prefix), interpret=interp)
 
 
 def quantize_per_token_unchecked(x: torch.Tensor, col_scale: torch.Tensor | None = None, gelu: bool = False,
@@ -244,7 +288,7 @@ def quantize_per_token_unchecked(x: torch.Tensor, col_scale: torch.Tensor | None
     M, K = x.shape
     K0 = 0 if prefix is None else prefix.shape[1]
     interp = interpreting()
-    launch = _default_per_token_plan(K0 + K, interp)
+    launch = _default_per_token_plan(K0 + K, interp, gelu, col_scale is not None, prefix is not None)
     q = torch.empty((M, K0 + K), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M:
@@ -270,14 +314,14 @@ def _checked_prefix(prefix: torch.Tensor | None, x: torch.Tensor) -> torch.Tenso
 def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale: torch.Tensor | None = None,
                       *, prologue: str | None = None, prefix: torch.Tensor | None = None,
                       scales_k_major: bool = False, block_m: int | None = None, num_warps: int | None = None,
-                      programs: int | None = None, max_single_pass_k: int = SINGLE_PASS_ELEMENTS, tanh: str = "exp2"
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      programs: int | None = None, max_single_pass_k: int = SINGLE_PASS_ELEMENTS, tanh: str = "exp2",
+                      chunked: bool | None = None, chunk_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a 2-D activation to FP8 e4m3 with per-token or 1x128-block scales (see the module doc).
 
     ``prefix`` [M, K0] (x's dtype): the rows quantized are ``cat([prefix, prologue(x)], 1)`` [M, K0 + K], read
     from both tensors (no concatenated copy); ``col_scale`` then has K0 + K entries.
-    ``block_m`` / ``num_warps`` override the launch heuristics; ``programs`` caps the grid (the programs then
-    walk the tiles, grid-stride). ``tanh``: how the GELU prologue computes tanh on the GPU, ``"exp2"`` (default,
+    ``block_m`` / ``num_warps`` / ``chunked`` / ``chunk_k`` override the launch heuristics; ``programs`` caps the
+    grid (the programs then walk the tiles, grid-stride). ``tanh``: how the GELU prologue computes tanh on the GPU, ``"exp2"`` (default,
     the sigmoid form: one exp2 and one division) or ``"libdevice"`` (the CUDA math library's tanhf, as torch; several times
     slower inside this kernel)."""
     if tanh not in TANH_IMPLS:
@@ -302,8 +346,9 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
                              f"{tuple(col_scale.shape)} on {col_scale.device}")
         col_scale = col_scale.contiguous()
     gelu = prologue == "gelu_tanh"
-    if granularity == "per_token" and tanh == "exp2" and (block_m, num_warps, programs, max_single_pass_k) == (
-            None, None, None, SINGLE_PASS_ELEMENTS):
+    if granularity == "per_token" and tanh == "exp2" and (block_m, num_warps, programs, max_single_pass_k, chunked,
+                                                          chunk_k) == (None, None, None, SINGLE_PASS_ELEMENTS,
+                                                                       None, None):
         return quantize_per_token_unchecked(x, col_scale, gelu, prefix)
     q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
     interp = interpreting()
@@ -313,7 +358,9 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
                   TANH_LIBDEVICE=tanh == "libdevice", enable_fp_fusion=True)
     if granularity == "per_token":
         scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
-        launch = per_token_launch(K, block_m=block_m, num_warps=num_warps, max_single_pass_k=max_single_pass_k)
+        launch = per_token_launch(K, chunked=gelu_rows_chunked(K, gelu, col_scale is not None, prefix is not None)
+                                  if chunked is None else chunked, block_m=block_m, num_warps=num_warps,
+                                  max_single_pass_k=max_single_pass_k, chunk_k=chunk_k)
         n_tiles = cdiv(M, launch["BLOCK_M"])
         if M:
             grid = (min(n_tiles, programs) if programs else n_tiles,)

@@ -15,6 +15,9 @@ import torch
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 FP8_MAX = 448.0  # largest finite float8 e4m3fn
+# GELU rows' amax floor for FP8 (sagegen.linear.numerics): above max |GELU_tanh(x)| over x < 0, 0.17004 at
+# x ~ -0.752, and exact in every float dtype
+GELU_AMAX_FLOOR = 0.171875
 INT8_MAX = 127.0
 EPS = 1e-8  # a zero row/block/channel still gets a finite scale
 LOG2_FP8_MAX = math.log2(FP8_MAX)

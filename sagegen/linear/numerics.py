@@ -5,8 +5,11 @@
   operations (a multiplication by a constant, one IEEE reciprocal per scale): torch on the GPU computes
   ``t / 448.0`` as ``t * (1/448)`` but ``t / 448`` on the CPU, so a plain division would make the emulation
   itself device-dependent. An optional per-channel
-  multiplier ``col_scale`` is applied first (smoothing or the outlier mask). The Triton kernel
-  (`sagegen.kernels.fp8_quant`) matches this bit for bit.
+  multiplier ``col_scale`` is applied first (smoothing or the outlier mask). With the GELU prologue the amax is
+  floored at ``GELU_AMAX_FLOOR`` (0.171875, above GELU's largest negative magnitude, 0.1700): the scale is then
+  GELU(max x)'s, which the kernel can take from x without computing every GELU twice, and is unchanged wherever
+  the row's (block's) largest magnitude reaches the floor. The Triton kernel (`sagegen.kernels.fp8_quant`)
+  matches this bit for bit.
 - Weights [N, K]: per output channel (one scale per row of W) or per 128x128 block, the same rule.
 - The product: dequantize both (fp32), matmul in fp32, add the bias, cast to the activation's dtype. On the GPU
   cuBLASLt computes the same quantized values' product with an fp32 accumulator (summation order differs).
@@ -17,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels.spec import FP8_MAX
+from ..kernels.spec import FP8_MAX, GELU_AMAX_FLOOR
 
 BLOCK = 128
 ACT_GRANULARITIES = ("per_token", "per_block")
@@ -28,9 +31,9 @@ FP8 = torch.float8_e4m3fn
 INV_FP8_MAX = 1.0 / FP8_MAX  # rounded to fp32 where used, as in the kernel
 
 
-def _scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+def _scale_from_amax(amax: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
     inv = torch.tensor(INV_FP8_MAX, dtype=torch.float32)  # fp32(1/448), on the CPU: a scalar multiplication
-    scale = amax.float() * inv
+    scale = amax.float().clamp_min(floor) * inv
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
@@ -68,11 +71,12 @@ def quantize_activations(x: torch.Tensor, granularity: str = "per_token",
     if col_scale is not None:
         x = x * col_scale.float()
     M, K = x.shape
+    floor = GELU_AMAX_FLOOR if prologue == "gelu_tanh" else 0.0
     if granularity == "per_token":
-        scale = _scale_from_amax(x.abs().amax(dim=1, keepdim=True))
+        scale = _scale_from_amax(x.abs().amax(dim=1, keepdim=True), floor)
         return _to_fp8(x, scale), scale
     blocks = _pad_to(x, 1, BLOCK).view(M, -1, BLOCK)
-    scale = _scale_from_amax(blocks.abs().amax(dim=2))                       # [M, nb]
+    scale = _scale_from_amax(blocks.abs().amax(dim=2), floor)                # [M, nb]
     q = _to_fp8(blocks, scale[..., None]).view(M, -1)[:, :K]
     return q, scale
 
