@@ -36,7 +36,7 @@ cases.append((fq._fp8_quant_per_token_kernel,
               dict(fq.per_token_launch(20480, max_single_pass_k=16384), GELU=True, HAS_COL=False, HAS_PREFIX=True),
               4))
 cases[-1][1].pop("num_warps")
-for K in (9728, 12288):  # GELU rows in 1024-wide chunks (SD3.5's ff down; Flux's, CogVideoX's, HunyuanVideo's)
+for K in (9728, 12288):  # GELU rows in chunks (SD3.5's ff down; Flux's, CogVideoX's, HunyuanVideo's)
     assert fq.gelu_rows_chunked(K, True, False, False)
     launch = fq.per_token_launch(K, chunked=True)
     warps = launch.pop("num_warps")

@@ -250,6 +250,7 @@ def test_which_gelu_rows_run_in_chunks():
     assert fq.gelu_rows_chunked(8960, True, False, False)             # Wan2.1-1.3B's ffn down
     assert not fq.gelu_rows_chunked(13824, True, False, False)        # Wan 14B: 84% of the tile
     assert not fq.gelu_rows_chunked(8192, True, False, False)         # a full tile
+    assert not fq.gelu_rows_chunked(300, True, False, False)          # a 2048 chunk would pad more than the tile
     assert not fq.gelu_rows_chunked(9728, False, False, False)        # plain rows are bound by memory
     assert not fq.gelu_rows_chunked(9728, True, True, False)          # a channel multiplier breaks the max rule
     assert not fq.gelu_rows_chunked(9728, True, False, True)          # a prefix: one tile (Flux's 15360)

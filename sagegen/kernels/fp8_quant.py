@@ -30,9 +30,9 @@ most 0.1700 in magnitude), as in the emulation: the scale is unchanged wherever 
 
 One program per tile of rows (per token: the whole row in registers up to 16384 channels, one read; wider rows
 in two passes, the second from L2) or per (row tile, 1x128 block). GELU rows that would leave a fifth or more of
-a power-of-two tile idle (9728, 12288 channels) run in 1024-wide chunks, two passes: the first reads x for its
-maximum only (with the floor, the amax is GELU(max x)), the second computes each GELU once. Loads are 16-byte vectors when the row
-stride is a multiple of 8 elements. Nothing here knows diffusers.
+a power-of-two tile idle (9728, 12288 channels) run in chunks of 4096 or 2048, two passes: the first reads x for
+its maximum only (with the floor, the amax is GELU(max x)), the second computes each GELU once. Loads are 16-byte
+vectors when the row stride is a multiple of 8 elements. Nothing here knows diffusers.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ _GELU_AMAX_FLOOR = tl.constexpr(GELU_AMAX_FLOOR)
 # GELU rows whose power-of-two tile would leave this share of its lanes idle or more run in chunks instead
 # (SD3.5's 9728 channels fill 59% of a 16384 tile, 12288 fill 75%; Wan 14B's 13824, 84%, stay in one tile)
 GELU_CHUNK_IDLE_SHARE = 0.2
-GELU_CHUNK_K = 1024
+GELU_CHUNK_KS = (4096, 2048)
 
 
 @triton.jit
@@ -248,11 +248,20 @@ def _fp8_quant_per_block_kernel(X, P, C, Q, S, M, K, K0, stride_xm, stride_pm, s
         tl.store(S + rows64 * stride_sm + kb * stride_sk, scale, mask=row_ok)
 
 
+def _gelu_chunk(K: int) -> int:
+    """The chunk width of chunked GELU rows: 4096 or 2048, whichever pads the row less (the wider on a tie)."""
+    return min(GELU_CHUNK_KS, key=lambda c: (cdiv(K, c) * c, -c))
+
+
 def gelu_rows_chunked(K: int, gelu: bool, has_col: bool, has_prefix: bool) -> bool:
     """Whether GELU rows of K channels run in chunks (two passes, GELU(max x) for the scale) rather than in one
-    power-of-two tile: where the tile would leave GELU_CHUNK_IDLE_SHARE of its lanes idle or more, because the
-    GELU path is bound by instruction issue and idle lanes issue too (bench/NOTES.md v5.8, v6.3)."""
-    return gelu and not has_col and not has_prefix and next_power_of_2(K) * (1 - GELU_CHUNK_IDLE_SHARE) >= K
+    power-of-two tile: where the tile would leave GELU_CHUNK_IDLE_SHARE of its lanes idle or more and the chunks
+    would not, because the GELU path is bound by instruction issue and idle lanes issue too (bench/NOTES.md v5.8,
+    v6.3)."""
+    if not gelu or has_col or has_prefix:
+        return False
+    chunk = _gelu_chunk(K)
+    return cdiv(K, chunk) * chunk <= next_power_of_2(K) * (1 - GELU_CHUNK_IDLE_SHARE)
 
 
 def per_token_launch(K: int, *, chunked: bool = False, block_m: int | None = None, num_warps: int | None = None,
@@ -268,8 +277,15 @@ def per_token_launch(K: int, *, chunked: bool = False, block_m: int | None = Non
         bm = block_m or max(1, 4096 // bk)
     elif interpret or interpreting():
         bk, bm = chunk_k or 128, block_m or 4
-    else:
-        bk, bm = chunk_k or GELU_CHUNK_K, block_m or 2
+    elif chunked:
+        # one row a program, 8 warps, chunks of 4096 or 2048 (whichever pads the row less; 12288 -> 3 x 4096,
+        # 9728 -> 5 x 2048): the fastest of 1024-4096-wide chunks at 1-4 rows, 4-16 warps on the H200
+        # (bench/NOTES.md v6.3)
+        bk = chunk_k or _gelu_chunk(K)
+        bm = block_m or 1
+        num_warps = num_warps or 8
+    else:  # rows wider than one tile
+        bk, bm = chunk_k or 1024, block_m or 2
     warps = num_warps or min(16, max(4, bm * bk // 1024))
     return dict(BLOCK_M=bm, BLOCK_K=bk, SINGLE_PASS=single, num_warps=warps)
 
