@@ -3,6 +3,9 @@ weights (the preset's size), one stock step, then patched steps with the switch 
 (A, B, A, B, ...), all in one process. JSON to --out.
 
     python bench/probes/ab_step_flag.py wan2.1-t2v-14b gluon_attn_ring.ENABLED --out $OUT/ab-step.json
+    python bench/probes/ab_step_flag.py sd3.5-large fp8_quant.GELU_CHUNKS --linear fp8 --out $OUT/ab-step.json
+
+Also reports whether the A and B steps' outputs are bit-identical (and their rel. L1 if not).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ def main():
     ap.add_argument("model")
     ap.add_argument("flag", help="module.NAME under sagegen.kernels, set to True (A) and False (B)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--linear", default=None, choices=[None, "fp8"], help="patch with linear=... as well")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     module_name, _, name = args.flag.rpartition(".")
@@ -34,13 +38,14 @@ def main():
     model, inputs = full_size_model(args.model, torch.device("cuda"))
     step = lambda: model(**inputs)[0]  # noqa: E731
     ms = {"stock": [], "A": [], "B": []}
+    outputs = {}
     with torch.inference_mode():
         step()
         ms["stock"].append(event_ms(step))
-        sagegen.patch(model)
-        for value in (True, False):
+        sagegen.patch(model, linear=args.linear)
+        for label, value in (("A", True), ("B", False)):
             setattr(module, name, value)
-            step()  # warm-up (compiles)
+            outputs[label] = step()  # warm-up (compiles)
         for _ in range(args.rounds):
             for label, value in (("A", True), ("B", False)):
                 setattr(module, name, value)
@@ -48,7 +53,10 @@ def main():
                 print(label, f"{ms[label][-1]:.1f} ms", flush=True)
     setattr(module, name, original)
     med = {k: statistics.median(v) for k, v in ms.items()}
-    result = {"model": args.model, "flag": args.flag, "ms": ms, "median_ms": med,
+    a, b = outputs["A"].float(), outputs["B"].float()
+    result = {"model": args.model, "flag": args.flag, "linear": args.linear, "ms": ms, "median_ms": med,
+              "outputs_identical": bool(torch.equal(a, b)),
+              "rel_l1_A_vs_B": ((a - b).abs().sum() / b.abs().sum()).item(),
               "speedup_A": med["stock"] / med["A"], "speedup_B": med["stock"] / med["B"], "A_over_B": med["B"] / med["A"]}
     print({k: v for k, v in result.items() if k != "ms"}, flush=True)
     write_json(args.out, environment=environment(), **result)

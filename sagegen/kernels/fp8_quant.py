@@ -73,6 +73,7 @@ _GELU_AMAX_FLOOR = tl.constexpr(GELU_AMAX_FLOOR)
 # GELU rows whose power-of-two tile would leave this share of its lanes idle or more run in chunks instead
 # (SD3.5's 9728 channels fill 59% of a 16384 tile, 12288 fill 75%; Wan 14B's 13824, 84%, stay in one tile)
 GELU_CHUNK_IDLE_SHARE = 0.2
+GELU_CHUNKS = True  # False: every GELU row in one tile (an A/B switch for the probes)
 GELU_CHUNK_KS = (4096, 2048)
 
 
@@ -258,7 +259,7 @@ def gelu_rows_chunked(K: int, gelu: bool, has_col: bool, has_prefix: bool) -> bo
     power-of-two tile: where the tile would leave GELU_CHUNK_IDLE_SHARE of its lanes idle or more and the chunks
     would not, because the GELU path is bound by instruction issue and idle lanes issue too (bench/NOTES.md v5.8,
     v6.3)."""
-    if not gelu or has_col or has_prefix:
+    if not gelu or has_col or has_prefix or not GELU_CHUNKS:
         return False
     chunk = _gelu_chunk(K)
     return cdiv(K, chunk) * chunk <= next_power_of_2(K) * (1 - GELU_CHUNK_IDLE_SHARE)
@@ -291,7 +292,7 @@ def per_token_launch(K: int, *, chunked: bool = False, block_m: int | None = Non
 
 
 @functools.lru_cache(maxsize=512)
-def _default_per_token_plan(K: int, interp: bool, gelu: bool, has_col: bool, has_prefix: bool) -> dict:
+def _default_per_token_plan(K: int, interp: bool, gelu: bool, has_col: bool, has_prefix: bool, chunks: bool) -> dict:
     return per_token_launch(K, chunked=gelu_rows_chunked(K, gelu, has_col, has_prefix), interpret=interp)
 
 
@@ -304,7 +305,7 @@ def quantize_per_token_unchecked(x: torch.Tensor, col_scale: torch.Tensor | None
     M, K = x.shape
     K0 = 0 if prefix is None else prefix.shape[1]
     interp = interpreting()
-    launch = _default_per_token_plan(K0 + K, interp, gelu, col_scale is not None, prefix is not None)
+    launch = _default_per_token_plan(K0 + K, interp, gelu, col_scale is not None, prefix is not None, GELU_CHUNKS)
     q = torch.empty((M, K0 + K), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((M, 1), dtype=torch.float32, device=x.device)
     if M:
