@@ -228,3 +228,40 @@ def test_blockwise_runs_on_hopper():
         pytest.skip(f"torch {torch.__version__} has no torch.nn.functional.scaled_mm")
     ok, why = blockwise_supported(torch.cuda.current_device())
     assert ok, why
+
+
+@pytest.mark.parametrize("C", [2432, 3072, 5120])
+def test_norm_kernel_fp8_copy_equals_the_quantizer_on_gpu(seed, C):
+    """The fused blocks' norm writes the FP8 copy its projections take: bit for bit the per-token quantizer's
+    (and the emulation's) copy of the stored row, at the models' widths."""
+    from sagegen.kernels.triton_residual_norm import residual_norm
+
+    B, S = 2, 1531
+    x, y = (torch.randn(B, S, C, device="cuda") * 3).bfloat16(), torch.randn(B, S, C, device="cuda").bfloat16()
+    gate, scale, shift = (torch.randn(B, 1, C, device="cuda") * 0.3 for _ in range(3))
+    h, n, (q, s) = residual_norm(x, y, gate, scale=scale, shift=shift, fp8=True)
+    h0, n0 = residual_norm(x, y, gate, scale=scale, shift=shift)
+    assert torch.equal(h, h0) and torch.equal(n, n0)
+    for q_ref, s_ref in (quantize_fp8_rows(n.reshape(-1, C)), quantize_activations(n.reshape(-1, C))):
+        assert torch.equal(s, s_ref) and torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("name", ["wan2.1-t2v-1.3b", "flux.1-dev"])
+def test_patched_fp8_step_is_identical_with_the_norms_fp8_copies_on_gpu(name, monkeypatch):
+    from sagegen.patch import fused_blocks
+
+    _need_fp8()
+    overrides = dict(archs.smoke_overrides(name), num_layers=2)
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0, config_overrides=overrides)
+    arch = archs.get_arch(name)
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda", seed=1, height=64, width=64,
+                                  **({"frames": 9} if arch.frames else {}))
+    outputs = {}
+    with torch.inference_mode():
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        assert patch_info(model)["fused_blocks"] > 0
+        for on in (False, True):
+            monkeypatch.setattr(fused_blocks, "NORM_FP8", on)
+            outputs[on] = model(**inputs)[0]
+        sagegen.unpatch(model)
+    assert torch.equal(outputs[True], outputs[False])
