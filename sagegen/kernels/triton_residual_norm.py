@@ -72,11 +72,8 @@ def _residual_norm_kernel(
             n = n * (1.0 + scale) + shift
         n = _to_out(n, NOut.dtype.element_ty, EXACT_CAST)
         tl.store(NOut + row * stride_nr + cols, n, mask=ok)
-        if FP8_OUT:  # the stored row, quantized as the per-token FP8 quantizer would (masked lanes read 0)
-            # read back after a CTA barrier: the stores are visible to every thread, and nothing of this part
-            # can reach the statistics above (their cross-warp scratch is reused by the amax reduction)
-            tl.debug_barrier()
-            nf = tl.load(NOut + row * stride_nr + cols, mask=ok, other=0.0).to(tl.float32)
+        if FP8_OUT:  # the stored row, quantized as the per-token FP8 quantizer would (masked lanes are 0)
+            nf = tl.where(ok, n.to(tl.float32), 0.0)
             scale, inv = _scale_and_inverse(tl.max(tl.abs(nf), axis=0), False)
             tl.store(NQ + row * stride_qr + cols, _quantize_tile(nf, inv, EXACT_CAST), mask=ok)
             tl.store(NS + row, scale)
