@@ -43,7 +43,7 @@ def test_cache_matches_only_the_same_unchanged_tensor():
     cache.put(x, "per_token", False, "q2")
     del x
     gc.collect()
-    assert cache._entries == []  # the source is gone: so is its copy, and no new tensor can match
+    assert cache._entry is None  # the source is gone: so is its copy, and no new tensor can match
 
 
 def test_projections_of_one_input_quantize_once_with_identical_results(monkeypatch, seed):
@@ -68,7 +68,7 @@ def test_projections_of_one_input_quantize_once_with_identical_results(monkeypat
         xi = torch.randn(2, 20, 64, dtype=torch.bfloat16)
         [f(xi) for f in fp8]
         cache = shared()
-    assert len(calls) == 7 and cache._entries == []  # emptied when the scope ended
+    assert len(calls) == 7 and cache._entry is None  # emptied when the scope ended
 
 
 def test_prologue_and_column_scale_layers_do_not_share(monkeypatch, seed):

@@ -12,10 +12,6 @@ and rounded once to x's dtype; the norm reads that rounded h back, as ``h.float(
 is two-pass (mean, then the centred variance) in fp32, where PyTorch's kernel uses Welford's update: the fp32
 results agree to a few ulps, so a normalised output can differ from eager by one step of bf16 in rare
 elements (tests/test_residual_norm.py bounds it).
-
-``fp8=True`` also writes the normalised rows as FP8 e4m3 with one scale per row, quantized from the stored
-(rounded) row exactly as `sagegen.kernels.fp8_quant` quantizes it per token: bit for bit the copy an FP8 linear
-reading ``n`` would make, without reading ``n`` again (the patched blocks hand it to their projections).
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_quant import _quantize_tile, _scale_and_inverse
 from .spec import next_power_of_2
 from .triton_qk_prologue import FP_FUSION, _to_out
 from .triton_quant import interpreting
@@ -34,13 +29,12 @@ _HALF = (torch.float16, torch.bfloat16)
 
 @triton.jit
 def _residual_norm_kernel(
-    X, Y, Gate, W, Bias, Scale, Shift, HOut, NOut, NQ, NS,
+    X, Y, Gate, W, Bias, Scale, Shift, HOut, NOut,
     S, C, eps,
-    stride_xr, stride_yr, stride_hr, stride_nr, stride_qr,
+    stride_xr, stride_yr, stride_hr, stride_nr,
     stride_gb, stride_gs, stride_scb, stride_scs, stride_shb, stride_shs,
     HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_AFFINE: tl.constexpr,
-    HAS_MOD: tl.constexpr, RMS: tl.constexpr, EXACT_CAST: tl.constexpr, FP8_OUT: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    HAS_MOD: tl.constexpr, RMS: tl.constexpr, EXACT_CAST: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -70,13 +64,7 @@ def _residual_norm_kernel(
             scale = tl.load(Scale + b * stride_scb + s * stride_scs + cols, mask=ok, other=0.0).to(tl.float32)
             shift = tl.load(Shift + b * stride_shb + s * stride_shs + cols, mask=ok, other=0.0).to(tl.float32)
             n = n * (1.0 + scale) + shift
-        n = _to_out(n, NOut.dtype.element_ty, EXACT_CAST)
-        tl.store(NOut + row * stride_nr + cols, n, mask=ok)
-        if FP8_OUT:  # the stored row, quantized as the per-token FP8 quantizer would (masked lanes are 0)
-            nf = tl.where(ok, n.to(tl.float32), 0.0)
-            scale, inv = _scale_and_inverse(tl.max(tl.abs(nf), axis=0), False)
-            tl.store(NQ + row * stride_qr + cols, _quantize_tile(nf, inv, EXACT_CAST), mask=ok)
-            tl.store(NS + row, scale)
+        tl.store(NOut + row * stride_nr + cols, _to_out(n, NOut.dtype.element_ty, EXACT_CAST), mask=ok)
 
 
 def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int, int]:
@@ -92,15 +80,14 @@ def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int
 def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Tensor | None = None, *,
                   norm: bool = True, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                   eps: float = 1e-6, scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
-                  rms: bool = False, fp8: bool = False):
+                  rms: bool = False):
     """``h = (x.float() + y.float() * gate).to(x.dtype)`` (or ``h = x`` without ``y``; no gate: a plain add),
     then ``n = (layer_norm(h.float(), weight, bias, eps) * (1 + scale) + shift).to(x.dtype)``
     (``rms=True``: an RMSNorm without weights, as diffusers' ``RMSNorm(elementwise_affine=False)``, in its place).
 
     Shapes: x, y [B, S, C] (fp16/bf16, rows contiguous over C); gate, scale, shift [B or 1, S or 1, C]
     (any float dtype, usually fp32: Wan's per-sample or per-token modulation); weight, bias [C] or None.
-    Returns (h, n): h is x itself without ``y``; n is None with ``norm=False``. ``fp8=True`` (with the norm):
-    (h, n, (n_fp8 [B*S, C] e4m3, scales [B*S, 1] fp32)), n's per-token FP8 copy (see the module doc).
+    Returns (h, n): h is x itself without ``y``; n is None with ``norm=False``.
     """
     if x.dtype not in _HALF or x.ndim != 3 or x.stride(2) != 1:
         raise ValueError(f"x must be a [B, S, C] fp16/bf16 tensor with unit stride over C, got "
@@ -112,16 +99,12 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
         raise ValueError("scale and shift (and weight and bias) come together")
     if rms and weight is not None:
         raise ValueError("rms=True takes no weight or bias (an RMSNorm without elementwise affine)")
-    if fp8 and not norm:
-        raise ValueError("fp8=True quantizes the normalised rows: it needs norm=True")
     if y is None and not norm:
         return x, None
     x2, y2 = x.reshape(B * S, C), (y.reshape(B * S, C) if y is not None else None)
     h = torch.empty_like(x) if y is not None else x
     n = torch.empty_like(x) if norm else None
     h2, n2 = h.view(B * S, C), (n.view(B * S, C) if norm else None)
-    nq = torch.empty((B * S, C), dtype=torch.float8_e4m3fn, device=x.device) if fp8 else None
-    ns = torch.empty((B * S, 1), dtype=torch.float32, device=x.device) if fp8 else None
     strides = (*_row_strides(gate, B, S, "gate"), *_row_strides(scale, B, S, "scale"),
                *_row_strides(shift, B, S, "shift"))
     block_c = next_power_of_2(C)
@@ -130,14 +113,14 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
         x2, y2 if y2 is not None else dummy, gate if gate is not None else dummy,
         weight if weight is not None else dummy, bias if bias is not None else dummy,
         scale if scale is not None else dummy, shift if shift is not None else dummy,
-        h2, n2 if n2 is not None else h2, nq if fp8 else h2, ns if fp8 else h2, S, C, float(eps),
+        h2, n2 if n2 is not None else h2, S, C, float(eps),
         x2.stride(0), y2.stride(0) if y2 is not None else 0, h2.stride(0), n2.stride(0) if n2 is not None else 0,
-        nq.stride(0) if fp8 else 0, *strides,
+        *strides,
         HAS_RES=y is not None, HAS_GATE=gate is not None, HAS_NORM=norm, HAS_AFFINE=weight is not None,
-        HAS_MOD=scale is not None, RMS=rms, EXACT_CAST=interpreting(), FP8_OUT=fp8, BLOCK_C=block_c,
+        HAS_MOD=scale is not None, RMS=rms, EXACT_CAST=interpreting(), BLOCK_C=block_c,
         num_warps=4 if block_c <= 1024 else (8 if block_c <= 4096 else 16), enable_fp_fusion=FP_FUSION,
     )
-    return (h, n, (nq, ns)) if fp8 else (h, n)
+    return h, n
 
 
 def residual_norm_reference(x, y=None, gate=None, *, norm=True, weight=None, bias=None, eps=1e-6,

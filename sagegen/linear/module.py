@@ -25,8 +25,7 @@ the quantization kernel (the ``proj_out`` of Flux's and HunyuanVideo's single bl
 it).
 
 Eager calls inside an attention processor whose input another FP8 projection there has quantized (Q, K and V
-of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation. A patched block's norm
-offers the copy its kernel wrote (`takes_shared`), so the projections after a norm quantize nothing.
+of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation.
 
 Calls with fewer than ``min_rows`` tokens (modulation of one timestep vector, the image models' text streams) run
 the original bf16 linear: FP8 does not pay there.
@@ -107,14 +106,6 @@ class FP8Linear(torch.nn.Module):
                 f"weight={self.weight_granularity}, outliers={self.outliers}"
                 + (f", prologue={self.prologue}" if self.prologue else "")
                 + (f" ({len(self.outlier_idx)} split)" if self.outlier_idx is not None else ""))
-
-    def takes_shared(self, x: torch.Tensor) -> bool:
-        """Whether an eager call on ``x`` would quantize it per token, plainly (no column scale, no prologue):
-        then a per-token FP8 copy of ``x`` offered to the `shared` cache (a patched block's norm writes one)
-        is what it would compute, and it takes that instead."""
-        rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
-        return (self.act_granularity == "per_token" and self.calibrated and self.col_scale is None
-                and self.prologue is None and rows >= self.min_rows and x.dtype == self.weight.dtype)
 
     def _apply(self, fn, recurse=True):
         self._gemm_views = None  # views of the old buffers would keep them alive (and on the old device)

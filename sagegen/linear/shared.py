@@ -3,10 +3,8 @@
 Attention processors project one hidden state three times (Q, K and V; joint attention does it for the text
 too), and each `FP8Linear` would quantize it again: the same values, one Triton launch and one read of the
 activation each. Inside a `sharing()` scope (`sagegen.patch` opens one around each eager attention-processor
-call) `SharedActivations` keeps the last few plain quantizations (no column scale, no GELU prologue) with the
-tensors they came from, and the next projection of one of those tensors takes its copy. The patched blocks also
-put in the copy their norm kernel wrote with the norm's output (`offer`), so that the projections reading it
-quantize nothing. The scope is what makes this
+call) `SharedActivations` keeps the last plain quantization (no column scale, no GELU prologue) with the
+tensor it came from, and the next projection of that same tensor takes it. The scope is what makes this
 sound under ``torch.inference_mode``, whose tensors have no version counter: a processor projects its inputs
 without changing them in place, and the cache is emptied when the scope ends.
 
@@ -36,32 +34,29 @@ def _key(x: torch.Tensor, granularity: str, emulate: bool) -> tuple:
 
 
 class SharedActivations:
-    """The last few plain activation quantizations of this thread (see the module doc)."""
-
-    SLOTS = 4  # a joint block offers its two streams' norms before the attention reads both
+    """The last plain activation quantization of this thread (see the module doc)."""
 
     def __init__(self):
-        self._entries = []  # [(weakref to the root tensor, key, (x_fp8, scales))], the newest last
+        self._entry = None  # (weakref to the root tensor, key, (x_fp8, scales))
         self.hits = 0
 
     def get(self, x: torch.Tensor, granularity: str, emulate: bool):
-        root, key = _root(x), _key(x, granularity, emulate)
-        for ref, k, value in reversed(self._entries):
-            if ref() is root and k == key:
-                self.hits += 1
-                return value
+        entry = self._entry
+        if entry is not None and entry[0]() is _root(x) and entry[1] == _key(x, granularity, emulate):
+            self.hits += 1
+            return entry[2]
         return None
 
     def put(self, x: torch.Tensor, granularity: str, emulate: bool, value) -> None:
-        entries = [e for e in self._entries if e[0]() is not None][-(self.SLOTS - 1):]
-        entries.append((weakref.ref(_root(x), self._dropped), _key(x, granularity, emulate), value))
-        self._entries = entries
+        self._entry = (weakref.ref(_root(x), self._dropped), _key(x, granularity, emulate), value)
 
     def clear(self) -> None:
-        self._entries = []
+        self._entry = None
 
     def _dropped(self, ref) -> None:
-        self._entries = [e for e in self._entries if e[0] is not ref]
+        entry = self._entry
+        if entry is not None and entry[0] is ref:
+            self._entry = None
 
 
 _LOCAL = threading.local()

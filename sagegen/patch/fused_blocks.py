@@ -29,20 +29,18 @@ import importlib
 import torch
 
 from ..api import triton_interpret
-from ..linear.shared import sharing, shared
 from . import fused_blocks_cogvideox as _cogvideox
 from . import fused_blocks_flux as _flux
 from . import fused_blocks_ltx as _ltx
 from . import fused_blocks_qwen as _qwen
 from . import fused_blocks_sd3 as _sd3
-from .fused_common import _HALF, attention_input_projections, ff_input_projections, forward_subclass
+from .fused_common import _HALF, forward_subclass
 
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
 # SkyReels-V2's block: Wan 2.1's forward plus an attention mask for self-attention (diffusion forcing) and a
 # per-token modulation laid out [B, 6, S, C]
 _SKYREELS_BLOCK = ("diffusers.models.transformers.transformer_skyreels_v2", "SkyReelsV2TransformerBlock")
 _SUBCLASSES: dict[type, type] = {}
-NORM_FP8 = True  # False: no norm offers its FP8 copy (the projections quantize it themselves; an A/B switch)
 
 
 @functools.cache
@@ -128,43 +126,30 @@ def _fused_body(self, hidden_states, encoder_hidden_states, temb, rotary_emb, at
         return None
     shift, scale, gate, c_shift, c_scale, c_gate = mods
     x = hidden_states.contiguous()
-    a1, a2 = self.attn1, self.attn2
-    with sharing():  # each norm's FP8 copy for the projections that read it (Q/K/V, cross-attention Q, FFN up)
-        _, n = _residual_norm(x, scale=scale, shift=shift, eps=self.norm1.eps,
-                              fp8_for=attention_input_projections(a1))
-        y = a1(n, None, attention_mask, rotary_emb)
-        norm2 = self.norm2
-        if type(norm2) is torch.nn.Identity:
-            x, _ = _residual_norm(x, y, gate, norm=False)
-            n = x
-        else:
-            x, n = _residual_norm(x, y, gate, weight=norm2.weight, bias=norm2.bias, eps=norm2.eps,
-                                  fp8_for=attention_input_projections(a2)[:1])
-        y = a2(n, encoder_hidden_states, None, None)
-        x, n = _residual_norm(x, y, scale=c_scale, shift=c_shift, eps=self.norm3.eps, fp8_for=ff_input_projections(self.ffn))
-        x, _ = _residual_norm(x, self.ffn(n), c_gate, norm=False)
+    _, n = _residual_norm(x, scale=scale, shift=shift, eps=self.norm1.eps)
+    y = self.attn1(n, None, attention_mask, rotary_emb)
+    norm2 = self.norm2
+    if type(norm2) is torch.nn.Identity:
+        x, _ = _residual_norm(x, y, gate, norm=False)
+        n = x
+    else:
+        x, n = _residual_norm(x, y, gate, weight=norm2.weight, bias=norm2.bias, eps=norm2.eps)
+    y = self.attn2(n, encoder_hidden_states, None, None)
+    x, n = _residual_norm(x, y, scale=c_scale, shift=c_shift, eps=self.norm3.eps)
+    x, _ = _residual_norm(x, self.ffn(n), c_gate, norm=False)
     return x
 
 
-def _residual_norm(x, y=None, gate=None, fp8_for=(), **kwargs):
+def _residual_norm(x, y=None, gate=None, **kwargs):
     """The kernel where it reproduces the stock ops (a sub-layer output of x's dtype and shape), else the
-    eager ops themselves. ``fp8_for``: the projections that read the normalised output; where one of them would
-    quantize it per token (an `FP8Linear`'s ``takes_shared``) and a `sharing` scope is open, the kernel also
-    writes that FP8 copy and offers it to the scope's cache, so the projection quantizes nothing."""
+    eager ops themselves."""
     from ..kernels.triton_residual_norm import residual_norm, residual_norm_reference
 
     if y is not None and (y.dtype != x.dtype or y.shape != x.shape):
         return residual_norm_reference(x, y, gate, **kwargs)
     if y is not None and y.stride(2) != 1:
         y = y.contiguous()
-    cache = shared() if fp8_for and NORM_FP8 and kwargs.get("norm", True) else None
-    taker = None if cache is None else next(
-        (m for m in fp8_for if getattr(m, "takes_shared", None) is not None and m.takes_shared(x)), None)
-    if taker is None:
-        return residual_norm(x, y, gate, **kwargs)
-    h, n, copy = residual_norm(x, y, gate, fp8=True, **kwargs)
-    cache.put(n, "per_token", taker.emulate, copy)
-    return h, n
+    return residual_norm(x, y, gate, **kwargs)
 
 
 def _with_kernel(family_forward):

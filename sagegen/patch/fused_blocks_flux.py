@@ -27,7 +27,7 @@ import torch
 
 from ..linear.shared import sharing
 from . import fused_blocks_sd3 as _sd3
-from .fused_common import attention_input_projections, diffusers_class
+from .fused_common import diffusers_class
 
 _MODULE = "diffusers.models.transformers.transformer_flux"
 
@@ -68,7 +68,7 @@ def double_forward(self, stock, can_run, residual_norm, hidden_states, encoder_h
                               lambda n, cn: self.attn(hidden_states=n, encoder_hidden_states=cn,
                                                       image_rotary_emb=image_rotary_emb,
                                                       **(joint_attention_kwargs or {})),
-                              clip_fp16=True, attn=self.attn)
+                              clip_fp16=True)
 
 
 def single_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hidden_states, temb,
@@ -80,9 +80,8 @@ def single_forward(self, stock, can_run, residual_norm, hidden_states, encoder_h
     h = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     norm = self.norm
     shift, scale, gate = (p.unsqueeze(1) for p in norm.linear(norm.silu(temb)).chunk(3, dim=1))
-    with sharing():  # proj_mlp and the Q/K/V projections read the same n: one FP8 copy, written by the norm
-        _, n = residual_norm(h, scale=scale, shift=shift, eps=norm.norm.eps,
-                             fp8_for=(self.proj_mlp, *attention_input_projections(self.attn)))
+    _, n = residual_norm(h, scale=scale, shift=shift, eps=norm.norm.eps)
+    with sharing():  # proj_mlp and the Q/K/V projections read the same n: one FP8 quantization of it
         mlp = self.proj_mlp(n)
         attn = self.attn(hidden_states=n, image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
     if getattr(self.proj_out, "fuse_cat_gelu", False):  # FP8: GELU and concatenation inside the quantization

@@ -58,4 +58,4 @@ def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hi
     eps = (self.img_norm1.eps, self.txt_norm1.eps, self.img_norm2.eps, self.txt_norm2.eps)
     return _sd3.joint_body(residual_norm, hidden_states, encoder_hidden_states, _modulation(self.img_mod, temb),
                            _modulation(self.txt_mod, temb), eps, attend, self.img_mlp, self.txt_mlp,
-                           clip_text=True, clip_image=True, attn=self.attn)
+                           clip_text=True, clip_image=True)

@@ -23,9 +23,6 @@ import importlib
 
 import torch
 
-from ..linear.shared import sharing
-from .fused_common import attention_input_projections, ff_input_projections
-
 _SD3_BLOCK = ("diffusers.models.attention", "JointTransformerBlock")
 
 
@@ -71,7 +68,7 @@ def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hi
         return stock(self, hidden_states, encoder_hidden_states, temb, joint_attention_kwargs)
     return ada_zero_body(self, residual_norm, hidden_states, encoder_hidden_states, temb,
                          lambda n, cn: self.attn(hidden_states=n, encoder_hidden_states=cn,
-                                                 **(joint_attention_kwargs or {})), attn=self.attn)
+                                                 **(joint_attention_kwargs or {})))
 
 
 def joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb) -> bool:
@@ -79,19 +76,18 @@ def joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb) -> bool
             and temb.ndim == 2 and hidden_states.dtype == temb.dtype)
 
 
-def ada_zero_body(self, residual_norm, hidden_states, encoder_hidden_states, temb, attend, clip_fp16=False,
-                  attn=None):
+def ada_zero_body(self, residual_norm, hidden_states, encoder_hidden_states, temb, attend, clip_fp16=False):
     """`joint_body` for the blocks laid out as SD3's (and Flux's double-stream one): AdaLayerNormZero ``norm1`` /
     ``norm1_context`` (their linear makes the six modulation vectors), plain ``norm2`` / ``norm2_context``,
     ``ff`` / ``ff_context``. ``clip_fp16``: clip the fp16 text stream at the end, as Flux's block does."""
     return joint_body(residual_norm, hidden_states, encoder_hidden_states, _modulation(self.norm1, temb),
                       _modulation(self.norm1_context, temb),
                       (self.norm1.norm.eps, self.norm1_context.norm.eps, self.norm2.eps, self.norm2_context.eps),
-                      attend, self.ff, self.ff_context, clip_text=clip_fp16, attn=attn)
+                      attend, self.ff, self.ff_context, clip_text=clip_fp16)
 
 
 def joint_body(residual_norm, hidden_states, encoder_hidden_states, mods, c_mods, eps, attend, ff, ff_context, *,
-               clip_text=False, clip_image=False, attn=None):
+               clip_text=False, clip_image=False):
     """A two-stream DiT block through `residual_norm` passes, three per stream:
 
         n = LN(x)·(1+scale)+shift -> attention;  x = x + attn·gate, n = LN(x)·(1+scale2)+shift2 -> ff;
@@ -99,25 +95,19 @@ def joint_body(residual_norm, hidden_states, encoder_hidden_states, mods, c_mods
 
     ``mods`` / ``c_mods``: (shift, scale, gate, shift2, scale2, gate2) of the image / text stream, each
     [B, 1, C]; ``eps``: the image and text first norms', then second norms'; ``attend(n, cn)`` returns
-    (image, text[, an extra image residual, added after the feed-forward as Flux's IP adapter is]). ``attn``: the
-    Attention module ``attend`` calls, whose Q/K/V projections then take the norms' FP8 copies (as the MLPs'
-    first layers do)."""
+    (image, text[, an extra image residual, added after the feed-forward as Flux's IP adapter is])."""
     x, c = hidden_states.contiguous(), encoder_hidden_states.contiguous()
     shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = mods
     c_shift, c_scale, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = c_mods
-    with sharing():  # each norm's FP8 copy for the projections that read it (`fused_blocks._residual_norm`)
-        _, n = residual_norm(x, scale=scale, shift=shift, eps=eps[0], fp8_for=attention_input_projections(attn))
-        _, cn = residual_norm(c, scale=c_scale, shift=c_shift, eps=eps[1],
-                              fp8_for=attention_input_projections(attn, context=True))
-        out, c_out, *extra = attend(n, cn)
-        x, n = residual_norm(x, out, gate, scale=scale_mlp, shift=shift_mlp, eps=eps[2],
-                             fp8_for=ff_input_projections(ff))
-        x, _ = residual_norm(x, ff(n), gate_mlp, norm=False)
-        if extra:
-            x = x + extra[0]
-        c, cn = residual_norm(c, c_out, c_gate, scale=c_scale_mlp, shift=c_shift_mlp, eps=eps[3],
-                              fp8_for=ff_input_projections(ff_context))
-        c, _ = residual_norm(c, ff_context(cn), c_gate_mlp, norm=False)
+    _, n = residual_norm(x, scale=scale, shift=shift, eps=eps[0])
+    _, cn = residual_norm(c, scale=c_scale, shift=c_shift, eps=eps[1])
+    attn, c_attn, *extra = attend(n, cn)
+    x, n = residual_norm(x, attn, gate, scale=scale_mlp, shift=shift_mlp, eps=eps[2])
+    x, _ = residual_norm(x, ff(n), gate_mlp, norm=False)
+    if extra:
+        x = x + extra[0]
+    c, cn = residual_norm(c, c_attn, c_gate, scale=c_scale_mlp, shift=c_shift_mlp, eps=eps[3])
+    c, _ = residual_norm(c, ff_context(cn), c_gate_mlp, norm=False)
     if clip_text and c.dtype == torch.float16:  # (the pass rounded once; this only turns inf into the max)
         c = c.clip(-65504, 65504)
     if clip_image and x.dtype == torch.float16:

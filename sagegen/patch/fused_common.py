@@ -24,21 +24,6 @@ def diffusers_class(module: str, name: str):
         return None
 
 
-def ff_input_projections(ff) -> tuple:
-    """The first projection of diffusers' FeedForward (``net[0].proj``), as a 1-tuple; () for other MLPs (what
-    reads a fused block's norm output before its MLP: see `fused_blocks._residual_norm`'s ``fp8_for``)."""
-    net = getattr(ff, "net", None)
-    proj = getattr(net[0], "proj", None) if isinstance(net, torch.nn.ModuleList) and len(net) else None
-    return (proj,) if isinstance(proj, torch.nn.Module) else ()
-
-
-def attention_input_projections(attn, context: bool = False) -> tuple:
-    """The Q/K/V projections of a diffusers Attention module that read its hidden states (``context``: the
-    ``add_*_proj`` ones that read the text stream); those it lacks are left out."""
-    names = ("add_q_proj", "add_k_proj", "add_v_proj") if context else ("to_q", "to_k", "to_v")
-    return tuple(m for m in (getattr(attn, n, None) for n in names) if isinstance(m, torch.nn.Module))
-
-
 def forward_subclass(cls: type, fused, marker: str, cache: dict, module: str) -> type:
     """A subclass of ``cls`` whose forward is ``fused(self, stock_forward, *args, **kwargs)``, made once per class
     (``cache``), flagged by the class attribute ``marker`` and placed in ``module``. It keeps ``cls``'s name, so class-name lookups
