@@ -4,6 +4,7 @@ weights (the preset's size), one stock step, then patched steps with the switch 
 
     python bench/probes/ab_step_flag.py wan2.1-t2v-14b gluon_attn_ring.ENABLED --out $OUT/ab-step.json
     python bench/probes/ab_step_flag.py sd3.5-large fp8_quant.GELU_CHUNKS --linear fp8 --out $OUT/ab-step.json
+    python bench/probes/ab_step_flag.py flux.1-dev sagegen.patch.fused_blocks.NORM_FP8 --linear fp8 --out ...
 
 Also reports whether the A and B steps' outputs are bit-identical (and their rel. L1 if not).
 """
@@ -27,13 +28,15 @@ from probe_util import environment, event_ms, full_size_model, write_json  # noq
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
-    ap.add_argument("flag", help="module.NAME under sagegen.kernels, set to True (A) and False (B)")
+    ap.add_argument("flag", help="module.NAME under sagegen.kernels (or sagegen.any.module.NAME), set to True (A) "
+                                 "and False (B)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--linear", default=None, choices=[None, "fp8"], help="patch with linear=... as well")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     module_name, _, name = args.flag.rpartition(".")
-    module = importlib.import_module(f"sagegen.kernels.{module_name}")
+    module = importlib.import_module(module_name if module_name.startswith("sagegen.")
+                                     else f"sagegen.kernels.{module_name}")
     original = getattr(module, name)
     model, inputs = full_size_model(args.model, torch.device("cuda"))
     step = lambda: model(**inputs)[0]  # noqa: E731
