@@ -68,3 +68,23 @@ def test_tiny_smoke_through_the_cli(tmp_path):
                             "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert out.is_file()
+
+
+def test_the_help_names_every_benchmark_option():
+    """`sagegen bench --help` lists the options it passes on (typer cannot see them): every option of the
+    benchmark's own parser, so that a new one cannot go unmentioned (--cuda-graphs once did)."""
+    import re
+
+    from sagegen import stepbench
+    from sagegen.cli.bench_cmd import bench_command
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with pytest.raises(SystemExit), contextlib.redirect_stdout(out):
+        stepbench.parse_args(["--help"])
+    options = set(re.findall(r"(--[a-z][a-z0-9-]+)", out.getvalue())) - {"--help"}
+    assert {"--cuda-graphs", "--sparse", "--linear"} <= options
+    missing = sorted(o for o in options if o not in re.findall(r"--[a-z][a-z0-9-]+", bench_command.__doc__))
+    assert not missing, f"not in `sagegen bench --help`: {missing}"
