@@ -139,7 +139,7 @@ def main():
             fns[f"triton_fp8_c{i}"] = tri_fp8
             fns[f"amax_bf16a_c{i}"] = tri_bf16a
         ref = fns["quant_cublas"]().float()
-        errors, ok = {}, {}
+        errors = {}
         for k, fn in list(fns.items()):
             try:
                 y = fn().float()
