@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -27,7 +26,7 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from probe_util import environment, write_json  # noqa: E402
+from probe_util import bench_ms, environment, interleaved_ms, write_json  # noqa: E402
 
 from sagegen.kernels.fp8_quant import quantize_fp8_rows  # noqa: E402
 from sagegen.linear import quantize_weight  # noqa: E402
@@ -112,13 +111,10 @@ def gemm(a, inv, sa, w_q, w_s, bias, cfg, a_bf16):
 
 
 def main():
-    import triton.testing
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=50, return_mode="median")  # noqa: E731
     rows = []
     for label, M, K, N in SHAPES:
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -147,17 +143,13 @@ def main():
             except Exception as e:  # noqa: BLE001 - a config that does not compile is reported, not fatal
                 errors[k] = f"{type(e).__name__}: {str(e)[:200]}"
                 del fns[k]
-        times = {k: [] for k in fns}
-        for _ in range(args.rounds):
-            for k, fn in fns.items():
-                times[k].append(bench(fn))
-        ms = {k: statistics.median(v) for k, v in times.items()}
+        ms, times = interleaved_ms(fns, args.rounds, rep=50)
         best_fp8 = min((k for k in ms if k.startswith("triton_fp8")), key=ms.get, default=None)
         best_a = min((k for k in ms if k.startswith("amax_bf16a")), key=ms.get, default=None)
         row = {"shape": label, "M": M, "K": K, "N": N, "ms": ms, "rel_l1_vs_quant_cublas": errors,
                "speedup_vs_bf16": {k: ms["bf16"] / v for k, v in ms.items()}, "best_triton_fp8": best_fp8,
-               "best_amax_bf16a": best_a, "amax_ms": bench(lambda: row_amax(x)),
-               "quant_ms": bench(lambda: quantize_fp8_rows(x))}
+               "best_amax_bf16a": best_a, "amax_ms": bench_ms(lambda: row_amax(x)),
+               "quant_ms": bench_ms(lambda: quantize_fp8_rows(x))}
         rows.append(row)
         sp = row["speedup_vs_bf16"]
         print(f"{label:20s} {M}x{K}x{N}: bf16 {ms['bf16']:.4f} ms; quant+cuBLAS {sp['quant_cublas']:.2f}x; "

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from probe_util import environment, write_json  # noqa: E402
+from probe_util import environment, interleaved_ms, write_json  # noqa: E402
 
 from sagegen.kernels import fp8_quant  # noqa: E402
 
@@ -42,13 +41,10 @@ VARIANTS = [("one_tile", dict(chunked=False)), ("default", {}),
 
 
 def main():
-    import triton.testing
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    bench = lambda f: triton.testing.do_bench(f, warmup=10, rep=40, return_mode="median")  # noqa: E731
     rows = []
     for label, M, K in SHAPES:
         x = (torch.randn(M, K, device="cuda") * 2).to(torch.bfloat16)
@@ -56,11 +52,7 @@ def main():
                for name, kw in VARIANTS}
         fns["plain_quant"] = lambda: fp8_quant.quantize_fp8_rows(x)
         fns["cast_fp8"] = lambda: x.to(torch.float8_e4m3fn)
-        times = {k: [] for k in fns}
-        for _ in range(args.rounds):
-            for k, fn in fns.items():
-                times[k].append(bench(fn))
-        ms = {k: statistics.median(v) for k, v in times.items()}
+        ms, times = interleaved_ms(fns, args.rounds, rep=40)
         ref_q, ref_s = fns["one_tile"]()
         same = {}
         for name, _ in VARIANTS[1:]:

@@ -87,6 +87,20 @@ def bench_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
+def interleaved_ms(fns: dict, rounds: int, warmup: int = 10, rep: int = 40) -> tuple[dict, dict]:
+    """Every fn of ``fns`` timed once a round (`triton.testing.do_bench`, median), ``rounds`` rounds, so that a
+    drifting clock or host touches all alike: (median ms per name, the rounds' ms per name)."""
+    import statistics
+
+    import triton.testing
+
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            times[k].append(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    return {k: statistics.median(v) for k, v in times.items()}, times
+
+
 def hopper_call(b: int, h: int, n: int, d: int, config=None):
     """Random bf16 q, k, v [b, h, n, d], their quantization as the Hopper kernel takes it (Q left to the
     kernel, V's keys permuted) and the keyword arguments of `gluon_attn.launch` for them (no mask, no LSE)."""
