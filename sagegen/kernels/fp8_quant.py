@@ -292,7 +292,9 @@ def per_token_launch(K: int, *, chunked: bool = False, block_m: int | None = Non
 
 
 @functools.lru_cache(maxsize=512)
-def _default_per_token_plan(K: int, interp: bool, gelu: bool, has_col: bool, has_prefix: bool, chunks: bool) -> dict:
+def _default_per_token_plan(K: int, interp: bool, gelu: bool, has_col: bool, has_prefix: bool,
+                            chunks_switch: bool) -> dict:
+    # ``chunks_switch`` is GELU_CHUNKS, which `gelu_rows_chunked` reads: passed only to key the cache on it
     return per_token_launch(K, chunked=gelu_rows_chunked(K, gelu, has_col, has_prefix), interpret=interp)
 
 
