@@ -227,7 +227,7 @@ def _kv_stats_finish_kernel(
         amax = tl.maximum(v_max - v_mean, v_mean - v_min, propagate_nan=tl.PropagateNan.ALL)
         amax = tl.where(offs_d < D, tl.maximum(amax, _EPS, propagate_nan=tl.PropagateNan.ALL), _FP8_MAX)
         tl.store(VScale + out, tl.math.div_rn(amax, _FP8_MAX))
-        tl.store(VInvScale + out, tl.math.div_rn(_FP8_MAX + tl.zeros_like(amax), amax))
+        tl.store(VInvScale + out, tl.math.div_rn(tl.zeros_like(amax) + _FP8_MAX, amax))
 
 
 @triton.jit
