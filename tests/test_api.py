@@ -225,26 +225,6 @@ def test_hopper_gluon_kernel_eligibility(monkeypatch):
     assert "interpreter" in applies()
 
 
-def test_key_prefix_lengths():
-    """Key-padding masks that only cut the end of the keys become per-batch lengths; anything else is None."""
-    from sagegen.kernels.triton_attn import key_prefix_lengths
-
-    inf = float("-inf")
-    bias = torch.zeros(3, 6)
-    bias[0, 4:] = inf
-    bias[2, 1:] = inf
-    assert key_prefix_lengths(bias).tolist() == [4, 6, 1]
-    hole = bias.clone()
-    hole[1, 2] = inf  # a masked key before a live one
-    assert key_prefix_lengths(hole) is None
-    soft = bias.clone()
-    soft[1, 0] = -2.0  # a finite bias is not padding
-    assert key_prefix_lengths(soft) is None
-    empty = bias.clone()
-    empty[2, 0] = inf  # a batch with no live key
-    assert key_prefix_lengths(empty) is None
-
-
 def test_capability_override_picks_the_other_generation_tiles(monkeypatch):
     from sagegen.config import PRE_HOPPER_BLOCKS
     from sagegen.kernels.spec import device_capability

@@ -191,6 +191,39 @@ def test_hopper_kernels_key_padding_prefix(seed, monkeypatch, kernel):
     assert abs(rel_l1(t, ref) - rel_l1(r, ref)) < 0.02 * rel_l1(r, ref)
 
 
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_gluon_runs_key_padding_in_the_middle(seed, monkeypatch, layout):
+    """HunyuanVideo's key mask as Ulysses gathers it ([video 0, text 0, video 1, text 1], the text padded at
+    its end, so padding sits in the middle): the valid keys are moved first and the Gluon kernel runs it
+    (SAGEGEN_KERNEL=gluon raises otherwise), as accurate against fp64 as the emulation over the original order,
+    and within the prefix test's bound of the emulation over the compacted keys."""
+    from sagegen.kernels.key_padding import compact_valid_keys
+
+    cfg = _use_kernel(monkeypatch, "gluon", SageConfig())
+    nv, nt = 1500 + 7, 128
+    mask = torch.ones(2, 1, 1, 2 * (nv + nt), dtype=torch.bool, device="cuda")
+    for b, valid in enumerate((64, 200)):           # sample 0: text 0 half padded, text 1 all padding
+        text = torch.arange(2 * nt, device="cuda") < valid
+        mask[b, 0, 0, nv:nv + nt], mask[b, 0, 0, 2 * nv + nt:] = text[:nt], text[nt:]
+    q, k, v = qkv(2, 8, 4, 3000 + 5, mask.shape[-1], 128, dtype=torch.bfloat16, device="cuda", layout=layout)
+    hnd = (lambda t: t.transpose(1, 2)) if layout == "NHD" else (lambda t: t)
+    hnd(k)[~mask[:, :, 0, :, None].expand_as(hnd(k))] = 1e4   # padding holds garbage
+    t, lt = sagegen.sageattn(q, k, v, tensor_layout=layout, attn_mask=mask, config=cfg, return_lse=True,
+                             backend="triton")
+    r, _ = sagegen.sageattn(q, k, v, tensor_layout=layout, attn_mask=mask, config=cfg, return_lse=True,
+                            backend="reference")
+    spec = sagegen.api.normalize_mask(mask, 2, mask.shape[-1])
+    ref, _ = attention_fp64(hnd(q), hnd(k), hnd(v), sm_scale=128**-0.5, mask=spec)
+    kc, vc, bias, _ = compact_valid_keys(hnd(k), hnd(v), spec.tensor)
+    rc, lrc = sage_attention(hnd(q), kc, vc, sm_scale=128**-0.5, mask=type(spec)("key", bias), config=cfg,
+                             return_lse=True)
+    t = hnd(t)
+    print(f"key padding in the middle ({layout}): vs fp64 {rel_l1(t, ref):.4f} (emulation {rel_l1(hnd(r), ref):.4f}), "
+          f"vs compacted emulation {rel_l1(t, rc):.2e}")
+    assert rel_l1(t, rc) < 1.5e-3 and (lt - lrc).abs().max() < 5e-4
+    assert rel_l1(t, ref) < 1.1 * rel_l1(hnd(r), ref)
+
+
 @pytest.mark.parametrize("cap", [(8, 9), (8, 6), (8, 0)], ids=["ada-sm89", "ampere-sm86", "ampere-sm80"])
 def test_pre_hopper_variants_forced_on_this_card(seed, monkeypatch, cap):
     """The Ada (FP8 P·V) and Ampere (fp16 P·V) variants, forced here with SAGEGEN_CAPABILITY: their tile

@@ -24,6 +24,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
 from .block_sparse import kernel_tiles, sparse_args
+from .key_padding import compact_valid_keys, key_prefix_lengths
 from .spec import LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv, device_capability, next_power_of_2
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
@@ -280,16 +281,6 @@ def gluon_quantizes_q() -> bool:
     return gluon_attn.QUANT_Q_IN_KERNEL
 
 
-def key_prefix_lengths(key_bias: torch.Tensor) -> torch.Tensor | None:
-    """int32 [B] valid-key counts when a key-padding bias [B, Nk] is 0 on a prefix of the keys and -inf after
-    it (text padded at the end, as HunyuanVideo's), with at least one valid key; else None. One host sync."""
-    live = key_bias > float("-inf")
-    n = live.sum(dim=1)
-    prefix = live.int().cumprod(dim=1).sum(dim=1) == n
-    ok = prefix.all() & (key_bias.masked_fill(~live, 0.0) == 0).all() & (n > 0).all()
-    return n.to(torch.int32) if bool(ok) else None
-
-
 def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int, int], is_causal: bool,
                   mask: MaskSpec, key_lengths: torch.Tensor | None = None) -> str | None:
     """None if `gluon_attn` can run this call, else why not (one line). key_lengths: `key_prefix_lengths`
@@ -360,6 +351,11 @@ def sage_attention(
                 why_not = "a key-padding mask while a CUDA graph is being captured (no host check of its form)"
             else:
                 key_lengths = key_prefix_lengths(key_bias)
+                if key_lengths is None and block_sparse is None:  # valid keys not a prefix: move them first
+                    compact = compact_valid_keys(k, v, key_bias)
+                    if compact is not None:
+                        k, v, key_bias, key_lengths = compact
+                        mask, Nk = MaskSpec("key", key_bias), k.shape[2]
                 why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, mask, key_lengths)
     if choice == "gluon" and why_not:
         raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
