@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import sys
@@ -44,11 +45,15 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", action="append", choices=sorted(ARCH), required=True)
     p.add_argument("--cp", action="append", required=True, help="ulysses=U,ring=R (repeatable), U*R = processes")
-    p.add_argument("--stock", default="_native_cudnn",
-                   help="diffusers backend to compare with (CP-capable; native does Ulysses only)")
+    p.add_argument("--stock", default=None,
+                   help="diffusers backend to compare with (CP-capable; native does Ulysses only); default "
+                        "_native_cudnn, native with --cpu-smoke")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-single", action="store_true", help="skip the one-GPU baselines (no scaling numbers)")
+    p.add_argument("--baseline-dir", default=None,
+                   help="keep each model's one-GPU timings and outputs here, and reuse them when a later launch "
+                        "(say, 4 processes after 2) finds them for the same device and repeats")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="check the script on CPUs (gloo): 1-layer 2-head models at a tiny size, no timings meaning")
     p.add_argument("--out", required=True)
@@ -93,6 +98,9 @@ def peak_gb(device) -> float:
 
 
 def free(device):
+    """Release the last model: diffusers' hooks hold reference cycles, so ``del`` alone leaves its weights
+    on the GPU until the cycle collector runs (a 13B model per measurement: out of memory on 80 GB cards)."""
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -113,22 +121,50 @@ def timed(model, inputs, warmup, repeats, device, barrier=True):
     return sorted(times)[len(times) // 2], out
 
 
-def run_model(name, args, rank, device, backends):
+def baseline_path(args, name, device) -> str | None:
+    """Where one model's one-GPU baseline is kept: named by model, device name and repeats, so a launch on other
+    cards or with other settings never reuses it."""
+    if not args.baseline_dir:
+        return None
+    card = device_info(device)["name"].replace(" ", "_").replace("/", "_")
+    tag = f"{name}-{card}-w{args.warmup}r{args.repeats}{'-smoke' if args.cpu_smoke else ''}"
+    return os.path.join(args.baseline_dir, tag + ".pt")
+
+
+def single_gpu(name, args, device, backends):
+    """Rank 0's one-GPU call with each attention: ({label: timings}, {label: fp32 CPU output})."""
+    path = baseline_path(args, name, device)
+    if path and os.path.exists(path):
+        saved = torch.load(path)
+        if {label: entry["backend"] for label, entry in saved["single"].items()} == backends:
+            print(f"[{name}] 1 GPU baselines from {path}", flush=True)
+            return {k: dict(v, reused_from=path) for k, v in saved["single"].items()}, saved["ref"]
+    single, ref = {}, {}
+    model, inputs = build(name, device, args.cpu_smoke)
+    for label, backend in backends.items():
+        model.set_attention_backend(backend)
+        reset_peak(device)
+        t, out = timed(model, inputs, args.warmup, args.repeats, device, barrier=False)
+        ref[label] = out.float().cpu()
+        single[label] = {"backend": backend, "median_s": t, "peak_gb": peak_gb(device)}
+        print(f"[{name}] 1 GPU {label}: {t:.3f} s", flush=True)
+    del model, inputs
+    free(device)
+    if path:
+        os.makedirs(args.baseline_dir, exist_ok=True)
+        torch.save({"single": single, "ref": ref}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    return single, ref
+
+
+def run_model(name, args, rank, device, backends, save):
     from sagegen.parallel import enable_context_parallel
 
     res = {"single": {}, "cp": {}}
     ref = {}
     if not args.no_single and rank == 0:
-        model, inputs = build(name, device, args.cpu_smoke)
-        for label, backend in backends.items():
-            model.set_attention_backend(backend)
-            reset_peak(device)
-            t, out = timed(model, inputs, args.warmup, args.repeats, device, barrier=False)
-            ref[label] = out.float().cpu()
-            res["single"][label] = {"backend": backend, "median_s": t, "peak_gb": peak_gb(device)}
-            print(f"[{name}] 1 GPU {label}: {t:.3f} s", flush=True)
-        del model, inputs
-        free(device)
+        res["single"], ref = single_gpu(name, args, device, backends)
+        save(name, res)
     dist.barrier()
     for text in args.cp:
         spec = parse_cp(text)
@@ -155,6 +191,7 @@ def run_model(name, args, rank, device, backends):
                         entry["vs_1gpu_same_backend"] = compare(out.float().cpu(), ref[label])
                 print(f"[{name}] {text} {label}: {t:.3f} s", flush=True)
             res["cp"].setdefault(text, {})[label] = entry
+            save(name, res)
             del model, inputs
             free(device)
             dist.barrier()
@@ -180,20 +217,25 @@ def main(argv=None):
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=datetime.timedelta(hours=1))
-    backends = {"sagegen": sagegen_backend("reference" if args.cpu_smoke else "auto"), "stock": args.stock}
+    backends = {"sagegen": sagegen_backend("reference" if args.cpu_smoke else "auto"), "stock": args.stock or ("native" if args.cpu_smoke else "_native_cudnn")}
     report = {"benchmark": "context_parallel", "gpus": world, "cpu_smoke": args.cpu_smoke,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
               "backends": backends, "warmup": args.warmup, "repeats": args.repeats, "models": {}}
-    try:
-        for name in args.model:
-            report["models"][name] = run_model(name, args, rank, device, backends)
-    finally:
+    def save(name, res):
+        """The report so far, written atomically after every measurement: a launch killed at a time limit
+        keeps what it measured."""
+        report["models"][name] = res
         if rank == 0:
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out + ".tmp", "w") as f:
                 json.dump(report, f, indent=2)
             os.replace(args.out + ".tmp", args.out)
+
+    try:
+        for name in args.model:
+            run_model(name, args, rank, device, backends, save)
+    finally:
         dist.destroy_process_group()
     return report
 
