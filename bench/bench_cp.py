@@ -50,7 +50,9 @@ def parse_args(argv=None):
                         "_native_cudnn, native with --cpu-smoke")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--no-single", action="store_true", help="skip the one-GPU baselines (no scaling numbers)")
+    p.add_argument("--single", choices=["all", "sagegen", "none"], default="all",
+                   help="one-GPU baselines to measure: every attention, sagegen's alone (scaling and accuracy for "
+                        "sagegen only), or none (no scaling or accuracy numbers)")
     p.add_argument("--baseline-dir", default=None,
                    help="keep each model's one-GPU timings and outputs here, and reuse them when a later launch "
                         "(say, 4 processes after 2) finds them for the same device and repeats")
@@ -162,8 +164,9 @@ def run_model(name, args, rank, device, backends, save):
 
     res = {"single": {}, "cp": {}}
     ref = {}
-    if not args.no_single and rank == 0:
-        res["single"], ref = single_gpu(name, args, device, backends)
+    if args.single != "none" and rank == 0:
+        singles = backends if args.single == "all" else {"sagegen": backends["sagegen"]}
+        res["single"], ref = single_gpu(name, args, device, singles)
         save(name, res)
     dist.barrier()
     for text in args.cp:
@@ -184,10 +187,11 @@ def run_model(name, args, rank, device, backends, save):
                 dist.all_gather(peaks, peak)
                 entry.update(median_s=t, peak_gb_per_gpu=[round(float(x), 2) for x in peaks])
                 if rank == 0 and ref:
-                    single = res["single"][label]["median_s"]
-                    entry.update(speedup_vs_1gpu=single / t, scaling_efficiency=single / t / spec.world)
+                    if label in res["single"]:
+                        single = res["single"][label]["median_s"]
+                        entry.update(speedup_vs_1gpu=single / t, scaling_efficiency=single / t / spec.world)
                     entry["vs_1gpu_sagegen"] = compare(out.float().cpu(), ref["sagegen"])
-                    if label != "sagegen":
+                    if label != "sagegen" and label in ref:
                         entry["vs_1gpu_same_backend"] = compare(out.float().cpu(), ref[label])
                 print(f"[{name}] {text} {label}: {t:.3f} s", flush=True)
             res["cp"].setdefault(text, {})[label] = entry

@@ -3,7 +3,8 @@
 # first are kept in /tmp/cp-baselines and reused by the second while the machine stays warm):
 #   bash bench/gpu_cp.sh pairs   # two 2-process launches side by side: HunyuanVideo on GPUs 0,1 and Wan2.1-14B
 #                                # on GPUs 2,3 (Ulysses 2, Ring 2, one-GPU baselines), then tests/test_gpu_cp.py
-#   bash bench/gpu_cp.sh quad    # one 4-process launch: Ulysses 4 and Ulysses 2 x Ring 2 for both models
+#   bash bench/gpu_cp.sh quad    # one 4-process launch, HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the
+#                                # one-GPU baseline for sagegen only; diffusers' native backend alongside)
 # On a 2-GPU machine, one call a model (each fits the 10-minute call):
 #   bash bench/gpu_cp.sh two hunyuanvideo;  bash bench/gpu_cp.sh two wan2.1-14b   # the second also runs the test
 # A third argument names diffusers' backend to compare with (default _native_cudnn), e.g. native for Ulysses.
@@ -43,9 +44,9 @@ case $1 in
     fi
     ;;
   quad)
-    timeout 570 torchrun --nproc-per-node 4 --master-port 29513 bench/bench_cp.py \
-      --model wan2.1-14b --model hunyuanvideo --cp ulysses=4 --cp ulysses=2,ring=2 --repeats 1 \
-      --baseline-dir $BASE --out "$OUT/cp-4gpu-$DAY.json" > "$OUT/cp-4gpu.log" 2>&1
+    timeout 430 torchrun --nproc-per-node 4 --master-port 29513 bench/bench_cp.py \
+      --model hunyuanvideo --cp ulysses=4 --cp ulysses=2,ring=2 --repeats 1 --single sagegen --stock native \
+      --baseline-dir $BASE --out "$OUT/cp-hunyuanvideo-4gpu-$DAY.json" > "$OUT/cp-4gpu.log" 2>&1
     echo "4-gpu launch exit $?"
     ;;
 esac

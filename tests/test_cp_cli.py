@@ -125,3 +125,34 @@ def test_run_hunyuanvideo15_ring_2_under_torchrun(tmp_path):
         calls = m["setup"]["sage"][rank]["attention_calls"]
         assert calls.get("context_parallel", 0) > 0 and not calls.get("fallback"), calls
     assert (out / "samples" / "sage" / "p000-s0" / "video.mp4").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bench_cp_smoke_reuses_its_one_gpu_baselines(tmp_path):
+    """bench/bench_cp.py on two gloo processes (the --cpu-smoke models): the first launch measures and keeps
+    the one-process baselines, a second launch with another split reuses them; both reports are complete,
+    and Ulysses stays within sagegen's own error of one process."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "bench_cp.py"
+    reports = {}
+    for cp in ("ulysses=2", "ring=2"):
+        out = tmp_path / f"{cp}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+               "--cpu-smoke", "--model", "hunyuanvideo", "--cp", cp, "--repeats", "1",
+               "--baseline-dir", str(tmp_path / "base"), "--out", str(out)]
+        proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        reports[cp] = json.loads(out.read_text())["models"]["hunyuanvideo"]
+    first, second = reports["ulysses=2"], reports["ring=2"]
+    assert "reused_from" not in first["single"]["sagegen"] and "reused_from" in second["single"]["sagegen"]
+    assert second["single"]["sagegen"]["median_s"] == first["single"]["sagegen"]["median_s"]
+    uly = first["cp"]["ulysses=2"]
+    assert uly["sagegen"]["vs_1gpu_sagegen"]["finite"] and uly["sagegen"]["vs_1gpu_sagegen"]["rel_l1"] < 0.02
+    assert uly["stock"]["vs_1gpu_same_backend"]["rel_l1"] < 1e-4     # exact attention: the same to rounding
+    ring = second["cp"]["ring=2"]
+    assert ring["sagegen"]["vs_1gpu_sagegen"]["rel_l1"] < 0.02
+    assert "return_lse" in ring["stock"]["error"]                      # diffusers' native backend has no Ring
