@@ -221,11 +221,13 @@ def main(argv=None):
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=datetime.timedelta(hours=1))
-    backends = {"sagegen": sagegen_backend("reference" if args.cpu_smoke else "auto"), "stock": args.stock or ("native" if args.cpu_smoke else "_native_cudnn")}
+    stock = args.stock or ("native" if args.cpu_smoke else "_native_cudnn")   # cuDNN has no CPU kernel
+    backends = {"sagegen": sagegen_backend("reference" if args.cpu_smoke else "auto"), "stock": stock}
     report = {"benchmark": "context_parallel", "gpus": world, "cpu_smoke": args.cpu_smoke,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,
               "backends": backends, "warmup": args.warmup, "repeats": args.repeats, "models": {}}
+
     def save(name, res):
         """The report so far, written atomically after every measurement: a launch killed at a time limit
         keeps what it measured."""
