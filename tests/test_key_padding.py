@@ -89,4 +89,4 @@ def test_compacted_emulation_keeps_its_accuracy(seed):
     kc, vc, bc, _ = compact_valid_keys(k, v, bias)
     comp, _ = sage_attention(q, kc, vc, sm_scale=d ** -0.5, mask=MaskSpec("key", bc), config=cfg)
     e_orig, e_comp = rel_l1(orig, ref), rel_l1(comp, ref)
-    assert e_comp < 0.05 and abs(e_comp - e_orig) < 0.1 * e_orig, (e_orig, e_comp)
+    assert e_comp < 0.05 and abs(e_comp - e_orig) < 0.03 * e_orig, (e_orig, e_comp)   # measured <= 0.3% over 40 seeds
