@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Context parallelism on a 4-GPU machine, in two device calls made back to back (the one-GPU baselines of the
-# first are kept in /tmp/cp-baselines and reused by the second while the machine stays warm):
-#   bash bench/gpu_cp.sh pairs   # two 2-process launches side by side: HunyuanVideo on GPUs 0,1 and Wan2.1-14B
-#                                # on GPUs 2,3 (Ulysses 2, Ring 2, one-GPU baselines), then tests/test_gpu_cp.py
-#   bash bench/gpu_cp.sh quad    # one 4-process launch, HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the
-#                                # one-GPU baseline for sagegen only; diffusers' native backend alongside)
+# The context-parallel device runs of bench/NOTES.md v6.4, one device call each (one-GPU baselines are kept in
+# /tmp/cp-baselines and reused by a later call while the machine stays warm).
 # On a 2-GPU machine, one call a model (each fits the 10-minute call):
-#   bash bench/gpu_cp.sh two hunyuanvideo;  bash bench/gpu_cp.sh two wan2.1-14b   # the second also runs the test
-# A third argument names diffusers' backend to compare with (default _native_cudnn), e.g. native for Ulysses.
+#   bash bench/gpu_cp.sh two hunyuanvideo native;  bash bench/gpu_cp.sh two wan2.1-14b   # the second also tests
+# The third argument names diffusers' backend to compare with (default _native_cudnn; native for Ulysses);
+# CPS="--cp ring=2" replaces the default splits (Ulysses 2 and Ring 2).
+# On a 4-GPU machine:
+#   bash bench/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
+#                                # sagegen only; diffusers' native backend alongside)
 # Needs the diffusers wheel in .whl (carry it). JSON and logs land in $OUT.
 set -uo pipefail
 # NVLink multicast stays off (the device tool's rule for shared hosts).
@@ -20,19 +20,6 @@ DAY=$(date -u +%F)
 nvidia-smi --query-gpu=index,name,driver_version,power.limit --format=csv > "$OUT/gpus-$1${2:-}.txt"
 nvidia-smi topo -m >> "$OUT/gpus-$1${2:-}.txt" 2>&1
 case $1 in
-  pairs)
-    CUDA_VISIBLE_DEVICES=0,1 timeout 560 torchrun --nproc-per-node 2 --master-port 29511 bench/bench_cp.py \
-      --model hunyuanvideo --cp ulysses=2 --cp ring=2 --repeats 1 --baseline-dir $BASE \
-      --out "$OUT/cp-hunyuanvideo-2gpu-$DAY.json" > "$OUT/hv-2gpu.log" 2>&1 &
-    CUDA_VISIBLE_DEVICES=2,3 timeout 560 torchrun --nproc-per-node 2 --master-port 29512 bench/bench_cp.py \
-      --model wan2.1-14b --cp ulysses=2 --cp ring=2 --repeats 1 --baseline-dir $BASE \
-      --out "$OUT/cp-wan2.1-14b-2gpu-$DAY.json" > "$OUT/wan-2gpu.log" 2>&1
-    echo "wan launch exit $?"
-    CUDA_VISIBLE_DEVICES=2,3 timeout 200 python3 -m pytest -q tests/test_gpu_cp.py -p no:cacheprovider \
-      > "$OUT/test-gpu-cp.log" 2>&1
-    echo "test_gpu_cp exit $?"; tail -3 "$OUT/test-gpu-cp.log"
-    wait; echo "hunyuanvideo launch exit $?"
-    ;;
   two)
     timeout 540 torchrun --nproc-per-node 2 --master-port 29511 bench/bench_cp.py \
       --model "$2" ${CPS:---cp ulysses=2 --cp ring=2} --repeats 1 --baseline-dir $BASE --stock "${3:-_native_cudnn}" \

@@ -198,6 +198,7 @@ def test_gluon_runs_key_padding_in_the_middle(seed, monkeypatch, layout):
     (SAGEGEN_KERNEL=gluon raises otherwise), as accurate against fp64 as the emulation over the original order,
     and within the prefix test's bound of the emulation over the compacted keys."""
     from sagegen.kernels.key_padding import compact_valid_keys
+    from sagegen.kernels.spec import MaskSpec
 
     cfg = _use_kernel(monkeypatch, "gluon", SageConfig())
     nv, nt = 1500 + 7, 128
@@ -215,7 +216,7 @@ def test_gluon_runs_key_padding_in_the_middle(seed, monkeypatch, layout):
     spec = sagegen.api.normalize_mask(mask, 2, mask.shape[-1])
     ref, _ = attention_fp64(hnd(q), hnd(k), hnd(v), sm_scale=128**-0.5, mask=spec)
     kc, vc, bias, _ = compact_valid_keys(hnd(k), hnd(v), spec.tensor)
-    rc, lrc = sage_attention(hnd(q), kc, vc, sm_scale=128**-0.5, mask=type(spec)("key", bias), config=cfg,
+    rc, lrc = sage_attention(hnd(q), kc, vc, sm_scale=128**-0.5, mask=MaskSpec("key", bias), config=cfg,
                              return_lse=True)
     t = hnd(t)
     print(f"key padding in the middle ({layout}): vs fp64 {rel_l1(t, ref):.4f} (emulation {rel_l1(hnd(r), ref):.4f}), "
