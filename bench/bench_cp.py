@@ -20,6 +20,7 @@ by sagegen's CP hook to a multiple of the ranks). Its one-GPU call runs diffuser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -51,11 +52,14 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--single", choices=["all", "sagegen", "none"], default="all",
-                   help="one-GPU baselines to measure: every attention, sagegen's alone (scaling and accuracy for "
-                        "sagegen only), or none (no scaling or accuracy numbers)")
+                   help="one-GPU baselines to measure: every attention, sagegen's alone (and its --patched variants: "
+                        "scaling and accuracy for sagegen only), or none (no scaling or accuracy numbers)")
     p.add_argument("--baseline-dir", default=None,
                    help="keep each model's one-GPU timings and outputs here, and reuse them when a later launch "
                         "(say, 4 processes after 2) finds them for the same device and repeats")
+    p.add_argument("--patched", action="append", choices=["attention", "fp8"], default=[],
+                   help="also time sagegen.patch on the model (repeatable): 'attention' (fused Q/K prologues and "
+                        "block norms around sagegen's attention), 'fp8' (and FP8 linears); one GPU and under CP")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="check the script on CPUs (gloo): 1-layer 2-head models at a tiny size, no timings meaning")
     p.add_argument("--out", required=True)
@@ -123,6 +127,31 @@ def timed(model, inputs, warmup, repeats, device, barrier=True):
     return sorted(times)[len(times) // 2], out
 
 
+PATCHED = {"sagegen_patched": None, "sagegen_patched_fp8": "fp8"}  # label -> sagegen.patch's linear=
+
+
+def variants(args, backends: dict) -> dict:
+    """label -> diffusers backend, with the --patched variants (sagegen's backend under sagegen.patch)."""
+    extra = {"attention": "sagegen_patched", "fp8": "sagegen_patched_fp8"}
+    return {**backends, **{extra[p]: backends["sagegen"] for p in args.patched}}
+
+
+@contextlib.contextmanager
+def patched(model, label, args):
+    """sagegen.patch for a --patched variant (every block's linears in FP8 at full size: the default policy;
+    at --cpu-smoke size none reaches min_rows), else nothing."""
+    if label not in PATCHED:
+        yield
+        return
+    import sagegen
+
+    sagegen.patch(model, backend="reference" if args.cpu_smoke else "auto", linear=PATCHED[label])
+    try:
+        yield
+    finally:
+        sagegen.unpatch(model)
+
+
 def baseline_path(args, name, device) -> str | None:
     """Where one model's one-GPU baseline is kept: named by model, device name and repeats, so a launch on other
     cards or with other settings never reuses it."""
@@ -146,7 +175,8 @@ def single_gpu(name, args, device, backends):
     for label, backend in backends.items():
         model.set_attention_backend(backend)
         reset_peak(device)
-        t, out = timed(model, inputs, args.warmup, args.repeats, device, barrier=False)
+        with patched(model, label, args):
+            t, out = timed(model, inputs, args.warmup, args.repeats, device, barrier=False)
         ref[label] = out.float().cpu()
         single[label] = {"backend": backend, "median_s": t, "peak_gb": peak_gb(device)}
         print(f"[{name}] 1 GPU {label}: {t:.3f} s", flush=True)
@@ -165,7 +195,7 @@ def run_model(name, args, rank, device, backends, save):
     res = {"single": {}, "cp": {}}
     ref = {}
     if args.single != "none" and rank == 0:
-        singles = backends if args.single == "all" else {"sagegen": backends["sagegen"]}
+        singles = backends if args.single == "all" else {k: v for k, v in backends.items() if k != "stock"}
         res["single"], ref = single_gpu(name, args, device, singles)
         save(name, res)
     dist.barrier()
@@ -177,7 +207,8 @@ def run_model(name, args, rank, device, backends, save):
             enable_context_parallel(model, ulysses=spec.ulysses, ring=spec.ring, backend=backend)
             entry = {"backend": backend}
             try:
-                t, out = timed(model, inputs, args.warmup, args.repeats, device)
+                with patched(model, label, args):
+                    t, out = timed(model, inputs, args.warmup, args.repeats, device)
             except Exception as e:  # noqa: BLE001 - e.g. a stock backend without Ring support
                 entry["error"] = f"{type(e).__name__}: {e}"[:500]
                 print(f"[{name}] {text} {label}: {entry['error']}", flush=True)
@@ -222,7 +253,7 @@ def main(argv=None):
         torch.cuda.set_device(device)
         dist.init_process_group("cpu:gloo,cuda:nccl", timeout=datetime.timedelta(hours=1))
     stock = args.stock or ("native" if args.cpu_smoke else "_native_cudnn")   # cuDNN has no CPU kernel
-    backends = {"sagegen": sagegen_backend("reference" if args.cpu_smoke else "auto"), "stock": stock}
+    backends = variants(args, {"sagegen": sagegen_backend("reference" if args.cpu_smoke else "auto"), "stock": stock})
     report = {"benchmark": "context_parallel", "gpus": world, "cpu_smoke": args.cpu_smoke,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "device": device_info(device), "versions": versions(), "argv": sys.argv[1:] if argv is None else argv,

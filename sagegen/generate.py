@@ -269,6 +269,12 @@ def attention(pipe, variant: str, job: Job, setup: dict):
 
 
 @contextlib.contextmanager
+def _nested(outer, inner):
+    with outer, inner:
+        yield
+
+
+@contextlib.contextmanager
 def _stock_graphs(pipe, enabled: bool, setup: dict):
     """The stock variant's denoisers under the same CUDA-graph wrapper as the patched ones (a fair timing)."""
     if not enabled:
@@ -349,6 +355,8 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
                 from .parallel.pipeline import cp_variant
 
                 context = cp_variant(loaded.pipe, variant, cp, device, cp_backend, setup)
+                if variant == "sage":  # the patch too (fused prologues and blocks, FP8 linears), on its ranks
+                    context = _nested(context, attention(loaded.pipe, variant, job, setup))
             else:
                 context = attention(loaded.pipe, variant, job, setup)
             with context:

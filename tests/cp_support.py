@@ -288,3 +288,64 @@ def run_model(tmp_path: Path, family: str, ulysses: int, ring: int, seed: int) -
     mp.spawn(model_worker, args=(world, ulysses, ring, family, str(tmp_path / "pg_init"), str(out), seed),
              nprocs=world, join=True)
     return json.loads(out.read_text())
+
+
+def wan_inputs(gen: torch.Generator) -> dict:
+    """A 32-token latent (2 x 4 x 4 after patching) and 16 text tokens for the tiny Wan transformer, bf16."""
+    return dict(hidden_states=torch.randn(1, 16, 2, 8, 8, generator=gen).to(torch.bfloat16),
+                timestep=torch.tensor([500.0]),
+                encoder_hidden_states=torch.randn(1, 16, 32, generator=gen).to(torch.bfloat16), return_dict=False)
+
+
+def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+    """`sagegen.patch` (fused prologues and blocks; then with FP8 linears too) on the tiny Wan transformer, in one
+    process and under diffusers' context parallelism; rank 0 writes the differences and the patch's counters."""
+    import sagegen
+    from sagegen.models.tiny_video import build_tiny_wan_transformer
+    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch import patch_info
+
+    cpu_device_count_one()
+    init_gloo(rank, world, init_file)
+    try:
+        backend = register_test_backend()
+        inputs = wan_inputs(torch.Generator().manual_seed(seed))
+        model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=seed % 100)
+        res = {}
+        with torch.no_grad():
+            exact = model(**inputs)[0]
+            outs = {}
+            for cp in (False, True):
+                if cp:
+                    enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+                for linear in (None, "fp8"):
+                    # every block's linears in FP8, whatever the (tiny) token count
+                    extra = {"linear_policy": sagegen.LinearPolicy(keep_blocks=(), min_rows=1)} if linear else {}
+                    with sagegen.patched(model, backend="reference", linear=linear, **extra):
+                        outs[(cp, linear)] = model(**inputs)[0]
+                        info = patch_info(model)
+                        res[f"stats_cp{int(cp)}_{linear}"] = dict(info["stats"])
+                        if linear:
+                            res[f"fp8_calls_cp{int(cp)}"] = info["linear"]["fp8_calls"]
+        if rank == 0:
+            for linear in (None, "fp8"):
+                res[f"rel_l1_cp_vs_single_{linear}"] = rel_l1(outs[(True, linear)], outs[(False, linear)])
+                res[f"rel_l1_single_vs_stock_{linear}"] = rel_l1(outs[(False, linear)], exact)
+                res[f"rel_l1_cp_vs_stock_{linear}"] = rel_l1(outs[(True, linear)], exact)
+            res["nan"] = int(sum(o.isnan().sum() for o in outs.values()))
+            res["layers"] = len(model.blocks)
+            tmp = Path(out_path).with_suffix(".tmp")
+            tmp.write_text(json.dumps(res))
+            os.replace(tmp, out_path)
+    finally:
+        _leave()
+    _exit_cleanly()
+
+
+def run_patched_wan(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
+    import torch.multiprocessing as mp
+
+    out = tmp_path / f"patched_wan_u{ulysses}_r{ring}.json"
+    mp.spawn(patched_wan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed),
+             nprocs=ulysses * ring, join=True)
+    return json.loads(out.read_text())

@@ -106,3 +106,29 @@ def test_heads_and_unsupported_arguments():
         _validate(q, q, q, True, False, topo)
     with pytest.raises(ValueError, match="grouped-query"):
         _validate(q, q[:, :, :2], q[:, :, :2], False, False, topo)
+
+
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_wan_under_context_parallelism(tmp_path, seed, ulysses, ring):
+    """`sagegen.patch` under diffusers' context parallelism (tiny Wan, 2 gloo processes): the fused Q/K
+    prologue still runs on every attention and hands self-attention to diffusers' dispatcher (sagegen's CP),
+    cross-attention stays local, FP8 linears work on each rank's tokens, and the output matches one process."""
+    res = cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
+    layers = res["layers"]
+    assert res["nan"] == 0
+    for linear in ("None", "fp8"):
+        single, cp = res[f"stats_cp0_{linear}"], res[f"stats_cp1_{linear}"]
+        assert single["fused_qk_prologue"] == 2 * layers and "context_parallel" not in single, single
+        # every attention fused; the self-attention calls split over the ranks, the cross-attention ones local
+        assert cp["fused_qk_prologue"] == 2 * layers, cp
+        assert cp["context_parallel"] == layers and cp["routed"] >= layers, cp
+        assert not cp.get("unrouted_processor_calls") and not cp.get("fallback"), cp
+        err = res[f"rel_l1_single_vs_stock_{linear}"]
+        assert 0 < err < 0.1
+        # Against the stock model: the same size of error as one process (Ring: each KV chunk quantized on its
+        # own, another draw). Not bit-identical to one process even under Ulysses: the CP hook on the first
+        # block keeps its stock forward (unfused), so its roundings differ and an INT8 step can flip.
+        assert res[f"rel_l1_cp_vs_stock_{linear}"] <= (1.3 if ring == 1 else 1.6) * err, res
+        assert res[f"rel_l1_cp_vs_single_{linear}"] <= (1.0 if ring == 1 else 2.0) * err, res
+    assert res["fp8_calls_cp1"] > 0 and res["fp8_calls_cp0"] == res["fp8_calls_cp1"], res
+    assert res["rel_l1_single_vs_stock_fp8"] > res["rel_l1_single_vs_stock_None"]  # FP8 did run

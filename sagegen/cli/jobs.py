@@ -148,13 +148,10 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
     if policy is not None:
         checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
-    if linear is not None and cp_spec is not None:
-        raise UsageProblem("--linear fp8 is not combined with --cp yet (CP uses sagegen's diffusers backend, not "
-                           "the patcher); drop one of them", "--linear")
     _check_cuda_graphs(cuda_graphs, compile=compile, offload=offload, cp=cp_spec, sparse=sparse_cfg, on_gpu=on_gpu)
     if sparse_cfg is not None and cp_spec is not None:
-        raise UsageProblem("--sparse is not combined with --cp yet (CP uses sagegen's diffusers backend, not "
-                           "the patcher); drop one of them", "--sparse")
+        raise UsageProblem("--sparse is not combined with --cp yet (the sparse policy does not run under context "
+                           "parallelism); drop one of them", "--sparse")
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,

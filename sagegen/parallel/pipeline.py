@@ -69,4 +69,5 @@ def cp_variant(pipe, variant: str, cp: dict, device: torch.device, sagegen_name:
     reset_backend_stats()
     yield
     if variant == "sage":   # how many attention calls went through sagegen's CP (and fell back), warm-up included
-        setup["attention_calls"] = backend_stats()
+        # (a patch inside this context counts its own calls, written first: they are kept)
+        setup["attention_calls"] = {**backend_stats(), **setup.get("attention_calls", {})}

@@ -73,6 +73,30 @@ def _native_dispatch(original) -> bool:
             and getattr(original, "_parallel_config", None) is None and native_active())
 
 
+def _cp_dispatch(original, session):
+    """Under diffusers' context parallelism (``enable_parallelism``): a function (q, k, v [B, N, H, D] of this
+    rank's tokens) -> [B, N, H, D] that hands the fused call's attention to diffusers' dispatcher, which splits
+    it over the ranks, with sagegen's backend and this patch's settings. None without context parallelism, or
+    when another backend was chosen for the module (left alone, as on the backend route)."""
+    parallel_config = getattr(original, "_parallel_config", None)
+    if parallel_config is None:
+        return None
+    from .backend_route import backend_member
+
+    member = backend_member()
+    backend = getattr(original, "_attention_backend", None)
+    if member is None or (backend is not None and backend != member):
+        return None
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    kwargs = {"_sagegen_settings": session.backend_settings}
+
+    def attend(query, key, value):
+        return dispatch_attention_fn(query, key, value, attention_kwargs=kwargs, backend=member,
+                                     parallel_config=parallel_config)
+    return attend
+
+
 def _kernel_can_run(weight, hidden_states) -> bool:
     """Half-precision weights of a plain linear projection, on a GPU (or under the Triton interpreter)."""
     return (isinstance(weight, torch.Tensor) and weight.dtype in _HALF

@@ -6,12 +6,14 @@ splits the heads, and in self-attention rotates the video tokens' Q and K with W
 (``out[..., 0::2] = x1·cos - x2·sin`` ... over an fp32/fp64 copy, about ten eager kernels per tensor).
 `wan_call` writes the normalised (and rotated) Q and K straight into [B, N, H, D] attention buffers in one
 Triton pass each (`kernels.triton_heads_rms_rope`), V is the projection's view, and one attention call is
-routed as usual. Cross-attention to the text (no rotary) gets the fused norms the same way.
+routed as usual (under diffusers' context parallelism: handed to diffusers' dispatcher with sagegen's backend and
+this patch's settings, which splits it over the ranks). Cross-attention to the text (no rotary) gets the fused
+norms the same way.
 
 It answers None (the caller runs the wrapped original) for anything it does not reproduce exactly: another
 processor class, an attention mask, I2V's added image K/V (``add_k_proj``), norms other than a
-torch.nn.RMSNorm across the heads, rotary tables of another form, another diffusers attention backend,
-fp32 models, or tensors the kernel cannot run on. Under torch.compile the original runs.
+torch.nn.RMSNorm across the heads, rotary tables of another form, another diffusers attention backend chosen for
+the module, fp32 models, or tensors the kernel cannot run on. Under torch.compile the original runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import importlib
 
 import torch
 
-from .fused_common import _HALF, _arguments, _kernel_can_run, _native_dispatch
+from .fused_common import _HALF, _arguments, _cp_dispatch, _kernel_can_run, _native_dispatch
 
 # processor class -> the module whose `_get_qkv_projections` it calls (both run the code `wan_call` mirrors)
 _PROCESSORS = {
@@ -60,7 +62,11 @@ def wan_call(original, session, attn, args, kwargs):
         a = _arguments(original, path, attn, args, kwargs)
         if a is not None:
             break
-    if a is None or not _native_dispatch(original):
+    if a is None:
+        return None
+    # under context parallelism diffusers' dispatcher splits the attention over the ranks; else it is routed here
+    parallel = None if _native_dispatch(original) else _cp_dispatch(original, session)
+    if parallel is None and not _native_dispatch(original):
         return None
     from ..kernels.triton_heads_rms_rope import heads_rms_norm_rope
 
@@ -93,7 +99,11 @@ def wan_call(original, session, attn, args, kwargs):
     query, key, value = (t.unflatten(2, (heads, head_dim)) for t in (query, key, value))
     query = heads_rms_norm_rope(query, norms[0], tables)
     key = heads_rms_norm_rope(key, norms[1], tables)
-    hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
-    out = session.route((hnd(query), hnd(key), hnd(value)), {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
-    out = out.transpose(1, 2).flatten(2, 3).to(dtype)
+    if parallel is not None and encoder_hidden_states is None:  # (diffusers splits self-attention only)
+        out = parallel(query, key, value).flatten(2, 3).to(dtype)
+    else:
+        hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
+        out = session.route((hnd(query), hnd(key), hnd(value)),
+                            {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
+        out = out.transpose(1, 2).flatten(2, 3).to(dtype)
     return attn.to_out[1](attn.to_out[0](out))

@@ -250,6 +250,7 @@ class SageProcessorBase:
         object.__setattr__(self, "_sage_rebound", rebind(original, session))
         # the backend route (`backend_route`): (quantized, full-precision) copies of the processor's __call__
         object.__setattr__(self, "_sage_backend_fns", backend_fns)
+        object.__setattr__(self, "_sage_cp_fns", None)  # built on the first call under context parallelism
 
     @property
     def original(self):
@@ -268,6 +269,14 @@ class SageProcessorBase:
         # a bool per layer (`set_full_precision`), not the name: at most two graphs under regional compilation
         full = session.step_full_precision or self._sage_full_precision
         backend_fns = self._sage_backend_fns
+        if backend_fns is None and getattr(self._sage_original, "_parallel_config", None) is not None:
+            # diffusers' context parallelism: the attention must go through its dispatcher, which splits it
+            # over the ranks. The fused call does that itself; anything else takes the backend route.
+            backend_fns = self._cp_backend_fns()
+            if backend_fns is not None and not full and not compiling:
+                out = _fused.call(self, attn, args, kwargs)
+                if out is not None:
+                    return out
         if backend_fns is not None:  # diffusers' dispatcher, "sagegen" backend with this patch's settings
             session.count("full_precision_calls" if full else "processor_calls")  # as on the other routes
             return backend_fns[1 if full else 0](self._sage_original, attn, *args, **kwargs)
@@ -296,6 +305,18 @@ class SageProcessorBase:
                 "on sagegen. Is a non-native diffusers attention backend selected (set_attention_backend or "
                 "DIFFUSERS_ATTN_BACKEND)? Reset it to 'native' to route attention through sagegen.")
         return out
+
+    def _cp_backend_fns(self):
+        """The backend route's (quantized, full-precision) copies of the original's ``__call__``, for calls
+        under context parallelism; None where the processor does not dispatch or the backend cannot register."""
+        if self._sage_cp_fns is None:
+            from . import backend_route as _route
+
+            member = _route.backend_member() if _route.dispatches(self._sage_original) else None
+            fns = () if member is None else tuple(
+                _route.rebind_backend(self._sage_original, self._sage_session, member, full) for full in (False, True))
+            object.__setattr__(self, "_sage_cp_fns", fns)
+        return self._sage_cp_fns or None
 
     def set_full_precision(self, names: frozenset[str]) -> None:
         """Whether this layer runs in full precision under the patch's policy (``names``: the kept layers)."""
