@@ -6,6 +6,7 @@
 # The third argument names diffusers' backend to compare with (default _native_cudnn; native for Ulysses);
 # CPS="--cp ring=2" replaces the default splits (Ulysses 2 and Ring 2).
 #   bash bench/gpu_cp.sh patched wan2.1-14b   # Ulysses 2 with sagegen.patch (+ FP8 linears) as well
+#   bash bench/gpu_cp.sh patched hunyuanvideo native
 # On a 4-GPU machine:
 #   bash bench/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
 #                                # sagegen only; diffusers' native backend alongside)
@@ -35,7 +36,8 @@ case $1 in
     # sagegen.patch under CP (fused prologues and block norms; + FP8 linears) against the backend alone and cuDNN
     timeout 560 torchrun --nproc-per-node 2 --master-port 29515 bench/bench_cp.py \
       --model "$2" --cp ulysses=2 --patched attention --patched fp8 --single sagegen --repeats 1 \
-      --stock _native_cudnn --baseline-dir $BASE --out "$OUT/cp-$2-patched-2gpu-$DAY.json" > "$OUT/$2-patched.log" 2>&1
+      --stock "${3:-_native_cudnn}" --baseline-dir $BASE --out "$OUT/cp-$2-patched-2gpu-$DAY.json" \
+      > "$OUT/$2-patched.log" 2>&1
     echo "$2 patched launch exit $?"
     ;;
   quad)
