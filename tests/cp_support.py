@@ -248,6 +248,13 @@ def build_model(family: str, seed: int):
     return build_tiny_transformer(family, seed=seed)
 
 
+def write_result(out_path, res: dict) -> None:
+    """Rank 0's results as JSON, atomically (the parent reads the file after the workers end)."""
+    tmp = Path(out_path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(res))
+    os.replace(tmp, out_path)
+
+
 def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) -> None:
     from sagegen.parallel import enable_context_parallel
 
@@ -272,9 +279,7 @@ def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) 
             res = {"nan": int(cp.isnan().sum() + cp_full.isnan().sum()),
                    "rel_l1_cp_full_vs_exact": rel_l1(cp_full, exact), "rel_l1_vs_single": rel_l1(cp, single),
                    "rel_l1_cp_vs_exact": rel_l1(cp, exact), "rel_l1_single_vs_exact": rel_l1(single, exact)}
-            tmp = Path(out_path).with_suffix(".tmp")
-            tmp.write_text(json.dumps(res))
-            os.replace(tmp, out_path)
+            write_result(out_path, res)
     finally:
         _leave()
     _exit_cleanly()
@@ -334,9 +339,7 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
                 res[f"rel_l1_cp_vs_stock_{linear}"] = rel_l1(outs[(True, linear)], exact)
             res["nan"] = int(sum(o.isnan().sum() for o in outs.values()))
             res["layers"] = len(model.blocks)
-            tmp = Path(out_path).with_suffix(".tmp")
-            tmp.write_text(json.dumps(res))
-            os.replace(tmp, out_path)
+            write_result(out_path, res)
     finally:
         _leave()
     _exit_cleanly()
