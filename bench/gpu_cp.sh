@@ -7,6 +7,7 @@
 # CPS="--cp ring=2" replaces the default splits (Ulysses 2 and Ring 2).
 #   bash bench/gpu_cp.sh patched wan2.1-14b   # Ulysses 2 with sagegen.patch (+ FP8 linears) as well
 #   bash bench/gpu_cp.sh patched hunyuanvideo native
+#   bash bench/gpu_cp.sh quadpatched          # 4 GPUs: Wan2.1-14B Ulysses 4 patched, then tests/test_gpu_cp.py
 # On a 4-GPU machine:
 #   bash bench/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
 #                                # sagegen only; diffusers' native backend alongside)
@@ -39,6 +40,15 @@ case $1 in
       --stock "${3:-_native_cudnn}" --baseline-dir $BASE --out "$OUT/cp-$2-patched-2gpu-$DAY.json" \
       > "$OUT/$2-patched.log" 2>&1
     echo "$2 patched launch exit $?"
+    ;;
+  quadpatched)
+    # Wan2.1-14B Ulysses 4: sagegen.patch (+ FP8 linears), the backend alone and cuDNN; then the CP GPU tests
+    timeout 420 torchrun --nproc-per-node 4 --master-port 29517 bench/bench_cp.py \
+      --model wan2.1-14b --cp ulysses=4 --patched attention --patched fp8 --single sagegen --repeats 1 \
+      --baseline-dir $BASE --out "$OUT/cp-wan2.1-14b-patched-4gpu-$DAY.json" > "$OUT/cp-4gpu-patched.log" 2>&1
+    echo "4-gpu patched launch exit $?"
+    timeout 150 python3 -m pytest -q tests/test_gpu_cp.py -p no:cacheprovider > "$OUT/test-gpu-cp.log" 2>&1
+    echo "test_gpu_cp exit $?"; tail -3 "$OUT/test-gpu-cp.log"
     ;;
   quad)
     timeout 430 torchrun --nproc-per-node 4 --master-port 29513 bench/bench_cp.py \

@@ -295,14 +295,16 @@ def run_model(tmp_path: Path, family: str, ulysses: int, ring: int, seed: int) -
     return json.loads(out.read_text())
 
 
-def wan_inputs(gen: torch.Generator) -> dict:
-    """A 32-token latent (2 x 4 x 4 after patching) and 16 text tokens for the tiny Wan transformer, bf16."""
-    return dict(hidden_states=torch.randn(1, 16, 2, 8, 8, generator=gen).to(torch.bfloat16),
-                timestep=torch.tensor([500.0]),
-                encoder_hidden_states=torch.randn(1, 16, 32, generator=gen).to(torch.bfloat16), return_dict=False)
+def wan_inputs(gen: torch.Generator, device="cpu", frames: int = 2, side: int = 8) -> dict:
+    """A latent of frames x side/2 x side/2 tokens after patching (32 by default) and 16 text tokens for the
+    tiny Wan transformer, bf16."""
+    return dict(hidden_states=torch.randn(1, 16, frames, side, side, generator=gen).to(device, torch.bfloat16),
+                timestep=torch.tensor([500.0], device=device),
+                encoder_hidden_states=torch.randn(1, 16, 32, generator=gen).to(device, torch.bfloat16),
+                return_dict=False)
 
 
-def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:
     """`sagegen.patch` (fused prologues and blocks; then with FP8 linears too) on the tiny Wan transformer, in one
     process and under diffusers' context parallelism; rank 0 writes the differences and the patch's counters."""
     import sagegen
@@ -310,12 +312,17 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
     from sagegen.parallel import enable_context_parallel
     from sagegen.patch import patch_info
 
-    cpu_device_count_one()
-    init_gloo(rank, world, init_file)
+    if not cuda:
+        cpu_device_count_one()
+    init_gloo(rank, world, init_file, cuda=cuda)
     try:
         backend = register_test_backend()
-        inputs = wan_inputs(torch.Generator().manual_seed(seed))
-        model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=seed % 100)
+        device = f"cuda:{rank}" if cuda else "cpu"
+        # on the GPU: 1,280 video tokens, so the kernels' blocks (and the split between ranks) matter
+        size = dict(frames=5, side=32) if cuda else {}
+        inputs = wan_inputs(torch.Generator().manual_seed(seed), device, **size)
+        model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=seed % 100).to(device)
+        kernel = "auto" if cuda else "reference"
         res = {}
         with torch.no_grad():
             exact = model(**inputs)[0]
@@ -326,7 +333,7 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
                 for linear in (None, "fp8"):
                     # every block's linears in FP8, whatever the (tiny) token count
                     extra = {"linear_policy": sagegen.LinearPolicy(keep_blocks=(), min_rows=1)} if linear else {}
-                    with sagegen.patched(model, backend="reference", linear=linear, **extra):
+                    with sagegen.patched(model, backend=kernel, linear=linear, **extra):
                         outs[(cp, linear)] = model(**inputs)[0]
                         info = patch_info(model)
                         res[f"stats_cp{int(cp)}_{linear}"] = dict(info["stats"])
@@ -345,10 +352,10 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
     _exit_cleanly()
 
 
-def run_patched_wan(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
+def run_patched_wan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
     import torch.multiprocessing as mp
 
     out = tmp_path / f"patched_wan_u{ulysses}_r{ring}.json"
-    mp.spawn(patched_wan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed),
-             nprocs=ulysses * ring, join=True)
+    mp.spawn(patched_wan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed,
+                                       cuda), nprocs=ulysses * ring, join=True)
     return json.loads(out.read_text())

@@ -113,7 +113,10 @@ def test_patched_wan_under_context_parallelism(tmp_path, seed, ulysses, ring):
     """`sagegen.patch` under diffusers' context parallelism (tiny Wan, 2 gloo processes): the fused Q/K
     prologue still runs on every attention and hands self-attention to diffusers' dispatcher (sagegen's CP),
     cross-attention stays local, FP8 linears work on each rank's tokens, and the output matches one process."""
-    res = cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
+    check_patched_wan(cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
+
+
+def check_patched_wan(res: dict, ring: int) -> None:
     layers = res["layers"]
     assert res["nan"] == 0
     for linear in ("None", "fp8"):

@@ -7,6 +7,7 @@ import torch
 
 import cp_support
 from test_cp_attention import _check_ring, _check_ulysses
+from test_cp_models import check_patched_wan
 
 needs_2_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                   reason="needs 2 CUDA GPUs")
@@ -18,3 +19,12 @@ needs_2_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.de
 def test_cp_on_two_gpus(tmp_path, seed, ulysses, ring):
     res = cp_support.run_topology(tmp_path, ulysses=ulysses, ring=ring, seed=seed, s=4096, cuda=True)
     (_check_ulysses if ring == 1 else _check_ring)(res)
+
+
+@pytest.mark.gpu
+@needs_2_gpus
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_wan_on_two_gpus(tmp_path, seed, ulysses, ring):
+    """sagegen.patch under diffusers' CP on the GPUs: Wan's fused prologue kernel, sagegen's Hopper kernel as
+    each rank's attention, FP8 linears through cuBLASLt (tiny Wan, 1,280 video tokens)."""
+    check_patched_wan(cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed, cuda=True), ring)
