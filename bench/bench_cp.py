@@ -57,9 +57,10 @@ def parse_args(argv=None):
     p.add_argument("--baseline-dir", default=None,
                    help="keep each model's one-GPU timings and outputs here, and reuse them when a later launch "
                         "(say, 4 processes after 2) finds them for the same device and repeats")
-    p.add_argument("--patched", action="append", choices=["attention", "fp8"], default=[],
+    p.add_argument("--patched", action="append", choices=["attention", "fp8", "sparse"], default=[],
                    help="also time sagegen.patch on the model (repeatable): 'attention' (fused Q/K prologues and "
-                        "block norms around sagegen's attention), 'fp8' (and FP8 linears); one GPU and under CP")
+                        "block norms around sagegen's attention), 'fp8' (and FP8 linears), 'sparse' (and "
+                        "block-sparse attention, top-k 0.5); one GPU and under CP")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="check the script on CPUs (gloo): 1-layer 2-head models at a tiny size, no timings meaning")
     p.add_argument("--out", required=True)
@@ -127,28 +128,36 @@ def timed(model, inputs, warmup, repeats, device, barrier=True):
     return sorted(times)[len(times) // 2], out
 
 
-PATCHED = {"sagegen_patched": None, "sagegen_patched_fp8": "fp8"}  # label -> sagegen.patch's linear=
+# --patched choice -> (label, sagegen.patch keyword arguments); sparse: one call is one step, so no dense first
+# steps (the first block and cross-attention stay dense, as by default)
+PATCHED = {"attention": ("sagegen_patched", {}), "fp8": ("sagegen_patched_fp8", {"linear": "fp8"}),
+           "sparse": ("sagegen_patched_sparse", {"sparse": "topk=0.5,steps=0"})}
+PATCH_KWARGS = dict(PATCHED.values())
 
 
 def variants(args, backends: dict) -> dict:
     """label -> diffusers backend, with the --patched variants (sagegen's backend under sagegen.patch)."""
-    extra = {"attention": "sagegen_patched", "fp8": "sagegen_patched_fp8"}
-    return {**backends, **{extra[p]: backends["sagegen"] for p in args.patched}}
+    return {**backends, **{PATCHED[p][0]: backends["sagegen"] for p in args.patched}}
 
 
 @contextlib.contextmanager
 def patched(model, label, args):
     """sagegen.patch for a --patched variant (every block's linears in FP8 at full size: the default policy;
     at --cpu-smoke size none reaches min_rows), else nothing."""
-    if label not in PATCHED:
-        yield
+    info: dict = {}
+    if label not in PATCH_KWARGS:
+        yield info
         return
     import sagegen
 
-    sagegen.patch(model, backend="reference" if args.cpu_smoke else "auto", linear=PATCHED[label])
+    sagegen.patch(model, backend="reference" if args.cpu_smoke else "auto", **PATCH_KWARGS[label])
     try:
-        yield
+        yield info
     finally:
+        if "sparse" in PATCH_KWARGS[label]:  # the realized block density (this rank's heads under CP)
+            from sagegen.patch import sparse_density
+
+            info["sparse_density"] = sparse_density(model).get("overall")
         sagegen.unpatch(model)
 
 
@@ -175,10 +184,10 @@ def single_gpu(name, args, device, backends):
     for label, backend in backends.items():
         model.set_attention_backend(backend)
         reset_peak(device)
-        with patched(model, label, args):
+        with patched(model, label, args) as info:
             t, out = timed(model, inputs, args.warmup, args.repeats, device, barrier=False)
         ref[label] = out.float().cpu()
-        single[label] = {"backend": backend, "median_s": t, "peak_gb": peak_gb(device)}
+        single[label] = {"backend": backend, "median_s": t, "peak_gb": peak_gb(device), **info}
         print(f"[{name}] 1 GPU {label}: {t:.3f} s", flush=True)
     del model, inputs
     free(device)
@@ -207,8 +216,9 @@ def run_model(name, args, rank, device, backends, save):
             enable_context_parallel(model, ulysses=spec.ulysses, ring=spec.ring, backend=backend)
             entry = {"backend": backend}
             try:
-                with patched(model, label, args):
+                with patched(model, label, args) as info:
                     t, out = timed(model, inputs, args.warmup, args.repeats, device)
+                entry.update(info)
             except Exception as e:  # noqa: BLE001 - e.g. a stock backend without Ring support
                 entry["error"] = f"{type(e).__name__}: {e}"[:500]
                 print(f"[{name}] {text} {label}: {entry['error']}", flush=True)

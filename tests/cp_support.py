@@ -339,7 +339,30 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
                         res[f"stats_cp{int(cp)}_{linear}"] = dict(info["stats"])
                         if linear:
                             res[f"fp8_calls_cp{int(cp)}"] = info["linear"]["fp8_calls"]
+        # block-sparse (top-k 0.5, every step and block, self-attention) on a 512-token latent: 8 key blocks of 64
+        from sagegen.patch import sparse_density
+        from sagegen.sparse.text import parse_sparse_arg
+
+        sparse = parse_sparse_arg("topk=0.5,steps=0,blocks=none,min_tokens=0")
+        big = wan_inputs(torch.Generator().manual_seed(seed + 1), device, frames=2, side=32)
+        model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=seed % 100).to(device)
+        with torch.no_grad():
+            sparse_outs = {"exact": model(**big)[0]}
+            for cp in (False, True):
+                if cp:
+                    enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+                for name, kw in (("dense", {}), ("sparse", {"sparse": sparse})):
+                    with sagegen.patched(model, backend=kernel, **kw):
+                        sparse_outs[(cp, name)] = model(**big)[0]
+                        res[f"stats_cp{int(cp)}_{name}"] = dict(patch_info(model)["stats"])
+                        if kw:
+                            res[f"density_cp{int(cp)}"] = sparse_density(model)["overall"]
         if rank == 0:
+            res["rel_l1_sparse_vs_dense"] = rel_l1(sparse_outs[(False, "sparse")], sparse_outs[(False, "dense")])
+            for name in ("dense", "sparse"):
+                res[f"rel_l1_cp_vs_single_{name}"] = rel_l1(sparse_outs[(True, name)], sparse_outs[(False, name)])
+                res[f"rel_l1_single_vs_stock_{name}"] = rel_l1(sparse_outs[(False, name)], sparse_outs["exact"])
+                res[f"rel_l1_cp_vs_stock_{name}"] = rel_l1(sparse_outs[(True, name)], sparse_outs["exact"])
             for linear in (None, "fp8"):
                 res[f"rel_l1_cp_vs_single_{linear}"] = rel_l1(outs[(True, linear)], outs[(False, linear)])
                 res[f"rel_l1_single_vs_stock_{linear}"] = rel_l1(outs[(False, linear)], exact)

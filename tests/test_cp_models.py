@@ -135,3 +135,17 @@ def check_patched_wan(res: dict, ring: int) -> None:
         assert res[f"rel_l1_cp_vs_single_{linear}"] <= (1.0 if ring == 1 else 2.0) * err, res
     assert res["fp8_calls_cp1"] > 0 and res["fp8_calls_cp0"] == res["fp8_calls_cp1"], res
     assert res["rel_l1_single_vs_stock_fp8"] > res["rel_l1_single_vs_stock_None"]  # FP8 did run
+    # sparse=: every self-attention sparse on one process; under Ulysses too (each rank ranks its heads' blocks
+    # over all keys), under Ring dense and counted
+    assert res["stats_cp0_sparse"]["sparse_calls"] == layers and 0.3 < res["density_cp0"] < 0.9, res
+    err = res["rel_l1_single_vs_stock_dense"]
+    assert res["rel_l1_sparse_vs_dense"] > 0.3 * err, res  # it skipped blocks that carry weight
+    if ring == 1:
+        assert res["stats_cp1_sparse"]["sparse_calls"] == layers, res
+        assert 0.3 < res["density_cp1"] < 0.9, res  # (each rank records its own heads' calls)
+        assert res["rel_l1_cp_vs_stock_sparse"] <= 1.3 * res["rel_l1_single_vs_stock_sparse"], res
+    else:
+        cp = res["stats_cp1_sparse"]
+        assert cp["sparse_dense_under_ring"] == layers and not cp.get("sparse_calls"), res
+        assert res["density_cp1"] is None, res  # nothing ran sparse
+        assert res["rel_l1_cp_vs_stock_sparse"] <= 1.6 * err, res

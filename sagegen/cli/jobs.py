@@ -149,9 +149,11 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     if policy is not None:
         checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
     _check_cuda_graphs(cuda_graphs, compile=compile, offload=offload, cp=cp_spec, sparse=sparse_cfg, on_gpu=on_gpu)
-    if sparse_cfg is not None and cp_spec is not None:
-        raise UsageProblem("--sparse is not combined with --cp yet (the sparse policy does not run under context "
-                           "parallelism); drop one of them", "--sparse")
+    if sparse_cfg is not None and cp_spec is not None and (cp_spec.ring > 1 or preset.family != "wan"):
+        # under CP the policy runs where sagegen's fused route hands self-attention to the split (Wan), and only
+        # under Ulysses, where every rank attends over all keys
+        raise UsageProblem("--sparse combines with --cp only for Wan models and a Ulysses-only split "
+                           f"(--cp ulysses=N); got {preset.name} with ring={cp_spec.ring}", "--sparse")
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,

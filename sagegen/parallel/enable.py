@@ -1,6 +1,9 @@
-"""Turn on context parallelism for a diffusers transformer with a CP-capable attention backend (sagegen's)."""
+"""Turn on context parallelism for a diffusers transformer with a CP-capable attention backend (sagegen's), leaving
+diffusers' process-global default backend as it was."""
 
 from __future__ import annotations
+
+import contextlib
 
 from .plans import check_cp_support, cp_plan_for, install_model_hooks
 
@@ -9,6 +12,20 @@ def check_heads(num_heads: int | None, ulysses: int) -> None:
     if num_heads is not None and ulysses > 1 and num_heads % ulysses:
         raise ValueError(f"--cp ulysses={ulysses} needs the model's attention heads ({num_heads}) to be a multiple "
                          f"of the Ulysses degree; use a degree that divides {num_heads}, or ring=")
+
+
+@contextlib.contextmanager
+def keeping_global_backend():
+    """diffusers' ``set_attention_backend`` also makes its backend the process-global default, which every other
+    model without a backend of its own then runs; this puts the previous default back afterwards (the
+    parallelised model's processors keep theirs)."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    previous = _AttentionBackendRegistry._active_backend
+    try:
+        yield
+    finally:
+        _AttentionBackendRegistry.set_active_backend(previous)
 
 
 def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, backend: str | None = "sagegen"):
@@ -23,9 +40,10 @@ def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, bac
         from ..diffusers_registry import register_diffusers_backend
 
         register_diffusers_backend()       # idempotent; diffusers may have been imported after sagegen
-    if backend is not None:
-        transformer.set_attention_backend(backend)
-    transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring),
-                                   cp_plan=cp_plan_for(transformer))
+    with keeping_global_backend():
+        if backend is not None:
+            transformer.set_attention_backend(backend)
+        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring),
+                                       cp_plan=cp_plan_for(transformer))
     install_model_hooks(transformer, transformer._parallel_config)
     return transformer

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from .enable import enable_context_parallel
+from .enable import enable_context_parallel, keeping_global_backend
 
 
 def sagegen_backend_name(backend: str = "auto", config=None) -> str:
@@ -63,8 +63,9 @@ def cp_variant(pipe, variant: str, cp: dict, device: torch.device, sagegen_name:
     from ..patch.diffusers_backend import backend_stats, reset_backend_stats
 
     name = sagegen_name if variant == "sage" else stock_backend_name(cp, device)
-    for model in denoisers(pipe):
-        model.set_attention_backend(name)
+    with keeping_global_backend():
+        for model in denoisers(pipe):
+            model.set_attention_backend(name)
     setup["cp"] = {**cp, "attention_backend": name}
     reset_backend_stats()
     yield

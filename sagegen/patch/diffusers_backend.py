@@ -56,6 +56,9 @@ class BackendSettings:
     fp32_dtype: torch.dtype = torch.bfloat16
     full_precision: bool = False
     stats: Counter | None = dataclasses.field(default=None, compare=False, repr=False)  # a patch's counters
+    # ``block_mask(q, k, attn_mask, scale)`` ([B, H, N, D] views of every key: a Ulysses split) -> a BlockSparse
+    # or None (dense): ``sagegen.patch(..., sparse=)`` on a fused route under context parallelism
+    block_mask: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.config, SageConfig):
@@ -181,9 +184,12 @@ def local_attention(query, key, value, *, attn_mask=None, dropout_p=0.0, is_caus
         attn_mask, rows = _simplify_mask(attn_mask, q.shape[1])
     if rows is not None:
         rows = rows.transpose(1, 2)  # [B, 1, S_q, 1] -> [B, S_q, 1, 1] for the [B, S, H, D] output
+    block_mask = None
+    if settings.block_mask is not None:
+        block_mask = settings.block_mask(q.transpose(1, 2), k.transpose(1, 2), attn_mask, scale)
     result = _api.sageattn(q, k, v, tensor_layout="NHD", is_causal=bool(is_causal), sm_scale=scale,
                            attn_mask=attn_mask, return_lse=return_lse, config=settings.config,
-                           backend=settings.backend)
+                           backend=settings.backend, block_mask=block_mask)
     _count("routed", settings)
     out, lse = result if return_lse else (result, None)
     if rows is not None:

@@ -4,6 +4,7 @@ call. A module of its own so that neither family module imports the other."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -73,11 +74,16 @@ def _native_dispatch(original) -> bool:
             and getattr(original, "_parallel_config", None) is None and native_active())
 
 
-def _cp_dispatch(original, session):
+def _cp_dispatch(original, session, sparse: bool = False):
     """Under diffusers' context parallelism (``enable_parallelism``): a function (q, k, v [B, N, H, D] of this
     rank's tokens) -> [B, N, H, D] that hands the fused call's attention to diffusers' dispatcher, which splits
     it over the ranks, with sagegen's backend and this patch's settings. None without context parallelism, or
-    when another backend was chosen for the module (left alone, as on the backend route)."""
+    when another backend was chosen for the module (left alone, as on the backend route).
+
+    ``sparse``: the call may run the patch's block-sparse policy (self-attention over tokens in their own
+    order). It does under a Ulysses split, where each rank attends over every key; under Ring (keys split
+    over the ranks, which the predictor's per-row ranking cannot see) the call stays dense, counted as
+    ``sparse_dense_under_ring``."""
     parallel_config = getattr(original, "_parallel_config", None)
     if parallel_config is None:
         return None
@@ -89,7 +95,16 @@ def _cp_dispatch(original, session):
         return None
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
-    kwargs = {"_sagegen_settings": session.backend_settings}
+    settings = session.backend_settings
+    if sparse and session.sparse is not None:
+        cp = getattr(parallel_config, "context_parallel_config", None)
+        if (getattr(cp, "ring_degree", 1) or 1) > 1:
+            session.count("sparse_dense_under_ring")
+        else:
+            from .sparse_policy import block_mask_for
+
+            settings = dataclasses.replace(settings, block_mask=functools.partial(block_mask_for, session))
+    kwargs = {"_sagegen_settings": settings}
 
     def attend(query, key, value):
         return dispatch_attention_fn(query, key, value, attention_kwargs=kwargs, backend=member,

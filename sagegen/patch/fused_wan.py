@@ -65,8 +65,9 @@ def wan_call(original, session, attn, args, kwargs):
     if a is None:
         return None
     # under context parallelism diffusers' dispatcher splits the attention over the ranks; else it is routed here
-    parallel = None if _native_dispatch(original) else _cp_dispatch(original, session)
-    if parallel is None and not _native_dispatch(original):
+    native = _native_dispatch(original)
+    parallel = None if native else _cp_dispatch(original, session, sparse=a.get("encoder_hidden_states") is None)
+    if parallel is None and not native:
         return None
     from ..kernels.triton_heads_rms_rope import heads_rms_norm_rope
 
