@@ -310,6 +310,7 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
     import sagegen
     from sagegen.models.tiny_video import build_tiny_wan_transformer
     from sagegen.parallel import enable_context_parallel
+    from sagegen.parallel.enable import keeping_global_backend
     from sagegen.patch import patch_info
 
     if not cuda:
@@ -327,6 +328,14 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
         with torch.no_grad():
             exact = model(**inputs)[0]
             outs = {}
+            # sagegen's diffusers backend chosen on the model first: the patch still fuses and routes with its
+            # own settings (the same output as from the native backend below)
+            with keeping_global_backend():
+                model.set_attention_backend(backend)
+            with sagegen.patched(model, backend=kernel):
+                outs["backend_chosen"] = model(**inputs)[0]
+                res["stats_backend_chosen"] = dict(patch_info(model)["stats"])
+            model.reset_attention_backend()
             for cp in (False, True):
                 if cp:
                     enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
@@ -358,6 +367,7 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
                         if kw:
                             res[f"density_cp{int(cp)}"] = sparse_density(model)["overall"]
         if rank == 0:
+            res["backend_chosen_equal"] = bool(torch.equal(outs["backend_chosen"], outs[(False, None)]))
             res["rel_l1_sparse_vs_dense"] = rel_l1(sparse_outs[(False, "sparse")], sparse_outs[(False, "dense")])
             for name in ("dense", "sparse"):
                 res[f"rel_l1_cp_vs_single_{name}"] = rel_l1(sparse_outs[(True, name)], sparse_outs[(False, name)])

@@ -119,6 +119,9 @@ def test_patched_wan_under_context_parallelism(tmp_path, seed, ulysses, ring):
 def check_patched_wan(res: dict, ring: int) -> None:
     layers = res["layers"]
     assert res["nan"] == 0
+    chosen = res["stats_backend_chosen"]
+    assert chosen["fused_qk_prologue"] == 2 * layers and not chosen.get("unrouted_processor_calls"), chosen
+    assert res["backend_chosen_equal"], res
     for linear in ("None", "fp8"):
         single, cp = res[f"stats_cp0_{linear}"], res[f"stats_cp1_{linear}"]
         assert single["fused_qk_prologue"] == 2 * layers and "context_parallel" not in single, single

@@ -68,10 +68,41 @@ def _call_signature(cls: type) -> inspect.Signature:
 
 
 def _native_dispatch(original) -> bool:
-    """Whether a processor that calls diffusers' ``dispatch_attention_fn`` would run the native (SDPA) backend,
-    the only one the patch routes: with another backend chosen, the fused call steps aside too."""
-    return (getattr(original, "_attention_backend", None) is None
-            and getattr(original, "_parallel_config", None) is None and native_active())
+    """Whether the fused call routes the attention itself: a processor that calls diffusers'
+    ``dispatch_attention_fn`` would run the native (SDPA) backend or sagegen's own (the patch's settings then
+    take over), without context parallelism. With another backend chosen, the fused call steps aside."""
+    if getattr(original, "_parallel_config", None) is not None:
+        return False
+    backend = getattr(original, "_attention_backend", None)
+    if backend is None:
+        return native_active() or _is_sagegen(_active_backend())
+    return _is_sagegen(backend)
+
+
+def dispatches_to_sagegen(original) -> bool:
+    """Whether the processor's attention goes to diffusers' dispatcher with sagegen's backend (its own or the
+    process-wide default), or under context parallelism: then the patch runs it on the backend route with its
+    settings (`processors.SageProcessorBase`), not through torch SDPA."""
+    if getattr(original, "_parallel_config", None) is not None:
+        return True
+    backend = getattr(original, "_attention_backend", None)
+    return _is_sagegen(backend if backend is not None else _active_backend())
+
+
+def _active_backend():
+    try:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+    except ImportError:
+        return None
+    return _AttentionBackendRegistry.get_active_backend()[0]
+
+
+def _is_sagegen(backend) -> bool:
+    """Whether a diffusers backend (an AttentionBackendName member, or None) is sagegen's; by value, so that
+    nothing is registered here (this runs inside traced code too)."""
+    from .diffusers_backend import BACKEND_NAME
+
+    return backend is not None and getattr(backend, "value", backend) == BACKEND_NAME
 
 
 def _cp_dispatch(original, session, sparse: bool = False):

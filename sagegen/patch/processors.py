@@ -53,6 +53,7 @@ from torch.overrides import TorchFunctionMode
 from .. import api as _api
 from ..config import SUPPORTED_HEAD_DIMS, SageConfig
 from ..linear.shared import sharing
+from . import fused_common as _fused_common
 from . import fused_route as _fused
 from .graphs import value_checks_allowed
 from .rebind import rebind
@@ -250,7 +251,7 @@ class SageProcessorBase:
         object.__setattr__(self, "_sage_rebound", rebind(original, session))
         # the backend route (`backend_route`): (quantized, full-precision) copies of the processor's __call__
         object.__setattr__(self, "_sage_backend_fns", backend_fns)
-        object.__setattr__(self, "_sage_cp_fns", None)  # built on the first call under context parallelism
+        object.__setattr__(self, "_sage_cp_fns", None)  # built on the first call that dispatches to sagegen
 
     @property
     def original(self):
@@ -269,10 +270,11 @@ class SageProcessorBase:
         # a bool per layer (`set_full_precision`), not the name: at most two graphs under regional compilation
         full = session.step_full_precision or self._sage_full_precision
         backend_fns = self._sage_backend_fns
-        if backend_fns is None and getattr(self._sage_original, "_parallel_config", None) is not None:
-            # diffusers' context parallelism: the attention must go through its dispatcher, which splits it
-            # over the ranks. The fused call does that itself; anything else takes the backend route.
-            backend_fns = self._cp_backend_fns()
+        if backend_fns is None and _fused_common.dispatches_to_sagegen(self._sage_original):
+            # sagegen's diffusers backend chosen for the module, or diffusers' context parallelism (the attention
+            # must go through its dispatcher, which splits it over the ranks): the fused call handles both;
+            # anything else takes the backend route with this patch's settings
+            backend_fns = self._dispatch_backend_fns()
             if backend_fns is not None and not full and not compiling:
                 out = _fused.call(self, attn, args, kwargs)
                 if out is not None:
@@ -306,9 +308,10 @@ class SageProcessorBase:
                 "DIFFUSERS_ATTN_BACKEND)? Reset it to 'native' to route attention through sagegen.")
         return out
 
-    def _cp_backend_fns(self):
+    def _dispatch_backend_fns(self):
         """The backend route's (quantized, full-precision) copies of the original's ``__call__``, for calls
-        under context parallelism; None where the processor does not dispatch or the backend cannot register."""
+        that go to diffusers' dispatcher (sagegen's backend, context parallelism); None where the processor does
+        not dispatch or the backend cannot register."""
         if self._sage_cp_fns is None:
             from . import backend_route as _route
 
