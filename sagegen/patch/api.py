@@ -96,8 +96,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
             (``"topk=0.5"``, ``"cdf=0.95"``, ``"sta"``, ``"calib=FILE"``; `sagegen.sparse.text`). Dense stay:
             the first ``dense_steps`` (25%) of the steps, the ``dense_blocks`` (the first block),
             cross-attention and calls under ``min_tokens`` keys. `sparse_density(obj)` reports what ran.
-            It applies on every route (on the backend route, sparse calls run the SDPA route's path; not
-            under context parallelism).
+            It applies on every route (on the backend route, sparse calls run the SDPA route's path). Under
+            context parallelism only on Wan's fused route with a Ulysses-only split (docs/context-parallel.md).
         cuda_graphs: replay each denoiser's forward as a CUDA graph (`sagegen.patch.graphs`): the first call
             of a shape runs eagerly, the second is captured, later ones replay. It takes the host's launch
             cost out of eager steps (FP8 linears at ~4k tokens are host-bound without it); it costs one
