@@ -251,7 +251,7 @@ class SageProcessorBase:
         object.__setattr__(self, "_sage_rebound", rebind(original, session))
         # the backend route (`backend_route`): (quantized, full-precision) copies of the processor's __call__
         object.__setattr__(self, "_sage_backend_fns", backend_fns)
-        object.__setattr__(self, "_sage_cp_fns", None)  # built on the first call that dispatches to sagegen
+        object.__setattr__(self, "_sage_dispatch_fns", None)  # built on the first call that dispatches to sagegen
 
     @property
     def original(self):
@@ -312,14 +312,14 @@ class SageProcessorBase:
         """The backend route's (quantized, full-precision) copies of the original's ``__call__``, for calls
         that go to diffusers' dispatcher (sagegen's backend, context parallelism); None where the processor does
         not dispatch or the backend cannot register."""
-        if self._sage_cp_fns is None:
+        if self._sage_dispatch_fns is None:
             from . import backend_route as _route
 
             member = _route.backend_member() if _route.dispatches(self._sage_original) else None
             fns = () if member is None else tuple(
                 _route.rebind_backend(self._sage_original, self._sage_session, member, full) for full in (False, True))
-            object.__setattr__(self, "_sage_cp_fns", fns)
-        return self._sage_cp_fns or None
+            object.__setattr__(self, "_sage_dispatch_fns", fns)
+        return self._sage_dispatch_fns or None
 
     def set_full_precision(self, names: frozenset[str]) -> None:
         """Whether this layer runs in full precision under the patch's policy (``names``: the kept layers)."""
