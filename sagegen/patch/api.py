@@ -226,7 +226,7 @@ def _patch_one(transformer, modules, full_names, config, policy, backend, fp32_d
         if session.family == "generic" and _route.dispatches(current):
             member = member or _route.backend_member()
             if member is not None:  # else (a diffusers sagegen cannot register in): the SDPA route
-                backend_fns = tuple(_route.rebind_backend(current, session, member, full) for full in (False, True))
+                backend_fns = _route.rebind_pair(current, session, member)
                 state.backend_originals[name] = current._attention_backend
                 current._attention_backend = member
         state.originals[name] = current

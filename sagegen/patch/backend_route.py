@@ -70,6 +70,11 @@ def settings_for(session, full_precision: bool) -> BackendSettings:
                            full_precision=full_precision, stats=session.stats)
 
 
+def rebind_pair(original, session, member) -> tuple:
+    """(quantized, full-precision) `rebind_backend` copies: what a wrapper picks from per call by its policy."""
+    return tuple(rebind_backend(original, session, member, full) for full in (False, True))
+
+
 def rebind_backend(original, session, member, full_precision: bool):
     """A copy of the processor's ``__call__`` (`call_for`) whose dispatcher calls run the ``"sagegen"`` backend
     with the session's settings (read per call, so a re-patch with another config takes effect)."""

@@ -316,8 +316,7 @@ class SageProcessorBase:
             from . import backend_route as _route
 
             member = _route.backend_member() if _route.dispatches(self._sage_original) else None
-            fns = () if member is None else tuple(
-                _route.rebind_backend(self._sage_original, self._sage_session, member, full) for full in (False, True))
+            fns = () if member is None else _route.rebind_pair(self._sage_original, self._sage_session, member)
             object.__setattr__(self, "_sage_dispatch_fns", fns)
         return self._sage_dispatch_fns or None
 
