@@ -392,3 +392,120 @@ def run_patched_wan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bo
     mp.spawn(patched_wan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed,
                                        cuda), nprocs=ulysses * ring, join=True)
     return json.loads(out.read_text())
+
+
+def hunyuan_inputs(gen: torch.Generator, device="cpu", side: int = 8) -> dict:
+    """`model_inputs("hunyuanvideo")` in bf16 on ``device``; ``side``: the latent's height and width (2 frames,
+    patch 2: 2·side²/4 video tokens, and 12 text tokens, 7 valid in sample 0)."""
+    inputs = model_inputs("hunyuanvideo", gen)
+    if side != 8:
+        inputs["hidden_states"] = torch.randn(2, 4, 2, side, side, generator=gen)
+    return {k: (v.to(device, torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point()
+                and k in ("hidden_states", "encoder_hidden_states", "pooled_projections") else
+                v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _text_kept(bs, n: int, chunks: int, video: int) -> bool:
+    """Whether every query block of a BlockSparse computes every key block holding text (the last n/chunks -
+    video/chunks tokens of each of ``chunks`` equal parts)."""
+    part, vpart = n // chunks, video // chunks
+    text_blocks = {t // bs.block_kv for c in range(chunks) for t in range(c * part + vpart, (c + 1) * part)}
+    counts, idx = bs.counts.cpu(), bs.indices.cpu()
+    for pos in torch.cartesian_prod(*(torch.arange(s) for s in counts.shape)).tolist():
+        listed = set(idx[tuple(pos)][:int(counts[tuple(pos)])].tolist())
+        if not text_blocks <= listed:
+            return False
+    return True
+
+
+def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:
+    """`sagegen.patch` on the tiny HunyuanVideo transformer (bf16) in one process and under context parallelism
+    (sagegen's plan and mask hooks): the fused joint prologue on every joint call, FP8 linears with the single
+    block's fused cat-GELU projection, and block-sparse attention with the text kept per rank's chunk; rank 0
+    writes the differences and counters."""
+    import sagegen
+    from sagegen.linear.module import FP8Linear
+    from sagegen.models.tiny import build_tiny_transformer
+    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch import patch_info, sparse_density
+    from sagegen.patch import sparse_policy
+    from sagegen.sparse.text import parse_sparse_arg
+
+    if not cuda:
+        cpu_device_count_one()
+    init_gloo(rank, world, init_file, cuda=cuda)
+    try:
+        backend = register_test_backend()
+        device = f"cuda:{rank}" if cuda else "cpu"
+        kernel = "triton" if cuda else "reference"
+        cat_gelu_calls = [0]
+        stock_cat_gelu = FP8Linear.cat_gelu
+
+        def counting_cat_gelu(self, prefix, x):
+            cat_gelu_calls[0] += 1
+            return stock_cat_gelu(self, prefix, x)
+        FP8Linear.cat_gelu = counting_cat_gelu
+        text_ok, layout = [], {"chunks": 1}  # the ranks' [video, text] chunks in the gathered sequence
+        stock_block_mask_for = sparse_policy.block_mask_for
+
+        def checking_block_mask_for(session, q, k, attn_mask, scale, chunks=1):
+            bs = stock_block_mask_for(session, q, k, attn_mask, scale, chunks)
+            if bs is not None:
+                video = q.shape[2] - 12  # 12 text tokens in all
+                text_ok.append(_text_kept(bs, q.shape[2], layout["chunks"], video))
+            return bs
+        sparse_policy.block_mask_for = checking_block_mask_for
+
+        res, outs = {}, {}
+        for name, side in (("dense", 8), ("sparse", 32)):
+            layout["chunks"] = 1
+            inputs = hunyuan_inputs(torch.Generator().manual_seed(seed), device, side)
+            model = build_tiny_transformer("hunyuanvideo", seed=seed % 100, dtype=torch.bfloat16).to(device)
+            with torch.no_grad():
+                outs[(name, "exact")] = model(**inputs)[0]
+                for cp in (False, True):
+                    if cp:
+                        enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+                        outs[(name, "cp_before")] = model(**inputs)[0]
+                        layout["chunks"] = ulysses
+                    variants = ((None, {}), ("fp8", {"linear": "fp8", "linear_policy": sagegen.LinearPolicy(
+                        keep_blocks=(), min_rows=1)})) if name == "dense" else (
+                        ("sparse", {"sparse": parse_sparse_arg("topk=0.5,steps=0,blocks=none,min_tokens=0")}),)
+                    for variant, kw in variants:
+                        cat_gelu_calls[0] = 0
+                        text_ok.clear()
+                        with sagegen.patched(model, backend=kernel, **kw):
+                            outs[(name, cp, variant)] = model(**inputs)[0]
+                            info = patch_info(model)
+                            res[f"stats_cp{int(cp)}_{variant}"] = dict(info["stats"])
+                            if variant == "fp8":
+                                res[f"cat_gelu_cp{int(cp)}"] = cat_gelu_calls[0]
+                                res[f"fp8_calls_cp{int(cp)}"] = info["linear"]["fp8_calls"]
+                            if variant == "sparse":
+                                res[f"density_cp{int(cp)}"] = sparse_density(model)["overall"]
+                                res[f"text_kept_cp{int(cp)}"] = [bool(t) for t in text_ok]
+                    if cp:  # unpatched under CP: the stock forward again (the mask hooks' references restored)
+                        outs[(name, "cp_unpatched")] = model(**inputs)[0]
+        if rank == 0:
+            for variant in (None, "fp8", "sparse"):
+                name = "sparse" if variant == "sparse" else "dense"
+                exact, single, cp = outs[(name, "exact")], outs[(name, False, variant)], outs[(name, True, variant)]
+                res[f"rel_l1_single_vs_stock_{variant}"] = rel_l1(single, exact)
+                res[f"rel_l1_cp_vs_stock_{variant}"] = rel_l1(cp, exact)
+                res[f"rel_l1_cp_vs_single_{variant}"] = rel_l1(cp, single)
+            res["unpatch_equal_under_cp"] = all(bool(torch.equal(outs[(n, "cp_unpatched")], outs[(n, "cp_before")]))
+                                                for n in ("dense", "sparse"))
+            res["nan"] = int(sum(o.isnan().sum() for o in outs.values()))
+            write_result(out_path, res)
+    finally:
+        _leave()
+    _exit_cleanly()
+
+
+def run_patched_hunyuan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
+    import torch.multiprocessing as mp
+
+    out = tmp_path / f"patched_hunyuan_u{ulysses}_r{ring}.json"
+    mp.spawn(patched_hunyuan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out),
+                                           seed, cuda), nprocs=ulysses * ring, join=True)
+    return json.loads(out.read_text())

@@ -158,25 +158,32 @@ def test_bench_cp_smoke_reuses_its_one_gpu_baselines(tmp_path):
     assert "return_lse" in ring["stock"]["error"]                      # diffusers' native backend has no Ring
 
 
-def test_sparse_with_cp_only_for_wan_under_ulysses(monkeypatch, tmp_path):
-    """--sparse runs under --cp where sagegen's fused route hands Wan's self-attention to a Ulysses split; other
-    models and Ring splits exit 2 before loading."""
+def test_sparse_with_cp_only_for_wan_and_hunyuan_under_ulysses(monkeypatch, tmp_path):
+    """--sparse runs under --cp where sagegen's fused route hands Wan's or HunyuanVideo's self-attention to a
+    Ulysses split; other models, Ring splits and HunyuanVideo's static patterns exit 2 before loading."""
     from sagegen.cli.jobs import build_job
 
     for k, v in dict(TORCHRUN, WORLD_SIZE="2").items():
         monkeypatch.setenv(k, v)
 
-    def job(model, cp):
+    def job(model, cp, sparse="topk=0.5"):
         return build_job(model=model, variants=["sage"], prompt=["a cat"], prompts=None, max_prompts=None,
                          seed=None, steps=1, frames=None, height=None, width=None, guidance=None,
                          negative_prompt=None, dtype="auto", device="cpu", model_path=None, random_weights=False,
                          offload="none", vae_tiling=False, vae_slicing=False, compile=False, warmup=0, kernel=None,
                          fp_blocks=None, fp_first_steps=0, fp_last_steps=0, backend="auto", out=tmp_path / "run",
-                         linear="fp8", sparse="topk=0.5", cp=cp)
+                         linear="fp8", sparse=sparse, cp=cp)
 
     j, _ = job("tiny-wan2.1", "ulysses=2")
     assert j.sparse.value == 0.5 and j.linear == "fp8" and j.settings["cp"] == {"ulysses": 2, "ring": 1}
+    j, _ = job("tiny-hunyuanvideo", "ulysses=2")
+    assert j.sparse.mode == "topk" and j.settings["cp"] == {"ulysses": 2, "ring": 1}
+    assert job("tiny-wan2.1", "ulysses=2", "sta")[0].sparse.mode == "sta"
     with pytest.raises(UsageProblem, match="Ulysses-only split.*ring=2"):
         job("tiny-wan2.1", "ring=2")
-    with pytest.raises(UsageProblem, match="only for Wan models.*tiny-hunyuanvideo"):
-        job("tiny-hunyuanvideo", "ulysses=2")
+    with pytest.raises(UsageProblem, match="Ulysses-only split.*ring=2"):
+        job("tiny-hunyuanvideo", "ring=2")
+    with pytest.raises(UsageProblem, match="only for Wan and HunyuanVideo.*tiny-flux"):
+        job("tiny-flux", "ulysses=2")
+    with pytest.raises(UsageProblem, match="sta with --cp runs on Wan only"):
+        job("tiny-hunyuanvideo", "ulysses=2", "sta")

@@ -7,7 +7,7 @@ import torch
 
 import cp_support
 from test_cp_attention import _check_ring, _check_ulysses
-from test_cp_models import check_patched_wan
+from test_cp_models import check_patched_hunyuan, check_patched_wan
 
 needs_2_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                   reason="needs 2 CUDA GPUs")
@@ -27,4 +27,15 @@ def test_cp_on_two_gpus(tmp_path, seed, ulysses, ring):
 def test_patched_wan_on_two_gpus(tmp_path, seed, ulysses, ring):
     """sagegen.patch under diffusers' CP on the GPUs: Wan's fused prologue kernel, sagegen's Hopper kernel as
     each rank's attention, FP8 linears through cuBLASLt (tiny Wan, 1,280 video tokens)."""
-    check_patched_wan(cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed, cuda=True), ring)
+    check_patched_wan(cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed, cuda=True), ring,
+                      bitwise=False)
+
+
+@pytest.mark.gpu
+@needs_2_gpus
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_hunyuanvideo_on_two_gpus(tmp_path, seed, ulysses, ring):
+    """sagegen.patch on HunyuanVideo under CP on the GPUs: the fused joint prologue handed to the split, FP8
+    linears with the fused cat-GELU projection, sparse with each rank's text kept (tiny model, 524 tokens a sample)."""
+    check_patched_hunyuan(cp_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed,
+                                                         cuda=True), ring, bitwise=False)

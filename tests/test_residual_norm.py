@@ -203,9 +203,10 @@ def test_fused_wan_block_falls_back_where_it_cannot_reproduce(seed, monkeypatch)
 
 @pytest.mark.parametrize("hook_first", [False, True])
 def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook_first):
-    """diffusers' hooks (context-parallel splits, caches) wrap a module's bound ``forward``. Patched first, the
-    hook wraps the fused forward; hooked first, the hook keeps the stock forward it wrapped. Either way the
-    hook runs, and the output is the fused model's within rounding."""
+    """diffusers' hooks (context-parallel splits, caches, sagegen's CP mask hooks) wrap a module's bound
+    ``forward``. Patched first, the hook wraps the fused forward; hooked first, the hook's reference to the stock
+    forward is re-pointed at the fused one (`fused_common.swap_class`). Either way the hook runs, every block
+    runs fused, and after `unpatch` the hooked block runs the stock forward again, bit for bit."""
     from diffusers.hooks import HookRegistry, ModelHook
 
     class Count(ModelHook):
@@ -218,22 +219,27 @@ def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook_first):
     model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=2).to(DEVICE)
     inputs = _inputs(model, seed=seed % 1000)
     calls = []
+    monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
     with torch.no_grad():
+        stock = model(**inputs)[0]
         sagegen.patch(model, backend="reference", fuse_prologue=False)
         unfused = model(**inputs)[0]
         sagegen.unpatch(model)
+        calls.clear()
         if hook_first:
             HookRegistry.check_if_exists_or_initialize(model.blocks[0]).register_hook(Count(), "count")
         sagegen.patch(model, backend="reference")
         if not hook_first:
             HookRegistry.check_if_exists_or_initialize(model.blocks[0]).register_hook(Count(), "count")
-        monkeypatch.setattr(kernel, "residual_norm", lambda *a, **k: calls.append(1) or residual_norm(*a, **k))
         out = model(**inputs)[0]
+        fused_calls = len(calls)
         sagegen.unpatch(model)
-    assert Count.calls == 1
-    fused_blocks_run = len(model.blocks) - (1 if hook_first else 0)
-    assert len(calls) == 4 * fused_blocks_run
+        calls.clear()
+        after = model(**inputs)[0]
+    assert Count.calls == 2
+    assert fused_calls == 4 * len(model.blocks)
     assert rel_l1(out, unfused) < 5e-3
+    assert not calls and torch.equal(after, stock)  # the hook holds the stock forward again
 
 
 def test_fused_wan_blocks_with_fp32_kept_norms(seed):

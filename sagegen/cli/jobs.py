@@ -149,11 +149,8 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     if policy is not None:
         checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
     _check_cuda_graphs(cuda_graphs, compile=compile, offload=offload, cp=cp_spec, sparse=sparse_cfg, on_gpu=on_gpu)
-    if sparse_cfg is not None and cp_spec is not None and (cp_spec.ring > 1 or preset.family != "wan"):
-        # under CP the policy runs where sagegen's fused route hands self-attention to the split (Wan), and only
-        # under Ulysses, where every rank attends over all keys
-        raise UsageProblem("--sparse combines with --cp only for Wan models and a Ulysses-only split "
-                           f"(--cp ulysses=N); got {preset.name} with ring={cp_spec.ring}", "--sparse")
+    if sparse_cfg is not None and cp_spec is not None:
+        _check_sparse_cp(sparse_cfg, cp_spec, preset)
     settings = {"steps": steps or preset.steps, "frames": f, "height": h, "width": w,
                 "guidance": preset.guidance if guidance is None else guidance,
                 "negative_prompt": negative_prompt or None,
@@ -174,6 +171,23 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               command=command_line(), linear=linear, sparse=sparse_cfg, cuda_graphs=cuda_graphs)
     checks.check_out_dir(job.resolve_out(), "--out" if out is not None else "--out (default: under $SAGEGEN_RUNS or runs/)")
     return job, warnings
+
+
+# families whose fused route hands the attention to a CP split with the sparse policy (fused_wan, fused_joint)
+_SPARSE_CP_FAMILIES = ("wan", "hunyuanvideo")
+
+
+def _check_sparse_cp(sparse_cfg, cp_spec, preset) -> None:
+    """Under CP the policy runs where sagegen's fused route hands self-attention to the split, and only under
+    Ulysses, where every rank attends over all keys. A joint [video, text] call's gathered sequence holds the
+    ranks' chunks in turn, which static patterns (grid order) cannot describe."""
+    if cp_spec.ring > 1 or preset.family not in _SPARSE_CP_FAMILIES:
+        raise UsageProblem("--sparse combines with --cp only for Wan and HunyuanVideo models and a Ulysses-only "
+                           f"split (--cp ulysses=N); got {preset.name} with ring={cp_spec.ring}", "--sparse")
+    if sparse_cfg.mode in ("sta", "radial") and preset.family != "wan":
+        raise UsageProblem(f"--sparse {sparse_cfg.mode} with --cp runs on Wan only: under a split, "
+                           f"{preset.name}'s joint [video, text] sequence is not in the latent grid's order; use "
+                           "topk=... or cdf=...", "--sparse")
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

@@ -34,7 +34,7 @@ from . import fused_blocks_flux as _flux
 from . import fused_blocks_ltx as _ltx
 from . import fused_blocks_qwen as _qwen
 from . import fused_blocks_sd3 as _sd3
-from .fused_common import _HALF, forward_subclass
+from .fused_common import _HALF, forward_subclass, swap_class
 
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
 # SkyReels-V2's block: Wan 2.1's forward plus an attention mask for self-attention (diffusion forcing) and a
@@ -190,7 +190,7 @@ def install(transformer) -> int:
         if getattr(type(module), "_sage_fused_block", False):
             count += 1
         elif (fused := _fused_kind(module)) is not None:
-            module.__class__ = _subclass(type(module), fused)
+            swap_class(module, _subclass(type(module), fused))
             count += 1
     return count
 
@@ -199,7 +199,7 @@ def remove(transformer) -> None:
     """Put the original class back on every fused block."""
     for module in transformer.modules():
         if getattr(type(module), "_sage_fused_block", False):
-            module.__class__ = type(module).__mro__[1]
+            swap_class(module, type(module).__mro__[1])
 
 
 def fused_count(transformer) -> int:

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import types
 
 import torch
 
@@ -42,6 +43,24 @@ def forward_subclass(cls: type, fused, marker: str, cache: dict, module: str) ->
                                           "__qualname__": cls.__qualname__})
         cache[cls] = sub
     return sub
+
+
+def swap_class(module: torch.nn.Module, cls: type) -> None:
+    """Set ``module``'s class to ``cls`` (a `forward_subclass` of it, or back to its base). A diffusers hook
+    registered before the swap (enable_parallelism's split hooks, sagegen's CP mask hooks) holds the bound
+    ``forward`` of the class it saw, so the block would keep that forward whatever its class: the innermost
+    reference is re-pointed at ``cls``'s. (diffusers' ``HookRegistry`` keeps it in ``_fn_refs[0]``, private
+    API: re-pointed only where found in that form.)"""
+    old = type(module)
+    module.__class__ = cls
+    refs = getattr(getattr(module, "_diffusers_hook", None), "_fn_refs", None)
+    if not refs:
+        return
+    for attr in ("original_forward", "forward"):
+        bound = getattr(refs[0], attr, None)
+        if getattr(bound, "__self__", None) is module and getattr(bound, "__func__", None) is old.forward:
+            setattr(refs[0], attr, types.MethodType(cls.forward, module))
+            return
 
 
 def _arguments(original, cls_path: str, attn, args, kwargs):
@@ -111,10 +130,11 @@ def _cp_dispatch(original, session, sparse: bool = False):
     it over the ranks, with sagegen's backend and this patch's settings. None without context parallelism, or
     when another backend was chosen for the module (left alone, as on the backend route).
 
-    ``sparse``: the call may run the patch's block-sparse policy (self-attention over tokens in their own
-    order). It does under a Ulysses split, where each rank attends over every key; under Ring (keys split
-    over the ranks, which the predictor's per-row ranking cannot see) the call stays dense, counted as
-    ``sparse_dense_under_ring``."""
+    ``sparse``: the call may run the patch's block-sparse policy (self-attention, or joint attention over
+    [video, text] per rank). It does under a Ulysses split, where each rank attends over every key: the
+    gathered sequence is the ranks' chunks in order, so a joint call's text tokens sit at the end of each
+    chunk (the policy's rules are told ``chunks``). Under Ring (keys split over the ranks, which the
+    predictor's per-row ranking cannot see) the call stays dense, counted as ``sparse_dense_under_ring``."""
     parallel_config = getattr(original, "_parallel_config", None)
     if parallel_config is None:
         return None
@@ -134,12 +154,14 @@ def _cp_dispatch(original, session, sparse: bool = False):
         else:
             from .sparse_policy import block_mask_for
 
-            settings = dataclasses.replace(settings, block_mask=functools.partial(block_mask_for, session))
+            chunks = getattr(cp, "ulysses_degree", 1) or 1
+            settings = dataclasses.replace(settings, block_mask=functools.partial(block_mask_for, session,
+                                                                                  chunks=chunks))
     kwargs = {"_sagegen_settings": settings}
 
-    def attend(query, key, value):
-        return dispatch_attention_fn(query, key, value, attention_kwargs=kwargs, backend=member,
-                                     parallel_config=parallel_config)
+    def attend(query, key, value, attn_mask=None):
+        return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, attention_kwargs=kwargs,
+                                     backend=member, parallel_config=parallel_config)
     return attend
 
 
@@ -191,10 +213,14 @@ def _joint_buffers(parts, heads: int, head_dim: int, **kernel_options) -> list[t
     return joint
 
 
-def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, **kernel_options) -> torch.Tensor:
-    """One attention call over the `_joint_buffers` of ``parts``, routed by the session. Returns the attention
-    output [B, tokens, H·D]."""
+def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, parallel=None,
+                     **kernel_options) -> torch.Tensor:
+    """One attention call over the `_joint_buffers` of ``parts``, routed by the session, or handed to
+    ``parallel`` (`_cp_dispatch`'s function, with ``mask`` as the processor would pass it). Returns the
+    attention output [B, tokens, H·D]."""
     joint = _joint_buffers(parts, heads, head_dim, **kernel_options)
+    if parallel is not None:
+        return parallel(*joint, mask).flatten(2, 3).to(joint[0].dtype)
     hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view SDPA takes
     out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False})
     return out.transpose(1, 2).flatten(2, 3).to(joint[0].dtype)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..api import triton_interpret
-from .fused_common import _HALF, _arguments, _joint_attention, _kernel_can_run, _native_dispatch, _rope_pair
+from .fused_common import _HALF, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run, _native_dispatch, _rope_pair
 
 
 def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):
@@ -35,6 +35,17 @@ def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):
                               and tuple(weight.shape) == (head_dim,)):
             return weight, norm.eps
     return False
+
+
+def _parallel_route(original, session):
+    """None: the fused call routes its attention itself (diffusers' native or sagegen's backend); under
+    diffusers' context parallelism, `_cp_dispatch`'s function (the joint buffers are this rank's
+    [video, text] or [text, image] tokens, which is what the stock processor hands the dispatcher); False:
+    another backend was chosen, the stock processor runs."""
+    if _native_dispatch(original):
+        return None
+    parallel = _cp_dispatch(original, session, sparse=True)
+    return False if parallel is None else parallel
 
 
 def sd3_call(original, session, attn, args, kwargs):
@@ -90,7 +101,10 @@ def flux_call(original, session, attn, args, kwargs):
     """FluxAttnProcessor.__call__ with Q/K RMSNorms and rotary embeddings written into joint buffers (no
     concatenations, no fp32 copies); None where not applicable."""
     a = _arguments(original, "diffusers.models.transformers.transformer_flux.FluxAttnProcessor", attn, args, kwargs)
-    if a is None or not _native_dispatch(original):
+    if a is None:
+        return None
+    parallel = _parallel_route(original, session)
+    if parallel is False:
         return None
     from diffusers.models.transformers.transformer_flux import _get_qkv_projections
     hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
@@ -124,7 +138,7 @@ def flux_call(original, session, attn, args, kwargs):
     if joint_text:
         parts.append((projections[3:], slice(0, n_txt), norms[2:]))
     parts = [(qkv, rows, n, (rope[0][rows], rope[1][rows]) if rope is not None else None) for qkv, rows, n in parts]
-    out = _joint_attention(session, parts, heads, head_dim, per_channel_rope=True)
+    out = _joint_attention(session, parts, heads, head_dim, parallel=parallel, per_channel_rope=True)
     if not joint_text:
         return out
     encoder_out, out = out.split_with_sizes([n_txt, n_img], dim=1)
@@ -137,7 +151,10 @@ def hunyuan_call(original, session, attn, args, kwargs):
     video tokens' rotary embeddings written into joint buffers; None where not applicable."""
     a = _arguments(original, "diffusers.models.transformers.transformer_hunyuan_video.HunyuanVideoAttnProcessor2_0",
                    attn, args, kwargs)
-    if a is None or not _native_dispatch(original):
+    if a is None:
+        return None
+    parallel = _parallel_route(original, session)
+    if parallel is False:
         return None
     hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
@@ -169,9 +186,10 @@ def hunyuan_call(original, session, attn, args, kwargs):
         q, k, v = attn.to_q(joint_in), attn.to_k(joint_in), attn.to_v(joint_in)
         parts = [((q[:, vid], k[:, vid], v[:, vid]), vid, norms, rope), ((q[:, txt], k[:, txt], v[:, txt]), txt, norms, None)]
     mask = a.get("attention_mask")
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2:  # [B, S], as the routed dispatcher reads it
-        mask = mask[:, None, None, :]
-    out = _joint_attention(session, parts, heads, head_dim, mask, round_before_weight=True, per_channel_rope=True)
+    if parallel is None and isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        mask = mask[:, None, None, :]  # [B, S], as the routed dispatcher reads it (the CP dispatcher reads it too)
+    out = _joint_attention(session, parts, heads, head_dim, mask, parallel=parallel, round_before_weight=True,
+                           per_channel_rope=True)
     out, encoder_out = out[:, :n_vid], out[:, n_vid:]
     if getattr(attn, "to_out", None) is not None:
         out = attn.to_out[1](attn.to_out[0](out))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .fused_common import diffusers_class, forward_subclass
+from .fused_common import diffusers_class, forward_subclass, swap_class
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -54,9 +54,9 @@ def _forward(self, stock, hidden_states, encoder_hidden_states, temb, attention_
 
 
 def install(module: torch.nn.Module) -> None:
-    module.__class__ = forward_subclass(type(module), _forward, "_sage_cat_gelu_block", _SUBCLASSES, __name__)
+    swap_class(module, forward_subclass(type(module), _forward, "_sage_cat_gelu_block", _SUBCLASSES, __name__))
 
 
 def restore(module: torch.nn.Module) -> None:
     if getattr(type(module), "_sage_cat_gelu_block", False):
-        module.__class__ = type(module).__mro__[1]
+        swap_class(module, type(module).__mro__[1])
