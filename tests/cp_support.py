@@ -181,6 +181,67 @@ def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96
     return json.loads(out.read_text())
 
 
+SEGMENT_CASES = ("none", "keypad", "additive", "perhead", "query_mask")
+
+
+def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_path: str, seed: int,
+                    s: int, segments: tuple[int, int]) -> None:
+    """`context_parallel_attention(..., segments=)`: every rank holds (video, text) parts of a sequence whose
+    one-process order is [all video, all text] (HunyuanVideo's joint call; text padding at the very end, so in
+    the ranks' chunk order it sits in the middle). Rank 0 writes the CP output, put back in one-process order,
+    against one process's sagegen attention on that order."""
+    from sagegen.parallel import context_parallel_attention, sagegen_local_attention
+
+    init_gloo(rank, world, init_file)
+    try:
+        pc = parallel_config(ulysses, ring)
+        local = sagegen_local_attention(backend="reference")
+        scale = D ** -0.5
+        a, b = segments
+        own = [torch.cat([torch.arange(r * a, (r + 1) * a), torch.arange(world * a + r * b, world * a + (r + 1) * b)])
+               for r in range(world)]
+        chunk_order = torch.cat(own)  # the global keys as the ranks' chunks follow each other
+        results = {}
+        for name in SEGMENT_CASES:
+            q, k, v, mask = make_case(name, s, torch.Generator().manual_seed(seed + SEGMENT_CASES.index(name)))
+            mine = own[rank]
+            if mask is None:
+                local_m = None
+            elif name == "query_mask":  # this rank's query rows, every key (in chunk order)
+                local_m = mask[:, :, mine][..., chunk_order]
+            else:
+                local_m = mask[..., mine]
+            out = context_parallel_attention(q[:, mine], k[:, mine], v[:, mine], attn_mask=local_m, scale=scale,
+                                             return_lse=False, parallel_config=pc, local_attention=local,
+                                             segments=segments)
+            outs = [torch.empty_like(out) for _ in range(world)]
+            dist.all_gather(outs, out.contiguous())
+            if rank == 0:
+                cp_out = torch.empty_like(q)
+                cp_out[:, chunk_order] = torch.cat(outs, 1)
+                one_out = local(q, k, v, mask, scale, False)
+                results[name] = {"nan": int(cp_out.isnan().sum()), "equal": bool(torch.equal(cp_out, one_out)),
+                                 "rel_l1_vs_single": rel_l1(cp_out, one_out),
+                                 "rel_l1_cp_vs_exact": rel_l1(cp_out, exact_attention(q, k, v, mask, scale)),
+                                 "rel_l1_single_vs_exact": rel_l1(one_out, exact_attention(q, k, v, mask, scale))}
+        if rank == 0:
+            write_result(out_path, results)
+    finally:
+        _leave()
+    _exit_cleanly()
+
+
+def run_segments(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96,
+                 segments: tuple[int, int] = (40, 8)) -> dict:
+    import torch.multiprocessing as mp
+
+    world = ulysses * ring
+    out = tmp_path / f"segments_u{ulysses}_r{ring}.json"
+    mp.spawn(segments_worker, args=(world, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, s, segments),
+             nprocs=world, join=True)
+    return json.loads(out.read_text())
+
+
 # ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------
 
 def register_test_backend() -> str:
@@ -405,11 +466,10 @@ def hunyuan_inputs(gen: torch.Generator, device="cpu", side: int = 8) -> dict:
                 v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
-def _text_kept(bs, n: int, chunks: int, video: int) -> bool:
-    """Whether every query block of a BlockSparse computes every key block holding text (the last n/chunks -
-    video/chunks tokens of each of ``chunks`` equal parts)."""
-    part, vpart = n // chunks, video // chunks
-    text_blocks = {t // bs.block_kv for c in range(chunks) for t in range(c * part + vpart, (c + 1) * part)}
+def _text_kept(bs, n: int, video: int) -> bool:
+    """Whether every query block of a BlockSparse computes every key block holding text (tokens video..n, as
+    one process orders a joint [video, text] call)."""
+    text_blocks = {t // bs.block_kv for t in range(video, n)}
     counts, idx = bs.counts.cpu(), bs.indices.cpu()
     for pos in torch.cartesian_prod(*(torch.arange(s) for s in counts.shape)).tolist():
         listed = set(idx[tuple(pos)][:int(counts[tuple(pos)])].tolist())
@@ -421,8 +481,9 @@ def _text_kept(bs, n: int, chunks: int, video: int) -> bool:
 def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:
     """`sagegen.patch` on the tiny HunyuanVideo transformer (bf16) in one process and under context parallelism
     (sagegen's plan and mask hooks): the fused joint prologue on every joint call, FP8 linears with the single
-    block's fused cat-GELU projection, and block-sparse attention with the text kept per rank's chunk; rank 0
-    writes the differences and counters."""
+    block's fused cat-GELU projection, and block-sparse attention with the text kept (under Ulysses the joint
+    call's segments put every rank's video, then every rank's text, in one process's order); rank 0 writes the
+    differences and counters."""
     import sagegen
     from sagegen.linear.module import FP8Linear
     from sagegen.models.tiny import build_tiny_transformer
@@ -445,20 +506,18 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
             cat_gelu_calls[0] += 1
             return stock_cat_gelu(self, prefix, x)
         FP8Linear.cat_gelu = counting_cat_gelu
-        text_ok, layout = [], {"chunks": 1}  # the ranks' [video, text] chunks in the gathered sequence
+        text_ok = []
         stock_block_mask_for = sparse_policy.block_mask_for
 
-        def checking_block_mask_for(session, q, k, attn_mask, scale, chunks=1):
-            bs = stock_block_mask_for(session, q, k, attn_mask, scale, chunks)
+        def checking_block_mask_for(session, q, k, attn_mask, scale):
+            bs = stock_block_mask_for(session, q, k, attn_mask, scale)
             if bs is not None:
-                video = q.shape[2] - 12  # 12 text tokens in all
-                text_ok.append(_text_kept(bs, q.shape[2], layout["chunks"], video))
+                text_ok.append(_text_kept(bs, q.shape[2], q.shape[2] - 12))  # 12 text tokens in all
             return bs
         sparse_policy.block_mask_for = checking_block_mask_for
 
         res, outs = {}, {}
         for name, side in (("dense", 8), ("sparse", 32)):
-            layout["chunks"] = 1
             inputs = hunyuan_inputs(torch.Generator().manual_seed(seed), device, side)
             model = build_tiny_transformer("hunyuanvideo", seed=seed % 100, dtype=torch.bfloat16).to(device)
             with torch.no_grad():
@@ -467,7 +526,6 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
                     if cp:
                         enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
                         outs[(name, "cp_before")] = model(**inputs)[0]
-                        layout["chunks"] = ulysses
                     variants = ((None, {}), ("fp8", {"linear": "fp8", "linear_policy": sagegen.LinearPolicy(
                         keep_blocks=(), min_rows=1)})) if name == "dense" else (
                         ("sparse", {"sparse": parse_sparse_arg("topk=0.5,steps=0,blocks=none,min_tokens=0")}),)

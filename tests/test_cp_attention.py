@@ -33,6 +33,21 @@ def _check_ring(res):
         assert r["lse_max_abs"] <= 0.1, (name, r)
 
 
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_segments_keep_one_process_order(tmp_path, seed, ulysses, ring):
+    """``segments`` (a joint call's (video, text) lengths on every rank): under Ulysses each rank attends in one
+    process's order ([all video, all text]), so the output is bit-identical to one process -- with text padding
+    that sits in the middle of the ranks' chunk order, per-head and per-query masks too. Ring ignores them
+    (each KV chunk is attended on its own) and stays as accurate as one process."""
+    res = cp_support.run_segments(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
+    for name, r in res.items():
+        assert r["nan"] == 0, (name, r)
+        if ring == 1:
+            assert r["equal"], (name, r)
+        else:
+            assert r["rel_l1_cp_vs_exact"] <= 1.2 * r["rel_l1_single_vs_exact"], (name, r)
+
+
 def test_ulysses_2(tmp_path, seed):
     _check_ulysses(cp_support.run_topology(tmp_path, ulysses=2, ring=1, seed=seed))
 

@@ -206,26 +206,3 @@ def test_static_mask_through_sageattn_and_flex(seed):
                        patterns.static_keep(cfg, 512, 512, 128, 128, "cpu").repeat_interleave(128, 2)
                        .repeat_interleave(128, 3))
 
-
-def test_text_rule_in_chunks():
-    """``chunks``: the text range applies in each equal part (a Ulysses split's gathered [video, text] chunks):
-    those key blocks kept for every query, those query blocks dense; validated and carried by the op's spec."""
-    cfg = SparseConfig(text=(256, 262), chunks=2)
-    assert parse_spec(cfg.to_spec()) == SparseConfig(text=(256, 262), chunks=2, dense_blocks=(0,))
-    blocks = lambda c, n, b: set(torch.nonzero(predictor.text_blocks(c, n, b, "cpu")).flatten().tolist())
-    assert blocks(cfg, 524, 128) == {2, 4}  # tokens 256-261 and 518-523
-    assert blocks(cfg, 524, 64) == {4, 8}
-    assert blocks(SparseConfig(text=(512, 524)), 524, 128) == {4}
-    assert blocks(SparseConfig(text=(-6, 262), chunks=2), 524, 128) == {2, 4}  # negative: from a part's end
-    with pytest.raises(ValueError, match="chunks=2 must divide the sequence length 525"):
-        predictor.text_blocks(cfg, 525, 128, "cpu")
-    with pytest.raises(ValueError, match="chunks must be an int >= 1"):
-        SparseConfig(chunks=0)
-    with pytest.raises(ValueError, match="chunks must be 1"):
-        SparseConfig(mode="sta", chunks=2)
-    # through the predictor: every row keeps both parts' text blocks, the text rows are dense
-    q, k = (torch.randn(1, 2, 524, 64) for _ in range(2))
-    keep = predictor.predict_keep(q, k, SparseConfig(value=0.2, text=(256, 262), chunks=2, keep_first=False,
-                                                     keep_diagonal=False), sm_scale=0.125, block_q=64, block_kv=128)
-    assert keep[..., 2].all() and keep[..., 4].all()
-    assert keep[..., 4, :].all() and keep[..., 8, :].all() and not keep[..., 0, :].all()

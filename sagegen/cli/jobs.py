@@ -178,16 +178,11 @@ _SPARSE_CP_FAMILIES = ("wan", "hunyuanvideo")
 
 
 def _check_sparse_cp(sparse_cfg, cp_spec, preset) -> None:
-    """Under CP the policy runs where sagegen's fused route hands self-attention to the split, and only under
-    Ulysses, where every rank attends over all keys. A joint [video, text] call's gathered sequence holds the
-    ranks' chunks in turn, which static patterns (grid order) cannot describe."""
+    """Under CP the policy runs where sagegen's fused route hands self-attention to the split (its joint calls
+    in one process's token order), and only under Ulysses, where every rank attends over all keys."""
     if cp_spec.ring > 1 or preset.family not in _SPARSE_CP_FAMILIES:
         raise UsageProblem("--sparse combines with --cp only for Wan and HunyuanVideo models and a Ulysses-only "
                            f"split (--cp ulysses=N); got {preset.name} with ring={cp_spec.ring}", "--sparse")
-    if sparse_cfg.mode in ("sta", "radial") and preset.family != "wan":
-        raise UsageProblem(f"--sparse {sparse_cfg.mode} with --cp runs on Wan only: under a split, "
-                           f"{preset.name}'s joint [video, text] sequence is not in the latent grid's order; use "
-                           "topk=... or cdf=...", "--sparse")
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

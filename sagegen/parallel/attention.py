@@ -35,6 +35,7 @@ def context_parallel_attention(
     local_attention: LocalAttention,
     is_causal: bool = False,
     enable_gqa: bool = False,
+    segments: tuple[int, ...] | None = None,
 ):
     """Attention over the whole CP group's sequence for this rank's local queries.
 
@@ -47,23 +48,35 @@ def context_parallel_attention(
         parallel_config: diffusers' ParallelConfig (or ContextParallelConfig) after ``enable_parallelism``.
         local_attention: ``f(q, k, v, *, attn_mask, scale, return_lse)`` on local [B, S, H, D] tensors.
         is_causal, enable_gqa: not supported under CP (a ValueError).
+        segments: lengths that split every rank's sequence into parts (a joint call's (video, text), or
+            (text, image)): under a Ulysses-only split the local attention then sees each part of every rank
+            together, which is one process's order ([all video, all text]): the same blocks, key-padding masks
+            that stay a valid prefix, and block-sparse rules that hold as on one GPU. Ignored under Ring.
     Returns:
         out [B, S_local, H, D] in query's dtype, or (out, lse).
     """
     topo = topology_from(parallel_config)
     _validate(query, key, value, is_causal, enable_gqa, topo)
     b, sq, h, _ = query.shape
-    mask = prepare_mask(attn_mask, batch=b, heads=h, sq_local=sq, skv_local=key.shape[1], topo=topo)
+    if segments is not None:
+        segments = tuple(int(n) for n in segments)
+        if any(n < 0 for n in segments) or sum(segments) != sq or key.shape[1] != sq:
+            raise ValueError(f"segments {segments} must be lengths >= 0 that add up to the local sequence ({sq} "
+                             f"queries, {key.shape[1]} keys)")
+        if topo.ring > 1 or topo.ulysses == 1:
+            segments = None
+    mask = prepare_mask(attn_mask, batch=b, heads=h, sq_local=sq, skv_local=key.shape[1], topo=topo,
+                        segments=segments)
     if topo.ulysses > 1:
-        query, key, value = (seq_to_heads(x, topo) for x in (query, key, value))
+        query, key, value = (seq_to_heads(x, topo, segments) for x in (query, key, value))
     if topo.ring > 1:
         out, lse = _ring(query, key, value, mask, scale, topo, local_attention)
     else:
         res = local_attention(query, key, value, attn_mask=mask, scale=scale, return_lse=return_lse)
         out, lse = res if return_lse else (res, None)
     if topo.ulysses > 1:
-        out = heads_to_seq(out, topo)
-        lse = heads_to_seq(lse, topo) if return_lse else None
+        out = heads_to_seq(out, topo, segments)
+        lse = heads_to_seq(lse, topo, segments) if return_lse else None
     return (out, lse) if return_lse else out
 
 

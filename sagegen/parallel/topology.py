@@ -79,28 +79,53 @@ def all_to_all(x: torch.Tensor, group) -> torch.Tensor:
     return y.reshape(shape)
 
 
-def seq_to_heads(x: torch.Tensor, topo: Topology) -> torch.Tensor:
+def seq_to_heads(x: torch.Tensor, topo: Topology, segments: tuple[int, ...] | None = None) -> torch.Tensor:
     """[B, S_local, H, D] -> [B, S_local * U, H / U, D]: this rank keeps its U-th of the heads (heads
-    ``u * H/U ... (u+1) * H/U - 1``) for the sequence of its whole Ulysses group."""
+    ``u * H/U ... (u+1) * H/U - 1``) for the sequence of its whole Ulysses group, in chunk order; with
+    ``segments`` (lengths that split every local sequence, e.g. (video, text)), segment by segment: each
+    segment of every chunk together ([video 0, video 1, ..., text 0, text 1, ...]), in the same one copy."""
     b, s, h, d = x.shape
     u = topo.ulysses
     x = x.reshape(b, s, u, h // u, d).permute(2, 1, 0, 3, 4)          # [U, S_l, B, H_l, D]
     x = all_to_all(x, topo.ulysses_group)                               # dim 0 now = source rank
-    return x.flatten(0, 1).permute(1, 0, 2, 3).contiguous()             # [B, U * S_l, H_l, D]
+    if segments is None:
+        return x.flatten(0, 1).permute(1, 0, 2, 3).contiguous()         # [B, U * S_l, H_l, D]
+    out = x.new_empty(b, u * s, h // u, d)
+    start = offset = 0
+    for n in segments:
+        out[:, start:start + u * n].view(b, u, n, h // u, d).copy_(x[:, offset:offset + n].permute(2, 0, 1, 3, 4))
+        start, offset = start + u * n, offset + n
+    return out
 
 
-def heads_to_seq(x: torch.Tensor, topo: Topology) -> torch.Tensor:
-    """Inverse of `seq_to_heads`, for outputs [B, S, H_l, D] or lse [B, S, H_l]: back to the local sequence
-    with every head."""
+def heads_to_seq(x: torch.Tensor, topo: Topology, segments: tuple[int, ...] | None = None) -> torch.Tensor:
+    """Inverse of `seq_to_heads` (with the same ``segments``), for outputs [B, S, H_l, D] or lse [B, S, H_l]:
+    back to the local sequence with every head."""
     u = topo.ulysses
     squeeze = x.dim() == 3
     if squeeze:
         x = x.unsqueeze(-1)
     b, s, hl, d = x.shape
-    x = x.reshape(b, u, s // u, hl, d).permute(1, 3, 0, 2, 4)          # [U, H_l, B, S_l, D]
+    if segments is None:
+        x = x.reshape(b, u, s // u, hl, d).permute(1, 3, 0, 2, 4)      # [U, H_l, B, S_l, D]
+    else:
+        y = x.new_empty(u, hl, b, s // u, d)
+        start = offset = 0
+        for n in segments:
+            y[:, :, :, offset:offset + n] = x[:, start:start + u * n].reshape(b, u, n, hl, d).permute(1, 3, 0, 2, 4)
+            start, offset = start + u * n, offset + n
+        x = y
     x = all_to_all(x, topo.ulysses_group)                               # dim 0 now = source head group
     x = x.flatten(0, 1).permute(1, 2, 0, 3).contiguous()                # [B, S_l, H, D]
     return x.squeeze(-1) if squeeze else x
+
+
+def segment_order(chunks: int, segments: tuple[int, ...], device=None) -> torch.Tensor:
+    """The positions, in chunk order, of `seq_to_heads`'s segment order: a permutation of chunks * S_local."""
+    s = sum(segments)
+    starts = torch.tensor([0, *segments[:-1]]).cumsum(0).tolist()
+    parts = [torch.arange(c * s + a, c * s + a + n) for a, n in zip(starts, segments) for c in range(chunks)]
+    return torch.cat(parts).to(device)
 
 
 def is_initialized() -> bool:

@@ -16,7 +16,8 @@ so every keyword a model can hand over is a parameter here and is honoured:
 - Calls the kernel cannot take run exactly on PyTorch SDPA (the *fallback*), counted per reason in
   `backend_stats`: a head dim outside ``sagegen.SUPPORTED_HEAD_DIMS`` (``fallback:head_dim``), dropout > 0
   (``fallback:dropout``), inputs that require grad (``fallback:grad``), odd dtypes or shapes.
-- ``_parallel_config`` (context parallelism, `enable_parallelism`): handed to ``sagegen.parallel``.
+- ``_parallel_config`` (context parallelism, `enable_parallelism`): handed to ``sagegen.parallel``, with
+  ``_sagegen_segments`` (a fused joint call's (video, text) lengths: see `context_parallel_attention`).
 
 Which `SageConfig` a call uses: the settings ``sagegen.patch`` passes for the module it patched (through the
 dispatcher's ``attention_kwargs``, as ``_sagegen_settings``), else the process-wide settings of
@@ -135,7 +136,8 @@ def _count(key: str, settings: BackendSettings | None = None) -> None:
 def sagegen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
                       scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
-                      _parallel_config=None, _sagegen_settings: BackendSettings | None = None):
+                      _parallel_config=None, _sagegen_settings: BackendSettings | None = None,
+                      _sagegen_segments: tuple[int, ...] | None = None):
     """diffusers' attention-backend call ([B, S, H, D] tensors) answered by `sagegen.sageattn`. See the
     module doc for what each argument does; returns [B, S_q, H, D] (and the [B, S_q, H] fp32 natural-log LSE
     with ``return_lse``)."""
@@ -143,7 +145,7 @@ def sagegen_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     attn_mask = key_padding_4d(attn_mask, query, key)
     if _parallel_config is not None:
         return _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                 return_lse, _parallel_config, settings)
+                                 return_lse, _parallel_config, settings, _sagegen_segments)
     return local_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                            scale=scale, enable_gqa=enable_gqa, return_lse=return_lse, settings=settings)
 
@@ -231,7 +233,7 @@ def _exact_lse(q, k, attn_mask, is_causal, scale, rows_per_chunk: int = 1024) ->
 
 
 def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse,
-                      parallel_config, settings):
+                      parallel_config, settings, segments=None):
     """Hand a context-parallel call to ``sagegen.parallel.context_parallel_attention(query, key, value, *,
     attn_mask, scale, return_lse, parallel_config, local_attention)``: this rank's [B, S_local, H, D] tensors,
     the mask as diffusers gave it except that a 2-D key-padding mask arrives as [B, 1, 1, S_kv], and
@@ -259,4 +261,4 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                settings=settings)
 
     return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
-                                      parallel_config=parallel_config, local_attention=local)
+                                      parallel_config=parallel_config, local_attention=local, segments=segments)

@@ -130,11 +130,10 @@ def _cp_dispatch(original, session, sparse: bool = False):
     it over the ranks, with sagegen's backend and this patch's settings. None without context parallelism, or
     when another backend was chosen for the module (left alone, as on the backend route).
 
-    ``sparse``: the call may run the patch's block-sparse policy (self-attention, or joint attention over
-    [video, text] per rank). It does under a Ulysses split, where each rank attends over every key: the
-    gathered sequence is the ranks' chunks in order, so a joint call's text tokens sit at the end of each
-    chunk (the policy's rules are told ``chunks``). Under Ring (keys split over the ranks, which the
-    predictor's per-row ranking cannot see) the call stays dense, counted as ``sparse_dense_under_ring``."""
+    ``sparse``: the call may run the patch's block-sparse policy (self-attention, or a joint call whose
+    ``segments`` restore one process's token order). It does under a Ulysses split, where each rank attends
+    over every key; under Ring (keys split over the ranks, which the predictor's per-row ranking cannot see)
+    the call stays dense, counted as ``sparse_dense_under_ring``."""
     parallel_config = getattr(original, "_parallel_config", None)
     if parallel_config is None:
         return None
@@ -154,12 +153,14 @@ def _cp_dispatch(original, session, sparse: bool = False):
         else:
             from .sparse_policy import block_mask_for
 
-            chunks = getattr(cp, "ulysses_degree", 1) or 1
-            settings = dataclasses.replace(settings, block_mask=functools.partial(block_mask_for, session,
-                                                                                  chunks=chunks))
-    kwargs = {"_sagegen_settings": settings}
+            settings = dataclasses.replace(settings, block_mask=functools.partial(block_mask_for, session))
 
-    def attend(query, key, value, attn_mask=None):
+    def attend(query, key, value, attn_mask=None, segments=None):
+        """``segments``: the lengths of a joint call's parts ((video, text) or (text, image)), so that a
+        Ulysses split attends over them in one process's order (`parallel.context_parallel_attention`)."""
+        kwargs = {"_sagegen_settings": settings}
+        if segments is not None:
+            kwargs["_sagegen_segments"] = tuple(segments)
         return dispatch_attention_fn(query, key, value, attn_mask=attn_mask, attention_kwargs=kwargs,
                                      backend=member, parallel_config=parallel_config)
     return attend
@@ -216,11 +217,13 @@ def _joint_buffers(parts, heads: int, head_dim: int, **kernel_options) -> list[t
 def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, parallel=None,
                      **kernel_options) -> torch.Tensor:
     """One attention call over the `_joint_buffers` of ``parts``, routed by the session, or handed to
-    ``parallel`` (`_cp_dispatch`'s function, with ``mask`` as the processor would pass it). Returns the
-    attention output [B, tokens, H·D]."""
+    ``parallel`` (`_cp_dispatch`'s function, with ``mask`` as the processor would pass it and the parts'
+    lengths as segments). Returns the attention output [B, tokens, H·D]."""
     joint = _joint_buffers(parts, heads, head_dim, **kernel_options)
     if parallel is not None:
-        return parallel(*joint, mask).flatten(2, 3).to(joint[0].dtype)
+        ordered = sorted(parts, key=lambda p: p[1].start or 0)  # (each part's token slice)
+        segments = [p[0][0].shape[1] for p in ordered] if len(parts) > 1 else None
+        return parallel(*joint, mask, segments).flatten(2, 3).to(joint[0].dtype)
     hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view SDPA takes
     out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False})
     return out.transpose(1, 2).flatten(2, 3).to(joint[0].dtype)

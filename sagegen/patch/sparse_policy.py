@@ -89,10 +89,8 @@ class SparseState:
     def step(self) -> int:
         return self.tracker.index if self.tracker is not None else -1
 
-    def for_call(self, name: str, q: torch.Tensor, k: torch.Tensor, chunks: int = 1) -> SparseConfig | None:
-        """The config this routed call ([B, H, N, D] q and k) runs with, or None for dense. ``chunks``: the
-        call's sequence is that many ranks' own tokens in turn (a Ulysses split of a joint [video, text] call);
-        the text rule then applies per chunk, and static patterns (which need grid order) leave it dense."""
+    def for_call(self, name: str, q: torch.Tensor, k: torch.Tensor) -> SparseConfig | None:
+        """The config this routed call ([B, H, N, D] q and k) runs with, or None for dense."""
         cfg = self.cfg
         n_q, n_k = q.shape[2], k.shape[2]
         if (n_q != n_k or n_k < cfg.min_tokens or name in self.dense_names or name.endswith("attn2")
@@ -105,18 +103,13 @@ class SparseState:
             grid = None  # not this sequence's grid (e.g. a text-only refiner)
         if cfg.mode in STATIC and grid is None:
             return None
-        if chunks > 1 and (grid is None or grid[0] * grid[1] * grid[2] >= n_k):
-            chunks = 1  # no text in the call: the gathered chunks are the tokens in their own order
-        if chunks > 1 and (cfg.mode in STATIC or cfg.text is not None or n_k % chunks
-                           or (grid[0] * grid[1] * grid[2]) % chunks):
-            return None  # (a text range given in the whole sequence's order cannot be placed in the chunks)
-        key = (name, grid, n_k, chunks)
+        key = (name, grid, n_k)
         out = self._configs.get(key)
         if out is None:
-            out = self._configs[key] = self._call_config(name, grid, n_k, chunks)
+            out = self._configs[key] = self._call_config(name, grid, n_k)
         return out
 
-    def _call_config(self, name, grid, n_k, chunks: int = 1) -> SparseConfig:
+    def _call_config(self, name, grid, n_k) -> SparseConfig:
         cfg = self.cfg
         changes: dict = {"layer_values": {}}
         if name in cfg.layer_values:
@@ -124,10 +117,9 @@ class SparseState:
         if grid is not None:
             changes["grid"] = grid
             changes["token_order"] = self.order or "video_text"
-            video, part = grid[0] * grid[1] * grid[2] // chunks, n_k // chunks
-            if cfg.text is None and video < part:
-                changes["text"] = (video, part) if changes["token_order"] == "video_text" else (0, part - video)
-                changes["chunks"] = chunks
+            video = grid[0] * grid[1] * grid[2]
+            if cfg.text is None and video < n_k:
+                changes["text"] = (video, n_k) if changes["token_order"] == "video_text" else (0, n_k - video)
         return dataclasses.replace(cfg, **changes)
 
     def record(self, name: str, counts: torch.Tensor, n_kv_blocks: int) -> None:
@@ -175,13 +167,12 @@ def latent_grid(transformer: torch.nn.Module, family: str, shape) -> tuple[int, 
     return (-(-f // pt), h // ph, w // pw)
 
 
-def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale, chunks: int = 1):
-    """The BlockSparse for a routed call of `session` (q, k [B, H, N, D]; ``chunks``: see
-    `SparseState.for_call`), or None (dense); records density."""
+def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale):
+    """The BlockSparse for a routed call of `session` (q, k [B, H, N, D]), or None (dense); records density."""
     import math
 
     state: SparseState = session.sparse
-    cfg = state.for_call(session.current_name, q, k, chunks)
+    cfg = state.for_call(session.current_name, q, k)
     if cfg is None:
         session.count("sparse_dense_calls")
         return None

@@ -41,9 +41,6 @@ class SparseConfig:
         keep_diagonal: always keep each query block's own key block (self-attention, Nq == Nk).
         text: token range [start, stop) of text / condition tokens (negative = from the end): those keys are
             always kept and those queries are computed densely. ``None``: no such tokens.
-        chunks: the sequence is this many equal parts, each laid out as ``text`` describes (the range is
-            relative to a part): the sequence a Ulysses context-parallel split gathers from the ranks' own
-            [video, text] tokens (`sagegen.patch` sets it). Static modes need 1.
         grid: (frames, height, width) of the video tokens in the latent, for static modes; ``token_order``
             says where the text tokens are (``"video_text"``: after the video, ``"text_video"``: before).
         window: static window (frames, height, width) in tokens, each side of the query (STA), or the spatial
@@ -62,7 +59,6 @@ class SparseConfig:
     keep_first: bool = True
     keep_diagonal: bool = True
     text: tuple[int, int] | None = None
-    chunks: int = 1
     grid: tuple[int, int, int] | None = None
     token_order: str = "video_text"
     window: tuple[int, int, int] = (3, 8, 8)
@@ -85,11 +81,6 @@ class SparseConfig:
             if len(t) != 2 or not all(isinstance(x, int) for x in t):
                 raise ValueError(f"SparseConfig.text must be None or (start, stop) ints, got {self.text!r}")
             object.__setattr__(self, "text", t)
-        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 1:
-            raise ValueError(f"SparseConfig.chunks must be an int >= 1, got {self.chunks!r}")
-        if self.chunks > 1 and self.mode in STATIC:
-            raise ValueError(f"SparseConfig(mode={self.mode!r}) needs the tokens in grid order: chunks must be 1, "
-                             f"got {self.chunks}")
         if self.grid is not None:
             g = tuple(self.grid)
             if len(g) != 3 or not all(isinstance(x, int) and x >= 1 for x in g):
@@ -127,8 +118,6 @@ class SparseConfig:
                  f"diag={int(self.keep_diagonal)}"]
         if self.text is not None:
             parts.append(f"text={self.text[0]}:{self.text[1]}")
-        if self.chunks != 1:
-            parts.append(f"chunks={self.chunks}")
         if self.mode in STATIC:
             if self.grid is None:
                 raise ValueError(f"SparseConfig(mode={self.mode!r}) needs grid=(frames, height, width) "
@@ -152,8 +141,6 @@ def parse_spec(spec: str) -> SparseConfig:
     if "text" in f:
         a, b = f["text"].split(":")
         kw["text"] = (int(a), int(b))
-    if "chunks" in f:
-        kw["chunks"] = int(f["chunks"])
     if "grid" in f:
         kw["grid"] = tuple(int(x) for x in f["grid"].split("x"))
         kw["token_order"] = f["order"]

@@ -36,21 +36,6 @@ def block_range(start: int, stop: int, n: int, block: int, device) -> torch.Tens
     return (first < stop) & (first + block > start) & (stop > start)
 
 
-def text_blocks(cfg: SparseConfig, n: int, block: int, device) -> torch.Tensor:
-    """bool [NB]: the blocks that hold any text token: ``cfg.text`` in each of ``cfg.chunks`` equal parts."""
-    if cfg.chunks == 1:
-        return block_range(*cfg.text, n, block, device)
-    if n % cfg.chunks:
-        raise ValueError(f"SparseConfig.chunks={cfg.chunks} must divide the sequence length {n}")
-    part = n // cfg.chunks
-    start, stop = (s + part if s < 0 else s for s in cfg.text)
-    start, stop = max(0, min(part, start)), max(0, min(part, stop))
-    out = torch.zeros(-(-n // block), dtype=torch.bool, device=device)
-    for c in range(cfg.chunks):
-        out |= block_range(c * part + start, c * part + stop, n, block, device)
-    return out
-
-
 def live_key_counts(n_k: int, block_kv: int, key_bias: torch.Tensor | None, batch: int, device) -> torch.Tensor:
     """fp32 [B, NKB]: keys per key block that a key-padding bias [B, Nk] (-inf = masked) keeps."""
     nkb = -(-n_k // block_kv)
@@ -132,7 +117,7 @@ _RULES: dict = {}
 def _rule_vectors(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
     """(rows int8 [NQB], cols int8 [NKB]): the text and first-block rules, built once per shape and device
     (static, so cached: rebuilding them cost half a dozen launches per call)."""
-    return _cached((cfg.text, cfg.chunks, cfg.keep_first, n_q, n_k, block_q, block_kv, str(device)),
+    return _cached((cfg.text, cfg.keep_first, n_q, n_k, block_q, block_kv, str(device)),
                    lambda: _build_rules(cfg, n_q, n_k, block_q, block_kv, device))
 
 
@@ -157,8 +142,8 @@ def _rule_rows_cols(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_k
     rows = torch.zeros(-(-n_q // block_q), dtype=torch.bool, device=device)
     cols = torch.zeros(nkb, dtype=torch.bool, device=device)
     if cfg.text is not None:
-        rows = rows | text_blocks(cfg, n_q, block_q, device)
-        cols = cols | text_blocks(cfg, n_k, block_kv, device)
+        rows = rows | block_range(*cfg.text, n_q, block_q, device)
+        cols = cols | block_range(*cfg.text, n_k, block_kv, device)
     if cfg.keep_first:
         cols = cols | (torch.arange(nkb, device=device) == 0)
     return rows, cols
