@@ -567,3 +567,46 @@ def run_patched_hunyuan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda
     mp.spawn(patched_hunyuan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out),
                                            seed, cuda), nprocs=ulysses * ring, join=True)
     return json.loads(out.read_text())
+
+
+def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+    """`sagegen.patch` on the tiny Flux transformer (bf16; diffusers' own plan) in one process and under context
+    parallelism: the fused joint prologue ([text, image] with rotary embeddings) on every joint call."""
+    import sagegen
+    from sagegen.models.tiny import build_tiny_transformer
+    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch import patch_info
+
+    cpu_device_count_one()
+    init_gloo(rank, world, init_file)
+    try:
+        backend = register_test_backend()
+        inputs = {k: (v.to(torch.bfloat16) if k in ("hidden_states", "encoder_hidden_states", "pooled_projections")
+                      else v) for k, v in model_inputs("flux", torch.Generator().manual_seed(seed)).items()}
+        model = build_tiny_transformer("flux", seed=seed % 100, dtype=torch.bfloat16)
+        res, outs = {}, {}
+        with torch.no_grad():
+            exact = model(**inputs)[0]
+            for cp in (False, True):
+                if cp:
+                    enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+                with sagegen.patched(model, backend="reference"):
+                    outs[cp] = model(**inputs)[0]
+                    res[f"stats_cp{int(cp)}"] = dict(patch_info(model)["stats"])
+        if rank == 0:
+            res.update(rel_l1_single_vs_stock=rel_l1(outs[False], exact), rel_l1_cp_vs_stock=rel_l1(outs[True], exact),
+                       rel_l1_cp_vs_single=rel_l1(outs[True], outs[False]),
+                       nan=int(sum(o.isnan().sum() for o in outs.values())))
+            write_result(out_path, res)
+    finally:
+        _leave()
+    _exit_cleanly()
+
+
+def run_patched_flux(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
+    import torch.multiprocessing as mp
+
+    out = tmp_path / f"patched_flux_u{ulysses}_r{ring}.json"
+    mp.spawn(patched_flux_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed),
+             nprocs=ulysses * ring, join=True)
+    return json.loads(out.read_text())

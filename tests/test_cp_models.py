@@ -206,3 +206,17 @@ def check_patched_hunyuan(res: dict, ring: int, bitwise: bool = True) -> None:
             assert res["rel_l1_cp_vs_stock_sparse"] <= 1.3 * err, res
     else:
         assert res["stats_cp1_sparse"]["sparse_dense_under_ring"] == 2 and not res["text_kept_cp1"], res
+
+
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_flux_under_context_parallelism(tmp_path, seed, ulysses, ring):
+    """`sagegen.patch` on Flux under diffusers' own plan (tiny model, 2 gloo processes): the fused joint prologue
+    (Q/K norms and rotary embeddings into [text, image] buffers) runs on the double and the single block and
+    hands each call to sagegen's CP; the output stays within sagegen's error of the stock model."""
+    res = cp_support.run_patched_flux(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
+    assert res["nan"] == 0
+    assert res["stats_cp0"]["fused_qk_prologue"] == 2 and "context_parallel" not in res["stats_cp0"], res
+    cp = res["stats_cp1"]
+    assert cp["fused_qk_prologue"] == 2 and cp["context_parallel"] == 2 and not cp.get("fallback"), res
+    err = res["rel_l1_single_vs_stock"]
+    assert 0 < err < 0.1 and res["rel_l1_cp_vs_stock"] <= (1.3 if ring == 1 else 1.6) * err, res
