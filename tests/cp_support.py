@@ -78,6 +78,13 @@ def rel_l1(a, b) -> float:
     return float((a.double() - b.double()).abs().sum() / b.double().abs().sum().clamp_min(1e-30))
 
 
+def record_errors(res: dict, name, cp, single, exact) -> None:
+    """rel-L1 of the CP output against one process and against stock, and of one process against stock."""
+    res[f"rel_l1_cp_vs_single_{name}"] = rel_l1(cp, single)
+    res[f"rel_l1_single_vs_stock_{name}"] = rel_l1(single, exact)
+    res[f"rel_l1_cp_vs_stock_{name}"] = rel_l1(cp, exact)
+
+
 def make_case(name: str, s: int, gen: torch.Generator):
     """Global q, k, v [B, S, H, D] bf16 and the global mask of case ``name`` (None, or [B|1, H|1, S|1, S])."""
     q, k, v = (torch.randn(B, s, H, D, generator=gen).bfloat16() for _ in range(3))
@@ -171,14 +178,19 @@ def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_p
     _exit_cleanly()
 
 
-def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96, cuda: bool = False) -> dict:
+def spawn_ranks(target, tmp_path: Path, name: str, ulysses: int, ring: int, seed: int, *extra) -> dict:
+    """Run ``target(rank, world, ulysses, ring, init_file, out_path, seed, *extra)`` on ulysses x ring gloo
+    processes; returns what rank 0 wrote."""
     import torch.multiprocessing as mp
 
-    world = ulysses * ring
-    out = tmp_path / f"cp_u{ulysses}_r{ring}.json"
-    mp.spawn(worker, args=(world, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, s, cuda),
-             nprocs=world, join=True)
+    out = tmp_path / f"{name}_u{ulysses}_r{ring}.json"
+    mp.spawn(target, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, *extra),
+             nprocs=ulysses * ring, join=True)
     return json.loads(out.read_text())
+
+
+def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96, cuda: bool = False) -> dict:
+    return spawn_ranks(worker, tmp_path, "cp", ulysses, ring, seed, s, cuda)
 
 
 SEGMENT_CASES = ("none", "keypad", "additive", "perhead", "query_mask")
@@ -233,13 +245,7 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
 
 def run_segments(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96,
                  segments: tuple[int, int] = (40, 8)) -> dict:
-    import torch.multiprocessing as mp
-
-    world = ulysses * ring
-    out = tmp_path / f"segments_u{ulysses}_r{ring}.json"
-    mp.spawn(segments_worker, args=(world, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed, s, segments),
-             nprocs=world, join=True)
-    return json.loads(out.read_text())
+    return spawn_ranks(segments_worker, tmp_path, "segments", ulysses, ring, seed, s, segments)
 
 
 # ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------
@@ -431,13 +437,9 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
             res["backend_chosen_equal"] = bool(torch.equal(outs["backend_chosen"], outs[(False, None)]))
             res["rel_l1_sparse_vs_dense"] = rel_l1(sparse_outs[(False, "sparse")], sparse_outs[(False, "dense")])
             for name in ("dense", "sparse"):
-                res[f"rel_l1_cp_vs_single_{name}"] = rel_l1(sparse_outs[(True, name)], sparse_outs[(False, name)])
-                res[f"rel_l1_single_vs_stock_{name}"] = rel_l1(sparse_outs[(False, name)], sparse_outs["exact"])
-                res[f"rel_l1_cp_vs_stock_{name}"] = rel_l1(sparse_outs[(True, name)], sparse_outs["exact"])
+                record_errors(res, name, sparse_outs[(True, name)], sparse_outs[(False, name)], sparse_outs["exact"])
             for linear in (None, "fp8"):
-                res[f"rel_l1_cp_vs_single_{linear}"] = rel_l1(outs[(True, linear)], outs[(False, linear)])
-                res[f"rel_l1_single_vs_stock_{linear}"] = rel_l1(outs[(False, linear)], exact)
-                res[f"rel_l1_cp_vs_stock_{linear}"] = rel_l1(outs[(True, linear)], exact)
+                record_errors(res, linear, outs[(True, linear)], outs[(False, linear)], exact)
             res["nan"] = int(sum(o.isnan().sum() for o in outs.values()))
             res["layers"] = len(model.blocks)
             write_result(out_path, res)
@@ -447,12 +449,7 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
 
 
 def run_patched_wan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    out = tmp_path / f"patched_wan_u{ulysses}_r{ring}.json"
-    mp.spawn(patched_wan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed,
-                                       cuda), nprocs=ulysses * ring, join=True)
-    return json.loads(out.read_text())
+    return spawn_ranks(patched_wan_worker, tmp_path, "patched_wan", ulysses, ring, seed, cuda)
 
 
 def hunyuan_inputs(gen: torch.Generator, device="cpu", side: int = 8) -> dict:
@@ -547,10 +544,8 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
         if rank == 0:
             for variant in (None, "fp8", "sparse"):
                 name = "sparse" if variant == "sparse" else "dense"
-                exact, single, cp = outs[(name, "exact")], outs[(name, False, variant)], outs[(name, True, variant)]
-                res[f"rel_l1_single_vs_stock_{variant}"] = rel_l1(single, exact)
-                res[f"rel_l1_cp_vs_stock_{variant}"] = rel_l1(cp, exact)
-                res[f"rel_l1_cp_vs_single_{variant}"] = rel_l1(cp, single)
+                record_errors(res, variant, outs[(name, True, variant)], outs[(name, False, variant)],
+                              outs[(name, "exact")])
             res["unpatch_equal_under_cp"] = all(bool(torch.equal(outs[(n, "cp_unpatched")], outs[(n, "cp_before")]))
                                                 for n in ("dense", "sparse"))
             res["nan"] = int(sum(o.isnan().sum() for o in outs.values()))
@@ -561,12 +556,7 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
 
 
 def run_patched_hunyuan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
-    import torch.multiprocessing as mp
-
-    out = tmp_path / f"patched_hunyuan_u{ulysses}_r{ring}.json"
-    mp.spawn(patched_hunyuan_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out),
-                                           seed, cuda), nprocs=ulysses * ring, join=True)
-    return json.loads(out.read_text())
+    return spawn_ranks(patched_hunyuan_worker, tmp_path, "patched_hunyuan", ulysses, ring, seed, cuda)
 
 
 def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
@@ -604,9 +594,4 @@ def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -
 
 
 def run_patched_flux(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
-    import torch.multiprocessing as mp
-
-    out = tmp_path / f"patched_flux_u{ulysses}_r{ring}.json"
-    mp.spawn(patched_flux_worker, args=(ulysses * ring, ulysses, ring, str(tmp_path / "pg_init"), str(out), seed),
-             nprocs=ulysses * ring, join=True)
-    return json.loads(out.read_text())
+    return spawn_ranks(patched_flux_worker, tmp_path, "patched_flux", ulysses, ring, seed)
