@@ -92,6 +92,34 @@ def test_compare_with_cp_ulysses_2_under_torchrun(tmp_path):
     assert m["setup"]["sdpa"]["rank0"]["cp"]["attention_backend"] == "native"
 
 
+@pytest.mark.slow
+def test_run_hunyuanvideo_sparse_under_ulysses(tmp_path):
+    """`torchrun ... run tiny-hunyuanvideo --cp ulysses=2 --sparse ...` (bf16, the kernels interpreted): on both
+    ranks every joint call takes the fused prologue, goes through sagegen's CP and runs block-sparse, and the
+    manifest records each rank's realized density."""
+    import json
+    import subprocess
+    import sys
+
+    from sagegen.rundir import RunDir
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sagegen.cli.app", "run", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "2", "--quiet",
+           "--cp", "ulysses=2", "--dtype", "bfloat16", "--height", "64", "--width", "64",
+           "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0", "--out", str(out)]
+    env = dict(_env(tmp_path), TRITON_INTERPRET="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = json.loads(RunDir(out).manifest_path.read_text())
+    for rank in ("rank0", "rank1"):
+        setup = m["setup"]["sage"][rank]
+        calls = setup["attention_calls"]
+        # 2 steps x (a dual and a single block): fused, split and sparse; the token refiner stays dense
+        assert calls["fused_qk_prologue"] == calls["context_parallel"] == calls["sparse_calls"] == 4, calls
+        assert 0 < setup["sparse"]["density"]["overall"] <= 1, setup["sparse"]
+
+
 def test_presets_of_the_newer_classes():
     env = dict(TORCHRUN, WORLD_SIZE="2")
     assert check_cp("ulysses=2", resolve("tiny-hunyuanvideo-1.5"), environ=env) == CpSpec(2, 1)   # sagegen's plan
