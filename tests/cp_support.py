@@ -236,6 +236,12 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
                                  "rel_l1_vs_single": rel_l1(cp_out, one_out),
                                  "rel_l1_cp_vs_exact": rel_l1(cp_out, exact_attention(q, k, v, mask, scale)),
                                  "rel_l1_single_vs_exact": rel_l1(one_out, exact_attention(q, k, v, mask, scale))}
+        try:  # lengths that do not add up to the local sequence: refused before any collective
+            context_parallel_attention(q[:, mine], k[:, mine], v[:, mine], attn_mask=None, scale=scale,
+                                       return_lse=False, parallel_config=pc, local_attention=local,
+                                       segments=(1, 2))
+        except ValueError as exc:
+            results["bad_segments_error"] = str(exc)
         if rank == 0:
             write_result(out_path, results)
     finally:
