@@ -201,12 +201,15 @@ def test_fused_wan_block_falls_back_where_it_cannot_reproduce(seed, monkeypatch)
         sagegen.unpatch(fp32)
 
 
-@pytest.mark.parametrize("hook_first", [False, True])
-def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook_first):
-    """diffusers' hooks (context-parallel splits, caches, sagegen's CP mask hooks) wrap a module's bound
-    ``forward``. Patched first, the hook wraps the fused forward; hooked first, the hook's reference to the stock
-    forward is re-pointed at the fused one (`fused_common.swap_class`). Either way the hook runs, every block
-    runs fused, and after `unpatch` the hooked block runs the stock forward again, bit for bit."""
+@pytest.mark.parametrize("hook", ["diffusers_after", "diffusers_first", "accelerate_first"])
+def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook):
+    """diffusers' hooks (context-parallel splits, caches, sagegen's CP mask hooks) and accelerate's wrap a
+    module's bound ``forward``. Patched first, the hook wraps the fused forward; hooked first, the hook's
+    reference to the stock forward is re-pointed at the fused one (`fused_common.swap_class`). Either way the
+    hook runs, every block runs fused, and after `unpatch` the hooked block runs the stock forward again, bit
+    for bit."""
+    from accelerate.hooks import ModelHook as AccelerateHook
+    from accelerate.hooks import add_hook_to_module
     from diffusers.hooks import HookRegistry, ModelHook
 
     class Count(ModelHook):
@@ -215,6 +218,17 @@ def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook_first):
         def pre_forward(self, module, *args, **kwargs):
             Count.calls += 1
             return args, kwargs
+
+    class AccelerateCount(AccelerateHook):
+        def pre_forward(self, module, *args, **kwargs):
+            Count.calls += 1
+            return args, kwargs
+
+    def install():
+        if hook.startswith("diffusers"):
+            HookRegistry.check_if_exists_or_initialize(model.blocks[0]).register_hook(Count(), "count")
+        else:
+            add_hook_to_module(model.blocks[0], AccelerateCount())
 
     model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=2).to(DEVICE)
     inputs = _inputs(model, seed=seed % 1000)
@@ -226,11 +240,11 @@ def test_fused_blocks_keep_diffusers_hooks(seed, monkeypatch, hook_first):
         unfused = model(**inputs)[0]
         sagegen.unpatch(model)
         calls.clear()
-        if hook_first:
-            HookRegistry.check_if_exists_or_initialize(model.blocks[0]).register_hook(Count(), "count")
+        if hook.endswith("first"):
+            install()
         sagegen.patch(model, backend="reference")
-        if not hook_first:
-            HookRegistry.check_if_exists_or_initialize(model.blocks[0]).register_hook(Count(), "count")
+        if hook.endswith("after"):
+            install()
         out = model(**inputs)[0]
         fused_calls = len(calls)
         sagegen.unpatch(model)

@@ -46,21 +46,21 @@ def forward_subclass(cls: type, fused, marker: str, cache: dict, module: str) ->
 
 
 def swap_class(module: torch.nn.Module, cls: type) -> None:
-    """Set ``module``'s class to ``cls`` (a `forward_subclass` of it, or back to its base). A diffusers hook
-    registered before the swap (enable_parallelism's split hooks, sagegen's CP mask hooks) holds the bound
-    ``forward`` of the class it saw, so the block would keep that forward whatever its class: the innermost
-    reference is re-pointed at ``cls``'s. (diffusers' ``HookRegistry`` keeps it in ``_fn_refs[0]``, private
-    API: re-pointed only where found in that form.)"""
+    """Set ``module``'s class to ``cls`` (a `forward_subclass` of it, or back to its base). A hook installed
+    before the swap holds the bound ``forward`` of the class it saw, so the block would keep that forward
+    whatever its class: diffusers' hooks (enable_parallelism's splits, sagegen's CP mask hooks; the innermost
+    reference of its ``HookRegistry`` is ``_fn_refs[0]``) and accelerate's (``_old_forward``). Such a
+    reference is re-pointed at ``cls``'s forward. (Private attributes of both libraries: re-pointed only where
+    found in that form.)"""
     old = type(module)
     module.__class__ = cls
-    refs = getattr(getattr(module, "_diffusers_hook", None), "_fn_refs", None)
-    if not refs:
-        return
-    for attr in ("original_forward", "forward"):
-        bound = getattr(refs[0], attr, None)
+    refs = getattr(getattr(module, "_diffusers_hook", None), "_fn_refs", None) or []
+    holders = [(refs[0], "original_forward"), (refs[0], "forward")] if refs else []
+    holders.append((module, "_old_forward"))
+    for holder, attr in holders:
+        bound = getattr(holder, attr, None)
         if getattr(bound, "__self__", None) is module and getattr(bound, "__func__", None) is old.forward:
-            setattr(refs[0], attr, types.MethodType(cls.forward, module))
-            return
+            setattr(holder, attr, types.MethodType(cls.forward, module))
 
 
 def _arguments(original, cls_path: str, attn, args, kwargs):
