@@ -169,3 +169,29 @@ def test_a_patched_block_compiles_with_fullgraph():
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
     sagegen.unpatch(model)
     torch._dynamo.reset()
+
+
+def test_key_mask_call_hands_its_segments_to_sagegen_under_context_parallelism(monkeypatch):
+    """Under CP with sagegen's backend the call passes its (video, text) lengths, so a Ulysses split attends in
+    one process's token order (tests/test_cp_attention.py::test_segments_keep_one_process_order); with another
+    backend, or without CP, it passes nothing (diffusers would drop the key, and warn under its checks)."""
+    import sagegen.patch.hunyuanvideo15 as hv15
+    from sagegen.patch.backend_route import backend_member
+
+    model, inputs = _model()
+    block = model.transformer_blocks[0]
+    seen = []
+
+    def dispatch(q, k, v, *, attention_kwargs=None, **kwargs):
+        seen.append(attention_kwargs)
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(hv15, "dispatch_attention_fn", dispatch)
+    video = torch.randn(2, N_VIDEO, block.attn.to_q.in_features, dtype=torch.bfloat16)
+    text = torch.randn(2, N_TEXT, block.attn.add_q_proj.in_features, dtype=torch.bfloat16)
+    for parallel, backend in ((object(), backend_member()), (object(), None), (None, backend_member())):
+        proc = KeyMaskProcessor()
+        proc._parallel_config, proc._attention_backend = parallel, backend
+        with torch.no_grad():
+            key_mask_call(proc, block.attn, video, text, torch.ones(2, N_TEXT))
+    assert seen == [{"_sagegen_segments": (N_VIDEO, N_TEXT)}, None, None]

@@ -61,7 +61,8 @@ def key_mask_call(self, attn, hidden_states, encoder_hidden_states=None, attenti
         valid = F.pad(text, (q.shape[1] - text.shape[1], 0), value=True)
     out = dispatch_attention_fn(
         q, k, v, attn_mask=valid[:, None, None, :] if valid is not None else None, dropout_p=0.0,
-        is_causal=False, backend=self._attention_backend, parallel_config=self._parallel_config)
+        is_causal=False, backend=self._attention_backend, parallel_config=self._parallel_config,
+        attention_kwargs=_segments(self, q.shape[1] - n_text, n_text))
     out = out.flatten(2, 3).to(q.dtype)
     if valid is not None:                        # a padding query sees no key in the model: output 0
         out = out * valid[..., None].to(out.dtype)
@@ -73,6 +74,18 @@ def key_mask_call(self, attn, hidden_states, encoder_hidden_states=None, attenti
     if getattr(attn, "to_add_out", None) is not None:
         text_out = attn.to_add_out(text_out)
     return out, text_out
+
+
+def _segments(processor, n_video: int, n_text: int) -> dict | None:
+    """Under context parallelism with sagegen's backend: the joint call's (video, text) lengths, so that a
+    Ulysses split attends in one process's [all video, all text] order (`parallel.context_parallel_attention`;
+    the text padding then stays a valid prefix of the keys)."""
+    if not n_text or getattr(processor, "_parallel_config", None) is None:
+        return None
+    from .fused_common import _active_backend, _is_sagegen
+
+    backend = getattr(processor, "_attention_backend", None)
+    return {"_sagegen_segments": (n_video, n_text)} if _is_sagegen(backend or _active_backend()) else None
 
 
 class KeyMaskProcessor(HunyuanVideo15AttnProcessor2_0):
