@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..api import triton_interpret
-from .fused_common import _HALF, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run, _native_dispatch, _rope_pair
+from .fused_common import (_HALF, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run, _native_dispatch,
+                           _rope_pair)
 
 
 def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):
