@@ -4,6 +4,7 @@ diffusers' native fp32 attention."""
 
 import pytest
 
+import cp_patched_support
 import cp_support
 from sagegen.parallel import ContextParallelUnsupported, check_cp_support
 from sagegen.parallel.attention import _validate
@@ -113,7 +114,7 @@ def test_patched_wan_under_context_parallelism(tmp_path, seed, ulysses, ring):
     """`sagegen.patch` under diffusers' context parallelism (tiny Wan, 2 gloo processes): the fused Q/K
     prologue still runs on every attention and hands self-attention to diffusers' dispatcher (sagegen's CP),
     cross-attention stays local, FP8 linears work on each rank's tokens, and the output matches one process."""
-    check_patched_wan(cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
+    check_patched_wan(cp_patched_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
 
 
 def check_patched_wan(res: dict, ring: int, bitwise: bool = True) -> None:
@@ -173,7 +174,8 @@ def test_patched_hunyuanvideo_under_context_parallelism(tmp_path, seed, ulysses,
     one process, sparse included, with the text keys kept); the single block's fused FP8 cat-GELU projection
     runs although the mask hooks were installed before the patch; unpatching restores the hooked blocks' stock
     forward. Under Ring: the same error as one process, sparse dense and counted."""
-    check_patched_hunyuan(cp_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
+    check_patched_hunyuan(cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed),
+                          ring)
 
 
 def check_patched_hunyuan(res: dict, ring: int, bitwise: bool = True) -> None:
@@ -213,10 +215,37 @@ def test_patched_flux_under_context_parallelism(tmp_path, seed, ulysses, ring):
     """`sagegen.patch` on Flux under diffusers' own plan (tiny model, 2 gloo processes): the fused joint prologue
     (Q/K norms and rotary embeddings into [text, image] buffers) runs on the double and the single block and
     hands each call to sagegen's CP; the output stays within sagegen's error of the stock model."""
-    res = cp_support.run_patched_flux(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
+    res = cp_patched_support.run_patched_flux(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
     assert res["nan"] == 0
     assert res["stats_cp0"]["fused_qk_prologue"] == 2 and "context_parallel" not in res["stats_cp0"], res
     cp = res["stats_cp1"]
     assert cp["fused_qk_prologue"] == 2 and cp["context_parallel"] == 2 and not cp.get("fallback"), res
     err = res["rel_l1_single_vs_stock"]
     assert 0 < err < 0.1 and res["rel_l1_cp_vs_stock"] <= (1.3 if ring == 1 else 1.6) * err, res
+
+
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_hunyuanvideo15_sparse_under_context_parallelism(tmp_path, seed, ulysses, ring):
+    """`sagegen.patch(..., sparse=)` on HunyuanVideo-1.5 under context parallelism (tiny model, 2 gloo processes):
+    its main blocks run on the patch's backend route, whose calls carry their (video, text) segments, so under
+    Ulysses each rank ranks the blocks in one process's order, with the text keys kept (bit-identical to one
+    process). Under Ring the calls stay dense, counted."""
+    res = cp_patched_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
+    print(res)
+    assert res["nan"] == 0
+    layers = res["layers"]
+    for name in ("dense", "sparse"):
+        assert not res[f"stats_cp1_{name}"].get("fallback"), res
+    err = res["rel_l1_single_vs_stock_sparse"]
+    assert res["stats_cp0_sparse"]["sparse_calls"] == layers and res["text_kept_cp0"] == [True] * layers, res
+    assert 0.3 < res["density_cp0"] < 1.0 and res["rel_l1_sparse_vs_dense"] > 0.3 * err, res
+    if ring == 1:
+        cp = res["stats_cp1_sparse"]
+        assert cp["sparse_calls"] == layers and res["text_kept_cp1"] == [True] * layers, res
+        assert 0.3 < res["density_cp1"] < 1.0, res  # this rank's heads
+        assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res  # the same blocks as one process
+    else:
+        cp = res["stats_cp1_sparse"]
+        assert cp["sparse_dense_under_ring"] == layers and not cp.get("sparse_calls"), res
+        assert res["density_cp1"] is None and not res["text_kept_cp1"], res
+        assert res["rel_l1_cp_vs_stock_sparse"] <= 1.6 * err, res

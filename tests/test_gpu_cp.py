@@ -5,6 +5,7 @@ than 2 GPUs)."""
 import pytest
 import torch
 
+import cp_patched_support
 import cp_support
 from test_cp_attention import _check_ring, _check_ulysses
 from test_cp_models import check_patched_hunyuan, check_patched_wan
@@ -27,7 +28,8 @@ def test_cp_on_two_gpus(tmp_path, seed, ulysses, ring):
 def test_patched_wan_on_two_gpus(tmp_path, seed, ulysses, ring):
     """sagegen.patch under diffusers' CP on the GPUs: Wan's fused prologue kernel, sagegen's Hopper kernel as
     each rank's attention, FP8 linears through cuBLASLt (tiny Wan, 1,280 video tokens)."""
-    check_patched_wan(cp_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed, cuda=True), ring,
+    check_patched_wan(cp_patched_support.run_patched_wan(tmp_path, ulysses=ulysses, ring=ring, seed=seed,
+                                                         cuda=True), ring,
                       bitwise=False)
 
 
@@ -37,5 +39,5 @@ def test_patched_wan_on_two_gpus(tmp_path, seed, ulysses, ring):
 def test_patched_hunyuanvideo_on_two_gpus(tmp_path, seed, ulysses, ring):
     """sagegen.patch on HunyuanVideo under CP on the GPUs: the fused joint prologue handed to the split, FP8
     linears with the fused cat-GELU projection, sparse with each rank's text kept (tiny model, 524 tokens a sample)."""
-    check_patched_hunyuan(cp_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed,
-                                                         cuda=True), ring, bitwise=False)
+    check_patched_hunyuan(cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed,
+                                                                 cuda=True), ring, bitwise=False)

@@ -173,16 +173,18 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     return job, warnings
 
 
-# families whose fused route hands the attention to a CP split with the sparse policy (fused_wan, fused_joint)
-_SPARSE_CP_FAMILIES = ("wan", "hunyuanvideo")
+# families whose self-attention reaches a CP split in one process's token order, with the sparse policy (Wan's
+# video-only calls; HunyuanVideo's fused joint calls and HunyuanVideo-1.5's key-mask calls with their segments)
+_SPARSE_CP_FAMILIES = ("wan", "hunyuanvideo", "hunyuanvideo15")
 
 
 def _check_sparse_cp(sparse_cfg, cp_spec, preset) -> None:
     """Under CP the policy runs where sagegen's fused route hands self-attention to the split (its joint calls
     in one process's token order), and only under Ulysses, where every rank attends over all keys."""
     if cp_spec.ring > 1 or preset.family not in _SPARSE_CP_FAMILIES:
-        raise UsageProblem("--sparse combines with --cp only for Wan and HunyuanVideo models and a Ulysses-only "
-                           f"split (--cp ulysses=N); got {preset.name} with ring={cp_spec.ring}", "--sparse")
+        raise UsageProblem("--sparse combines with --cp only for Wan, HunyuanVideo and HunyuanVideo-1.5 models and a "
+                           f"Ulysses-only split (--cp ulysses=N); got {preset.name} with ring={cp_spec.ring}",
+                           "--sparse")
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

@@ -91,7 +91,15 @@ def rebind_backend(original, session, member, full_precision: bool):
                 return _overridden(session, override, query, key, value, attn_mask, is_causal, scale)
             if session.sparse is not None and parallel_config is None and not full_precision:
                 return _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-            attention_kwargs = {**(attention_kwargs or {}), "_sagegen_settings": getattr(session, attr)}
+            settings = getattr(session, attr)
+            if session.sparse is not None and parallel_config is not None and not full_precision:
+                # split by diffusers' context parallelism: sparse under Ulysses, where a joint call's
+                # segments (HunyuanVideo-1.5's) give one process's token order
+                from .sparse_policy import split_settings
+
+                settings = split_settings(session, settings, parallel_config,
+                                          ordered="_sagegen_segments" in (attention_kwargs or {}))
+            attention_kwargs = {**(attention_kwargs or {}), "_sagegen_settings": settings}
             backend = member
         return dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs,
                         backend=backend, parallel_config=parallel_config)

@@ -4,7 +4,6 @@ call. A module of its own so that neither family module imports the other."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 import inspect
@@ -146,14 +145,10 @@ def _cp_dispatch(original, session, sparse: bool = False):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
     settings = session.backend_settings
-    if sparse and session.sparse is not None:
-        cp = getattr(parallel_config, "context_parallel_config", None)
-        if (getattr(cp, "ring_degree", 1) or 1) > 1:
-            session.count("sparse_dense_under_ring")
-        else:
-            from .sparse_policy import block_mask_for
+    if sparse:
+        from .sparse_policy import split_settings
 
-            settings = dataclasses.replace(settings, block_mask=functools.partial(block_mask_for, session))
+        settings = split_settings(session, settings, parallel_config)
 
     def attend(query, key, value, attn_mask=None, segments=None):
         """``segments``: the lengths of a joint call's parts ((video, text) or (text, image)), so that a

@@ -167,12 +167,19 @@ def latent_grid(transformer: torch.nn.Module, family: str, shape) -> tuple[int, 
     return (-(-f // pt), h // ph, w // pw)
 
 
-def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale):
-    """The BlockSparse for a routed call of `session` (q, k [B, H, N, D]), or None (dense); records density."""
+def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale, ordered: bool = True):
+    """The BlockSparse for a routed call of `session` (q, k [B, H, N, D]), or None (dense); records density.
+
+    ``ordered=False``: the keys may not be in one process's order (a joint call that diffusers' Ulysses split
+    gathered as [video 0, text 0, video 1, text 1, ...]); a call whose policy keeps a text range then stays
+    dense, counted as ``sparse_dense_unordered``."""
     import math
 
     state: SparseState = session.sparse
     cfg = state.for_call(session.current_name, q, k)
+    if cfg is not None and not ordered and cfg.text is not None:
+        session.count("sparse_dense_unordered")
+        return None
     if cfg is None:
         session.count("sparse_dense_calls")
         return None
@@ -184,3 +191,19 @@ def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale):
     state.record(session.current_name, bs.counts, bs.indices.shape[-1])
     session.count("sparse_calls")
     return bs
+
+
+def split_settings(session, settings, parallel_config, ordered: bool = True):
+    """``settings`` (a `BackendSettings`) for a call that diffusers' context parallelism splits, with the
+    patch's block-sparse policy where it can run: under a Ulysses-only split, where each rank attends over every
+    key for its heads. Under Ring (keys split over the ranks, which the per-row ranking cannot see) the call
+    stays dense, counted as ``sparse_dense_under_ring``. ``ordered``: as in `block_mask_for`."""
+    if session.sparse is None:
+        return settings
+    cp = getattr(parallel_config, "context_parallel_config", None)
+    if (getattr(cp, "ring_degree", 1) or 1) > 1:
+        session.count("sparse_dense_under_ring")
+        return settings
+    import functools
+
+    return dataclasses.replace(settings, block_mask=functools.partial(block_mask_for, session, ordered=ordered))
