@@ -230,8 +230,12 @@ def test_patched_hunyuanvideo15_sparse_under_context_parallelism(tmp_path, seed,
     its main blocks run on the patch's backend route, whose calls carry their (video, text) segments, so under
     Ulysses each rank ranks the blocks in one process's order, with the text keys kept (bit-identical to one
     process). Under Ring the calls stay dense, counted."""
-    res = cp_patched_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
-    print(res)
+    check_patched_hunyuan15(cp_patched_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring,
+                                                                     seed=seed), ring)
+
+
+def check_patched_hunyuan15(res: dict, ring: int, bitwise: bool = True) -> None:
+    """``bitwise``: as in `check_patched_wan`."""
     assert res["nan"] == 0
     layers = res["layers"]
     for name in ("dense", "sparse"):
@@ -239,13 +243,15 @@ def test_patched_hunyuanvideo15_sparse_under_context_parallelism(tmp_path, seed,
     err = res["rel_l1_single_vs_stock_sparse"]
     assert res["stats_cp0_sparse"]["sparse_calls"] == layers and res["text_kept_cp0"] == [True] * layers, res
     assert 0.3 < res["density_cp0"] < 1.0 and res["rel_l1_sparse_vs_dense"] > 0.3 * err, res
+    cp = res["stats_cp1_sparse"]
     if ring == 1:
-        cp = res["stats_cp1_sparse"]
         assert cp["sparse_calls"] == layers and res["text_kept_cp1"] == [True] * layers, res
         assert 0.3 < res["density_cp1"] < 1.0, res  # this rank's heads
-        assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res  # the same blocks as one process
+        if bitwise:
+            assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res  # the same blocks as one process
+        else:
+            assert res["rel_l1_cp_vs_stock_sparse"] <= 1.3 * err, res
     else:
-        cp = res["stats_cp1_sparse"]
         assert cp["sparse_dense_under_ring"] == layers and not cp.get("sparse_calls"), res
         assert res["density_cp1"] is None and not res["text_kept_cp1"], res
         assert res["rel_l1_cp_vs_stock_sparse"] <= 1.6 * err, res

@@ -8,7 +8,7 @@ import torch
 import cp_patched_support
 import cp_support
 from test_cp_attention import _check_ring, _check_ulysses
-from test_cp_models import check_patched_hunyuan, check_patched_wan
+from test_cp_models import check_patched_hunyuan, check_patched_hunyuan15, check_patched_wan
 
 needs_2_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                   reason="needs 2 CUDA GPUs")
@@ -41,3 +41,13 @@ def test_patched_hunyuanvideo_on_two_gpus(tmp_path, seed, ulysses, ring):
     linears with the fused cat-GELU projection, sparse with each rank's text kept (tiny model, 524 tokens a sample)."""
     check_patched_hunyuan(cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed,
                                                                  cuda=True), ring, bitwise=False)
+
+
+@pytest.mark.gpu
+@needs_2_gpus
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_hunyuanvideo15_sparse_on_two_gpus(tmp_path, seed, ulysses, ring):
+    """sagegen.patch(sparse=) on HunyuanVideo-1.5 under CP on the GPUs: its key-mask calls with their segments,
+    block-sparse on the Hopper kernel with each rank's text kept (tiny model, 535 tokens a sample)."""
+    check_patched_hunyuan15(cp_patched_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring,
+                                                                     seed=seed, cuda=True), ring, bitwise=False)
