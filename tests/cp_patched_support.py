@@ -315,3 +315,53 @@ def patched_hunyuan15_worker(rank, world, ulysses, ring, init_file, out_path, se
 
 def run_patched_hunyuan15(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
     return spawn_ranks(patched_hunyuan15_worker, tmp_path, "patched_hunyuan15", ulysses, ring, seed, cuda)
+
+
+def patched_ltx_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+    """`sagegen.patch(sparse=)` on tiny LTX-Video (bf16, 512 video tokens) in one process and under diffusers'
+    own plan: its self-attention (the backend route) is video only, so a Ulysses split gathers its keys in one
+    process's order and top-k runs there unchanged; rank 0 writes differences and counters."""
+    import sagegen
+    from sagegen import SparseConfig
+    from sagegen.models.tiny_classes import build_tiny_class
+    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch import patch_info, sparse_density
+
+    cpu_device_count_one()
+    init_gloo(rank, world, init_file)
+    try:
+        backend = register_test_backend()
+        model = build_tiny_class("ltx", seed=seed % 1000, dtype=torch.bfloat16)
+        gen = torch.Generator().manual_seed(seed)
+        inputs = dict(hidden_states=torch.randn(1, 2 * 16 * 16, model.config.in_channels, generator=gen).bfloat16(),
+                      encoder_hidden_states=torch.randn(1, 12, 32, generator=gen).bfloat16(),
+                      timestep=torch.full((1,), 500.0), encoder_attention_mask=torch.ones(1, 12, dtype=torch.long),
+                      num_frames=2, height=16, width=16, rope_interpolation_scale=(8 / 25.0, 32, 32),
+                      return_dict=False)
+        sparse = SparseConfig(mode="topk", value=0.25, min_tokens=0, dense_steps=0.0, dense_blocks=())
+        res, outs = {}, {}
+        with torch.no_grad():
+            outs["exact"] = model(**inputs)[0]
+            for cp in (False, True):
+                if cp:
+                    enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+                for name, kw in (("dense", {}), ("sparse", {"sparse": sparse})):
+                    with sagegen.patched(model, backend="reference", **kw):
+                        outs[(cp, name)] = model(**inputs)[0]
+                        res[f"stats_cp{int(cp)}_{name}"] = dict(patch_info(model)["stats"])
+                        if kw:
+                            res[f"density_cp{int(cp)}"] = sparse_density(model)["overall"]
+        if rank == 0:
+            res["rel_l1_sparse_vs_dense"] = rel_l1(outs[(False, "sparse")], outs[(False, "dense")])
+            for name in ("dense", "sparse"):
+                record_errors(res, name, outs[(True, name)], outs[(False, name)], outs["exact"])
+            res["nan"] = int(sum(o.isnan().sum() for o in outs.values()))
+            res["layers"] = len(model.transformer_blocks)
+            write_result(out_path, res)
+    finally:
+        _leave()
+    _exit_cleanly()
+
+
+def run_patched_ltx(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
+    return spawn_ranks(patched_ltx_worker, tmp_path, "patched_ltx", ulysses, ring, seed)

@@ -208,9 +208,10 @@ def test_sparse_with_cp_only_for_wan_and_hunyuan_under_ulysses(monkeypatch, tmp_
     assert j.sparse.mode == "topk" and j.settings["cp"] == {"ulysses": 2, "ring": 1}
     assert job("tiny-hunyuanvideo", "ulysses=2", "sta")[0].sparse.mode == "sta"
     assert job("tiny-hunyuanvideo-1.5", "ulysses=2")[0].sparse.mode == "topk"
+    assert job("tiny-ltx-video", "ulysses=2")[0].sparse.mode == "topk"
     with pytest.raises(UsageProblem, match="Ulysses-only split.*ring=2"):
         job("tiny-wan2.1", "ring=2")
     with pytest.raises(UsageProblem, match="Ulysses-only split.*ring=2"):
         job("tiny-hunyuanvideo", "ring=2")
-    with pytest.raises(UsageProblem, match="only for Wan, HunyuanVideo and HunyuanVideo-1.5.*tiny-flux"):
+    with pytest.raises(UsageProblem, match="only for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 models.*tiny-flux"):
         job("tiny-flux", "ulysses=2")

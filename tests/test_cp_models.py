@@ -255,3 +255,23 @@ def check_patched_hunyuan15(res: dict, ring: int, bitwise: bool = True) -> None:
         assert cp["sparse_dense_under_ring"] == layers and not cp.get("sparse_calls"), res
         assert res["density_cp1"] is None and not res["text_kept_cp1"], res
         assert res["rel_l1_cp_vs_stock_sparse"] <= 1.6 * err, res
+
+
+def test_patched_ltx_sparse_under_ulysses(tmp_path, seed):
+    """`sagegen.patch(..., sparse=)` on LTX-Video under diffusers' own plan, Ulysses 2 (tiny model, 2 gloo
+    processes): its fused Q/K prologue runs on each rank's tokens, and its self-attention is video only, so the
+    split's keys come in one process's order and each rank runs the top-k policy on its heads: the output
+    equals one process bit for bit, dense and sparse."""
+    res = cp_patched_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed)
+    print(res)
+    layers = res["layers"]
+    assert res["nan"] == 0
+    for cp in (0, 1):
+        stats = res[f"stats_cp{cp}_sparse"]
+        assert stats["sparse_calls"] == layers and not stats.get("sparse_dense_unordered"), res
+        assert 0.2 < res[f"density_cp{cp}"] < 0.8, res
+    for cp in (0, 1):  # the fused Q/K prologue runs under the split too (self- and cross-attention)
+        assert res[f"stats_cp{cp}_dense"]["fused_qk_prologue"] == 2 * layers, res
+    assert res["stats_cp1_sparse"]["context_parallel"] == 2 * layers, res
+    assert res["rel_l1_sparse_vs_dense"] > 0.3 * res["rel_l1_single_vs_stock_dense"], res
+    assert res["rel_l1_cp_vs_single_dense"] == res["rel_l1_cp_vs_single_sparse"] == 0.0, res

@@ -174,17 +174,19 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
 
 
 # families whose self-attention reaches a CP split in one process's token order, with the sparse policy (Wan's
-# video-only calls; HunyuanVideo's fused joint calls and HunyuanVideo-1.5's key-mask calls with their segments)
-_SPARSE_CP_FAMILIES = ("wan", "hunyuanvideo", "hunyuanvideo15")
+# and LTX-Video's video-only calls; HunyuanVideo's fused joint calls and HunyuanVideo-1.5's key-mask calls with
+# their segments)
+_SPARSE_CP_FAMILIES = ("wan", "ltx", "hunyuanvideo", "hunyuanvideo15")
 
 
 def _check_sparse_cp(sparse_cfg, cp_spec, preset) -> None:
-    """Under CP the policy runs where sagegen's fused route hands self-attention to the split (its joint calls
-    in one process's token order), and only under Ulysses, where every rank attends over all keys."""
+    """Under CP the policy runs where the patch hands self-attention to the split in one process's token order
+    (video-only calls, joint calls with their segments), and only under Ulysses, where every rank attends over
+    all keys."""
     if cp_spec.ring > 1 or preset.family not in _SPARSE_CP_FAMILIES:
-        raise UsageProblem("--sparse combines with --cp only for Wan, HunyuanVideo and HunyuanVideo-1.5 models and a "
-                           f"Ulysses-only split (--cp ulysses=N); got {preset.name} with ring={cp_spec.ring}",
-                           "--sparse")
+        raise UsageProblem("--sparse combines with --cp only for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 "
+                           "models and a Ulysses-only split (--cp ulysses=N); "
+                           f"got {preset.name} with ring={cp_spec.ring}", "--sparse")
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

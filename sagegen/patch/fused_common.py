@@ -224,11 +224,13 @@ def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, paral
     return out.transpose(1, 2).flatten(2, 3).to(joint[0].dtype)
 
 
-def _backend_copy_can_fuse(session, processor, hidden_states, weight) -> bool:
+def _backend_copy_can_fuse(session, processor, hidden_states, weight, split_ok: bool = False) -> bool:
     """For sagegen's equivalents of processor calls on the backend route (`qwenimage`, `ltx`): whether the
-    fused prologue may run, given the ``session`` the route's copy holds (None in its full-precision copy)."""
+    fused prologue may run, given the ``session`` the route's copy holds (None in its full-precision copy).
+    ``split_ok``: the call may run under diffusers' context parallelism (its rank's tokens and tables)."""
     if (session is None or not session.fuse_qk_prologue or session.attention_override is not None
-            or torch.compiler.is_compiling() or getattr(processor, "_parallel_config", None) is not None):
+            or torch.compiler.is_compiling()
+            or (not split_ok and getattr(processor, "_parallel_config", None) is not None)):
         return False
     return (isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3
             and _kernel_can_run(weight, hidden_states) and hidden_states.dtype == weight.dtype)

@@ -8,8 +8,9 @@ rotate(x)·sin`` over fp32 copies: about eight eager kernels per tensor). `fused
 text mask prepared by ``attn.prepare_attention_mask``, the same ``dispatch_attention_fn`` call).
 
 As in `qwenimage`, the backend route runs a copy whose globals it sets (``dispatch_attention_fn``,
-``_SAGEGEN_SESSION``, ``_STOCK_CALL``); the routed stock call runs under torch.compile or context parallelism,
-on CPU without the Triton interpreter, for fp32 models, other norms or tables, or an attention override.
+``_SAGEGEN_SESSION``, ``_STOCK_CALL``); the routed stock call runs under torch.compile, on CPU without the
+Triton interpreter, for fp32 models, other norms or tables, or an attention override. Under context
+parallelism the fused call runs on the rank's tokens and rows of the tables, as diffusers' plan splits them.
 Imports diffusers.
 """
 
@@ -43,7 +44,8 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, attention_
     hidden_states [B, N, C] (encoder_hidden_states [B, M, C_text] for cross-attention) -> [B, N, C]."""
     session = _SAGEGEN_SESSION
     args = (self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-    if not _backend_copy_can_fuse(session, self, hidden_states, getattr(attn.to_q, "weight", None)):
+    # under context parallelism each rank holds its tokens' rows of the rotary tables (diffusers' LTX plan)
+    if not _backend_copy_can_fuse(session, self, hidden_states, getattr(attn.to_q, "weight", None), split_ok=True):
         return _STOCK_CALL(*args)
     context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
     heads, dtype = attn.heads, hidden_states.dtype
