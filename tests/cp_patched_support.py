@@ -365,3 +365,48 @@ def patched_ltx_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
 
 def run_patched_ltx(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
     return spawn_ranks(patched_ltx_worker, tmp_path, "patched_ltx", ulysses, ring, seed)
+
+
+def patched_qwen_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+    """`sagegen.patch` on tiny Qwen-Image (bf16, 256 image + 8 text tokens, 3 of them padding) in one process
+    and under diffusers' own plan: the fused joint prologue on each rank's tokens, its (text, image) segments
+    handed to the split; rank 0 writes differences and counters."""
+    import sagegen
+    from dispatch_models import tiny_qwenimage
+    from patch_support import half_model_with_distinct_norms
+    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch import patch_info
+
+    cpu_device_count_one()
+    init_gloo(rank, world, init_file)
+    try:
+        backend = register_test_backend()
+        model, inputs = tiny_qwenimage(seed % 1000)
+        gen = torch.Generator().manual_seed(seed)
+        mask = torch.ones(1, 8, dtype=torch.long)
+        mask[:, 5:] = 0  # at 2 ranks, rank 1's text chunk is part padding
+        # 256 image tokens: the kernels' 64-key blocks see the split's token order
+        inputs.update(hidden_states=torch.randn(1, 256, 16, generator=gen), img_shapes=[(1, 16, 16)],
+                      encoder_hidden_states=torch.randn(1, 8, 16, generator=gen), encoder_hidden_states_mask=mask)
+        model, inputs = half_model_with_distinct_norms(model, inputs, "cpu", seed % 1000)
+        res, outs = {}, {}
+        with torch.no_grad():
+            outs["exact"] = model(**inputs)[0]
+            for cp in (False, True):
+                if cp:
+                    enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
+                with sagegen.patched(model, backend="reference"):
+                    outs[cp] = model(**inputs)[0]
+                    res[f"stats_cp{int(cp)}"] = dict(patch_info(model)["stats"])
+        if rank == 0:
+            record_errors(res, None, outs[True], outs[False], outs["exact"])
+            res["nan"] = int(sum(o.isnan().sum() for o in outs.values()))
+            res["layers"] = len(model.transformer_blocks)
+            write_result(out_path, res)
+    finally:
+        _leave()
+    _exit_cleanly()
+
+
+def run_patched_qwen(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
+    return spawn_ranks(patched_qwen_worker, tmp_path, "patched_qwen", ulysses, ring, seed)

@@ -123,6 +123,16 @@ def _is_sagegen(backend) -> bool:
     return backend is not None and getattr(backend, "value", backend) == BACKEND_NAME
 
 
+def split_segments(processor, *lengths: int) -> dict | None:
+    """``attention_kwargs`` for a joint call (parts of these lengths, in order) that a processor hands to
+    diffusers' dispatcher: under context parallelism with sagegen's backend, its segments, so that a Ulysses
+    split attends in one process's token order (`parallel.context_parallel_attention`); else None."""
+    if getattr(processor, "_parallel_config", None) is None:
+        return None
+    backend = getattr(processor, "_attention_backend", None)
+    return {"_sagegen_segments": tuple(lengths)} if _is_sagegen(backend or _active_backend()) else None
+
+
 def _cp_dispatch(original, session, sparse: bool = False):
     """Under diffusers' context parallelism (``enable_parallelism``): a function (q, k, v [B, N, H, D] of this
     rank's tokens) -> [B, N, H, D] that hands the fused call's attention to diffusers' dispatcher, which splits

@@ -77,15 +77,13 @@ def key_mask_call(self, attn, hidden_states, encoder_hidden_states=None, attenti
 
 
 def _segments(processor, n_video: int, n_text: int) -> dict | None:
-    """Under context parallelism with sagegen's backend: the joint call's (video, text) lengths, so that a
-    Ulysses split attends in one process's [all video, all text] order (`parallel.context_parallel_attention`;
-    the text padding then stays a valid prefix of the keys)."""
-    if not n_text or getattr(processor, "_parallel_config", None) is None:
+    """Under context parallelism with sagegen's backend: the joint call's (video, text) lengths
+    (`fused_common.split_segments`; the text padding then stays a valid prefix of the keys)."""
+    if not n_text:
         return None
-    from .fused_common import _active_backend, _is_sagegen
+    from .fused_common import split_segments
 
-    backend = getattr(processor, "_attention_backend", None)
-    return {"_sagegen_segments": (n_video, n_text)} if _is_sagegen(backend or _active_backend()) else None
+    return split_segments(processor, n_video, n_text)
 
 
 class KeyMaskProcessor(HunyuanVideo15AttnProcessor2_0):

@@ -14,9 +14,10 @@ elements).
 The backend route (`backend_route.rebind_backend`) runs a copy of `fused_call` whose globals it sets:
 ``dispatch_attention_fn`` (the routed dispatcher), ``_SAGEGEN_SESSION`` (the patch session: `fuse_prologue`,
 counters; None in the full-precision copy) and ``_STOCK_CALL`` (the routed copy of the stock ``__call__``).
-The stock call runs whenever the fused one would not reproduce it: under torch.compile or context
-parallelism, on CPU without the Triton interpreter, for fp32 models, another norm, table or mask form, or an
-attention override. Imports diffusers.
+The stock call runs whenever the fused one would not reproduce it: under torch.compile, on CPU without the
+Triton interpreter, for fp32 models, another norm, table or mask form, or an attention override. Under
+diffusers' context parallelism the fused call runs on the rank's tokens and table rows and hands the split its
+(text, image) segments, so a Ulysses split attends in one process's token order. Imports diffusers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
-from .fused_common import _backend_copy_can_fuse, _joint_buffers
+from .fused_common import _backend_copy_can_fuse, _joint_buffers, split_segments
 from .fused_joint import _diffusers_rms_params
 from .rebind import equivalent_for
 
@@ -47,7 +48,8 @@ def _fusable(session, self, attn, hidden_states, encoder_hidden_states, attentio
     if attention_mask is not None or not (isinstance(encoder_hidden_states, torch.Tensor)
                                           and encoder_hidden_states.dim() == 3):
         return False  # (the stock call raises for a mask or a missing text stream)
-    return _backend_copy_can_fuse(session, self, hidden_states, getattr(attn.to_q, "weight", None))
+    # under context parallelism: each rank's text and image tokens and table rows (diffusers' Qwen-Image plan)
+    return _backend_copy_can_fuse(session, self, hidden_states, getattr(attn.to_q, "weight", None), split_ok=True)
 
 
 def fused_call(self, attn, hidden_states, encoder_hidden_states=None, encoder_hidden_states_mask=None,
@@ -84,7 +86,8 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, encoder_hi
                               (image, slice(n_txt, None), norms[:2], tables[0])],
                              heads, head_dim, round_before_weight=True)
     out = dispatch_attention_fn(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                                backend=self._attention_backend, parallel_config=self._parallel_config)
+                                backend=self._attention_backend, parallel_config=self._parallel_config,
+                                attention_kwargs=split_segments(self, n_txt, n_img))
     out = out.flatten(2, 3).to(dtype)
     img_out = attn.to_out[0](out[:, n_txt:].contiguous())
     if len(attn.to_out) > 1:
