@@ -211,7 +211,8 @@ def run_patched_hunyuan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda
 
 def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
     """`sagegen.patch` on the tiny Flux transformer (bf16; diffusers' own plan) in one process and under context
-    parallelism: the fused joint prologue ([text, image] with rotary embeddings) on every joint call."""
+    parallelism: the fused joint prologue ([text, image] with rotary embeddings) on every joint call, with the
+    parts' lengths handed to the split (the single block's from its text length)."""
     import sagegen
     from sagegen.models.tiny import build_tiny_transformer
     from sagegen.parallel import enable_context_parallel
@@ -221,8 +222,13 @@ def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -
     init_gloo(rank, world, init_file)
     try:
         backend = register_test_backend()
+        gen = torch.Generator().manual_seed(seed)
+        inputs = model_inputs("flux", gen)
+        # 256 image tokens (16 x 16): the kernels' 64-key blocks see the split's token order
+        inputs.update(hidden_states=torch.randn(1, 256, 16, generator=gen), img_ids=torch.stack(
+            [torch.zeros(256), torch.arange(256) // 16, torch.arange(256) % 16], -1).float())
         inputs = {k: (v.to(torch.bfloat16) if k in ("hidden_states", "encoder_hidden_states", "pooled_projections")
-                      else v) for k, v in model_inputs("flux", torch.Generator().manual_seed(seed)).items()}
+                      else v) for k, v in inputs.items()}
         model = build_tiny_transformer("flux", seed=seed % 100, dtype=torch.bfloat16)
         res, outs = {}, {}
         with torch.no_grad():

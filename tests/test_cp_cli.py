@@ -213,5 +213,5 @@ def test_sparse_with_cp_only_for_wan_and_hunyuan_under_ulysses(monkeypatch, tmp_
         job("tiny-wan2.1", "ring=2")
     with pytest.raises(UsageProblem, match="Ulysses-only split.*ring=2"):
         job("tiny-hunyuanvideo", "ring=2")
-    with pytest.raises(UsageProblem, match="only for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 models.*tiny-flux"):
+    with pytest.raises(UsageProblem, match="only for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 models.*flux"):
         job("tiny-flux", "ulysses=2")

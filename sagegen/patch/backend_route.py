@@ -13,9 +13,9 @@ one graph; a `PrecisionPolicy` picks between two such copies (quantized, full pr
 Where sagegen has an equivalent of a processor's ``__call__`` that spares the backend work, the copy is made of
 that instead (`call_for`): HunyuanVideo-1.5's main blocks hand over a key mask [B, 1, 1, S] rather than the
 [B, 1, S, S] mask the stock processor builds on every call (`hunyuanvideo15`); Qwen-Image's joint attention
-and LTX-Video's attention get their Q/K norms and rotary embeddings fused (`qwenimage`, `ltx`), falling back to the routed stock call
-(``_STOCK_CALL`` in the copy's globals). The processor object itself is never replaced: the copy runs with it
-as ``self``.
+and LTX-Video's attention get their Q/K norms and rotary embeddings fused (`qwenimage`, `ltx`), falling back to
+the routed stock call (``_STOCK_CALL`` in the copy's globals). The processor object itself is never replaced:
+the copy runs with it as ``self``.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ instance's ``forward``) keeps diffusers' hooks (context parallelism, caching) wo
 first: one installed after wraps the fused forward; one installed before holds the stock forward it wrapped,
 which `fused_common.swap_class` re-points at the fused one (and back on `remove`) (tests/test_residual_norm.py).
 The subclass runs the stock forward under torch.compile (inductor fuses these ops itself), on CPU
-outside the Triton interpreter, when gradients are recorded, and for anything it does not reproduce: norms of another kind, fp32 models,
-modulation of unexpected shapes. `remove` restores the class; the outputs are then bit-identical to stock.
+outside the Triton interpreter, when gradients are recorded, and for anything it does not reproduce: norms of
+another kind, fp32 models, modulation of unexpected shapes. `remove` restores the class; the outputs are then
+bit-identical to stock.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import torch
 
 from ..linear.shared import sharing
 from . import fused_blocks_sd3 as _sd3
-from .fused_common import diffusers_class
+from .fused_common import TEXT_LEN, diffusers_class
 
 _MODULE = "diffusers.models.transformers.transformer_flux"
 
@@ -83,7 +83,7 @@ def single_forward(self, stock, can_run, residual_norm, hidden_states, encoder_h
     _, n = residual_norm(h, scale=scale, shift=shift, eps=norm.norm.eps)
     with sharing():  # proj_mlp and the Q/K/V projections read the same n: one FP8 quantization of it
         mlp = self.proj_mlp(n)
-        attn = self.attn(hidden_states=n, image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+        attn = _single_attention(self.attn, text_len, n, image_rotary_emb, joint_attention_kwargs)
     if getattr(self.proj_out, "fuse_cat_gelu", False):  # FP8: GELU and concatenation inside the quantization
         y = self.proj_out.cat_gelu(attn, mlp)
     else:
@@ -92,3 +92,17 @@ def single_forward(self, stock, can_run, residual_norm, hidden_states, encoder_h
     if h.dtype == torch.float16:
         h = h.clip(-65504, 65504)
     return h[:, :text_len], h[:, text_len:]
+
+
+def _single_attention(attn, text_len: int, n, image_rotary_emb, joint_attention_kwargs):
+    """The single block's attention over its [text, image] rows ``n``. The processor gets one joint tensor, so
+    the text length travels as a module attribute for the call (eager only): under context parallelism the
+    fused call hands the split these (text, image) lengths (`fused_joint.flux_call`)."""
+    eager = not torch.compiler.is_compiling()
+    if eager:
+        attn.__dict__[TEXT_LEN] = text_len
+    try:
+        return attn(hidden_states=n, image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+    finally:
+        if eager:
+            attn.__dict__.pop(TEXT_LEN, None)

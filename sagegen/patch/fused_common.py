@@ -27,9 +27,9 @@ def diffusers_class(module: str, name: str):
 
 def forward_subclass(cls: type, fused, marker: str, cache: dict, module: str) -> type:
     """A subclass of ``cls`` whose forward is ``fused(self, stock_forward, *args, **kwargs)``, made once per class
-    (``cache``), flagged by the class attribute ``marker`` and placed in ``module``. It keeps ``cls``'s name, so class-name lookups
-    (no-split modules, hooks) still match; swapping an instance's class (not its ``forward``) keeps diffusers'
-    hooks working."""
+    (``cache``), flagged by the class attribute ``marker`` and placed in ``module``. It keeps ``cls``'s name, so
+    class-name lookups (no-split modules, hooks) still match; swapping an instance's class (not its
+    ``forward``) keeps diffusers' hooks working."""
     sub = cache.get(cls)
     if sub is None:
         stock = cls.forward
@@ -121,6 +121,11 @@ def _is_sagegen(backend) -> bool:
     from .diffusers_backend import BACKEND_NAME
 
     return backend is not None and getattr(backend, "value", backend) == BACKEND_NAME
+
+
+# a Flux single block's text length, set on its attention module for the call (`fused_blocks_flux`): its joint
+# call under context parallelism hands the split the (text, image) lengths (`fused_joint.flux_call`)
+TEXT_LEN = "_sagegen_text_len"
 
 
 def split_segments(processor, *lengths: int) -> dict | None:
@@ -219,15 +224,17 @@ def _joint_buffers(parts, heads: int, head_dim: int, **kernel_options) -> list[t
     return joint
 
 
-def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, parallel=None,
+def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, parallel=None, segments=None,
                      **kernel_options) -> torch.Tensor:
     """One attention call over the `_joint_buffers` of ``parts``, routed by the session, or handed to
     ``parallel`` (`_cp_dispatch`'s function, with ``mask`` as the processor would pass it and the parts'
-    lengths as segments). Returns the attention output [B, tokens, H·D]."""
+    lengths as segments, or ``segments`` for one part that joins several). Returns the attention output
+    [B, tokens, H·D]."""
     joint = _joint_buffers(parts, heads, head_dim, **kernel_options)
     if parallel is not None:
-        ordered = sorted(parts, key=lambda p: p[1].start or 0)  # (each part's token slice)
-        segments = [p[0][0].shape[1] for p in ordered] if len(parts) > 1 else None
+        if segments is None and len(parts) > 1:
+            ordered = sorted(parts, key=lambda p: p[1].start or 0)  # (each part's token slice)
+            segments = [p[0][0].shape[1] for p in ordered]
         return parallel(*joint, mask, segments).flatten(2, 3).to(joint[0].dtype)
     hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view SDPA takes
     out = session.route(tuple(hnd(t) for t in joint), {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False})

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..api import triton_interpret
-from .fused_common import (_HALF, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run, _native_dispatch,
-                           _rope_pair)
+from .fused_common import (_HALF, TEXT_LEN, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run,
+                           _native_dispatch, _rope_pair)
 
 
 def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):
@@ -139,7 +139,12 @@ def flux_call(original, session, attn, args, kwargs):
     if joint_text:
         parts.append((projections[3:], slice(0, n_txt), norms[2:]))
     parts = [(qkv, rows, n, (rope[0][rows], rope[1][rows]) if rope is not None else None) for qkv, rows, n in parts]
-    out = _joint_attention(session, parts, heads, head_dim, parallel=parallel, per_channel_rope=True)
+    segments = None
+    if parallel is not None and not joint_text:  # a single block's [text, image] rows (`fused_blocks_flux`)
+        text_len = attn.__dict__.get(TEXT_LEN)
+        segments = (text_len, n_img - text_len) if isinstance(text_len, int) and 0 < text_len < n_img else None
+    out = _joint_attention(session, parts, heads, head_dim, parallel=parallel, segments=segments,
+                           per_channel_rope=True)
     if not joint_text:
         return out
     encoder_out, out = out.split_with_sizes([n_txt, n_img], dim=1)
@@ -185,7 +190,8 @@ def hunyuan_call(original, session, attn, args, kwargs):
     else:  # single-stream: one projection of the joint tokens; the video part rotated, the text part not
         joint_in = torch.cat([hidden_states, encoder_hidden_states], dim=1)
         q, k, v = attn.to_q(joint_in), attn.to_k(joint_in), attn.to_v(joint_in)
-        parts = [((q[:, vid], k[:, vid], v[:, vid]), vid, norms, rope), ((q[:, txt], k[:, txt], v[:, txt]), txt, norms, None)]
+        parts = [((q[:, vid], k[:, vid], v[:, vid]), vid, norms, rope),
+                 ((q[:, txt], k[:, txt], v[:, txt]), txt, norms, None)]
     mask = a.get("attention_mask")
     if parallel is None and isinstance(mask, torch.Tensor) and mask.dim() == 2:
         mask = mask[:, None, None, :]  # [B, S], as the routed dispatcher reads it (the CP dispatcher reads it too)

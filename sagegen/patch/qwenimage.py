@@ -75,7 +75,8 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, encoder_hi
     if image_rotary_emb is not None:
         img_freqs, txt_freqs = image_rotary_emb
         tables = (_pair_tables(img_freqs, n_img, heads, head_dim), _pair_tables(txt_freqs, n_txt, heads, head_dim))
-    if any(t.dtype != dtype or t.shape[-1] != heads * head_dim for t in image + text) or any(t is False for t in tables):
+    if (any(t.dtype != dtype or t.shape[-1] != heads * head_dim for t in image + text)
+            or any(t is False for t in tables)):
         return _STOCK_CALL(*args)  # (the projections already ran: rare shapes only, never a supported model)
 
     mask = None
@@ -97,6 +98,6 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, encoder_hi
 
 
 def fused_call_for(processor):
-    """`fused_call` where ``processor`` runs the stock ``QwenDoubleStreamAttnProcessor2_0.__call__`` (of the signature it mirrors);
-    None otherwise (the processor's own ``__call__`` runs)."""
+    """`fused_call` where ``processor`` runs the stock ``QwenDoubleStreamAttnProcessor2_0.__call__`` (of the
+    signature it mirrors); None otherwise (the processor's own ``__call__`` runs)."""
     return equivalent_for(processor, QwenDoubleStreamAttnProcessor2_0.__call__, fused_call)
