@@ -156,6 +156,34 @@ def test_run_hunyuanvideo15_ring_2_under_torchrun(tmp_path):
 
 
 @pytest.mark.slow
+def test_run_hunyuanvideo15_sparse_under_ulysses(tmp_path):
+    """`torchrun ... run tiny-hunyuanvideo-1.5 --cp ulysses=2 --sparse ...`: on both ranks every main-block call
+    goes through sagegen's CP (its key-mask call on the patch's backend route, with its segments) and runs
+    block-sparse; the manifest records each rank's density."""
+    import json
+    import subprocess
+    import sys
+
+    from sagegen.rundir import RunDir
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sagegen.cli.app", "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "2",
+           "--quiet", "--cp", "ulysses=2", "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    m = json.loads(RunDir(out).manifest_path.read_text())
+    for rank in ("rank0", "rank1"):
+        setup = m["setup"]["sage"][rank]
+        calls = setup["attention_calls"]
+        # 2 steps x 2 main blocks (with CFG as its guider runs it), split and sparse; the refiner stays dense
+        assert calls.get("sparse_calls", 0) >= 4 and calls["sparse_calls"] == calls["context_parallel"], calls
+        assert not calls.get("sparse_dense_unordered") and not calls.get("fallback"), calls
+        assert 0 < setup["sparse"]["density"]["overall"] <= 1, setup["sparse"]
+
+
+@pytest.mark.slow
 def test_bench_cp_smoke_reuses_its_one_gpu_baselines(tmp_path):
     """bench/bench_cp.py on two gloo processes (the --cpu-smoke models): the first launch measures and keeps
     the one-process baselines, a second launch with another split reuses them; both reports are complete,
