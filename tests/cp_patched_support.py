@@ -209,7 +209,7 @@ def run_patched_hunyuan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda
     return spawn_ranks(patched_hunyuan_worker, tmp_path, "patched_hunyuan", ulysses, ring, seed, cuda)
 
 
-def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:
     """`sagegen.patch` on the tiny Flux transformer (bf16; diffusers' own plan) in one process and under context
     parallelism: the fused joint prologue ([text, image] with rotary embeddings) on every joint call, with the
     parts' lengths handed to the split (the single block's from its text length)."""
@@ -218,25 +218,28 @@ def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -
     from sagegen.parallel import enable_context_parallel
     from sagegen.patch import patch_info
 
-    cpu_device_count_one()
-    init_gloo(rank, world, init_file)
+    if not cuda:
+        cpu_device_count_one()
+    init_gloo(rank, world, init_file, cuda=cuda)
     try:
         backend = register_test_backend()
+        device, kernel = (f"cuda:{rank}", "triton") if cuda else ("cpu", "reference")
         gen = torch.Generator().manual_seed(seed)
         inputs = model_inputs("flux", gen)
         # 256 image tokens (16 x 16): the kernels' 64-key blocks see the split's token order
         inputs.update(hidden_states=torch.randn(1, 256, 16, generator=gen), img_ids=torch.stack(
             [torch.zeros(256), torch.arange(256) // 16, torch.arange(256) % 16], -1).float())
-        inputs = {k: (v.to(torch.bfloat16) if k in ("hidden_states", "encoder_hidden_states", "pooled_projections")
-                      else v) for k, v in inputs.items()}
-        model = build_tiny_transformer("flux", seed=seed % 100, dtype=torch.bfloat16)
+        inputs = {k: (v.to(device, torch.bfloat16) if k in ("hidden_states", "encoder_hidden_states",
+                                                             "pooled_projections")
+                      else v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+        model = build_tiny_transformer("flux", seed=seed % 100, dtype=torch.bfloat16).to(device)
         res, outs = {}, {}
         with torch.no_grad():
             exact = model(**inputs)[0]
             for cp in (False, True):
                 if cp:
                     enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
-                with sagegen.patched(model, backend="reference"):
+                with sagegen.patched(model, backend=kernel):
                     outs[cp] = model(**inputs)[0]
                     res[f"stats_cp{int(cp)}"] = dict(patch_info(model)["stats"])
         if rank == 0:
@@ -249,8 +252,8 @@ def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed) -
     _exit_cleanly()
 
 
-def run_patched_flux(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
-    return spawn_ranks(patched_flux_worker, tmp_path, "patched_flux", ulysses, ring, seed)
+def run_patched_flux(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
+    return spawn_ranks(patched_flux_worker, tmp_path, "patched_flux", ulysses, ring, seed, cuda)
 
 
 def hunyuan15_inputs(gen: torch.Generator, device="cpu", side: int = 16) -> dict:
@@ -323,7 +326,7 @@ def run_patched_hunyuan15(tmp_path: Path, ulysses: int, ring: int, seed: int, cu
     return spawn_ranks(patched_hunyuan15_worker, tmp_path, "patched_hunyuan15", ulysses, ring, seed, cuda)
 
 
-def patched_ltx_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+def patched_ltx_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:
     """`sagegen.patch(sparse=)` on tiny LTX-Video (bf16, 512 video tokens) in one process and under diffusers'
     own plan: its self-attention (the backend route) is video only, so a Ulysses split gathers its keys in one
     process's order and top-k runs there unchanged; rank 0 writes differences and counters."""
@@ -333,17 +336,20 @@ def patched_ltx_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
     from sagegen.parallel import enable_context_parallel
     from sagegen.patch import patch_info, sparse_density
 
-    cpu_device_count_one()
-    init_gloo(rank, world, init_file)
+    if not cuda:
+        cpu_device_count_one()
+    init_gloo(rank, world, init_file, cuda=cuda)
     try:
         backend = register_test_backend()
-        model = build_tiny_class("ltx", seed=seed % 1000, dtype=torch.bfloat16)
+        device, kernel = (f"cuda:{rank}", "triton") if cuda else ("cpu", "reference")
+        model = build_tiny_class("ltx", seed=seed % 1000, dtype=torch.bfloat16).to(device)
         gen = torch.Generator().manual_seed(seed)
         inputs = dict(hidden_states=torch.randn(1, 2 * 16 * 16, model.config.in_channels, generator=gen).bfloat16(),
                       encoder_hidden_states=torch.randn(1, 12, 32, generator=gen).bfloat16(),
                       timestep=torch.full((1,), 500.0), encoder_attention_mask=torch.ones(1, 12, dtype=torch.long),
                       num_frames=2, height=16, width=16, rope_interpolation_scale=(8 / 25.0, 32, 32),
                       return_dict=False)
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         sparse = SparseConfig(mode="topk", value=0.25, min_tokens=0, dense_steps=0.0, dense_blocks=())
         res, outs = {}, {}
         with torch.no_grad():
@@ -352,7 +358,7 @@ def patched_ltx_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
                 if cp:
                     enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
                 for name, kw in (("dense", {}), ("sparse", {"sparse": sparse})):
-                    with sagegen.patched(model, backend="reference", **kw):
+                    with sagegen.patched(model, backend=kernel, **kw):
                         outs[(cp, name)] = model(**inputs)[0]
                         res[f"stats_cp{int(cp)}_{name}"] = dict(patch_info(model)["stats"])
                         if kw:
@@ -369,11 +375,11 @@ def patched_ltx_worker(rank, world, ulysses, ring, init_file, out_path, seed) ->
     _exit_cleanly()
 
 
-def run_patched_ltx(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
-    return spawn_ranks(patched_ltx_worker, tmp_path, "patched_ltx", ulysses, ring, seed)
+def run_patched_ltx(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
+    return spawn_ranks(patched_ltx_worker, tmp_path, "patched_ltx", ulysses, ring, seed, cuda)
 
 
-def patched_qwen_worker(rank, world, ulysses, ring, init_file, out_path, seed) -> None:
+def patched_qwen_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:
     """`sagegen.patch` on tiny Qwen-Image (bf16, 256 image + 8 text tokens, 3 of them padding) in one process
     and under diffusers' own plan: the fused joint prologue on each rank's tokens, its (text, image) segments
     handed to the split; rank 0 writes differences and counters."""
@@ -383,10 +389,12 @@ def patched_qwen_worker(rank, world, ulysses, ring, init_file, out_path, seed) -
     from sagegen.parallel import enable_context_parallel
     from sagegen.patch import patch_info
 
-    cpu_device_count_one()
-    init_gloo(rank, world, init_file)
+    if not cuda:
+        cpu_device_count_one()
+    init_gloo(rank, world, init_file, cuda=cuda)
     try:
         backend = register_test_backend()
+        device, kernel = (f"cuda:{rank}", "triton") if cuda else ("cpu", "reference")
         model, inputs = tiny_qwenimage(seed % 1000)
         gen = torch.Generator().manual_seed(seed)
         mask = torch.ones(1, 8, dtype=torch.long)
@@ -394,14 +402,14 @@ def patched_qwen_worker(rank, world, ulysses, ring, init_file, out_path, seed) -
         # 256 image tokens: the kernels' 64-key blocks see the split's token order
         inputs.update(hidden_states=torch.randn(1, 256, 16, generator=gen), img_shapes=[(1, 16, 16)],
                       encoder_hidden_states=torch.randn(1, 8, 16, generator=gen), encoder_hidden_states_mask=mask)
-        model, inputs = half_model_with_distinct_norms(model, inputs, "cpu", seed % 1000)
+        model, inputs = half_model_with_distinct_norms(model, inputs, device, seed % 1000)
         res, outs = {}, {}
         with torch.no_grad():
             outs["exact"] = model(**inputs)[0]
             for cp in (False, True):
                 if cp:
                     enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=backend)
-                with sagegen.patched(model, backend="reference"):
+                with sagegen.patched(model, backend=kernel):
                     outs[cp] = model(**inputs)[0]
                     res[f"stats_cp{int(cp)}"] = dict(patch_info(model)["stats"])
         if rank == 0:
@@ -414,5 +422,5 @@ def patched_qwen_worker(rank, world, ulysses, ring, init_file, out_path, seed) -
     _exit_cleanly()
 
 
-def run_patched_qwen(tmp_path: Path, ulysses: int, ring: int, seed: int) -> dict:
-    return spawn_ranks(patched_qwen_worker, tmp_path, "patched_qwen", ulysses, ring, seed)
+def run_patched_qwen(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
+    return spawn_ranks(patched_qwen_worker, tmp_path, "patched_qwen", ulysses, ring, seed, cuda)

@@ -217,14 +217,18 @@ def test_patched_flux_under_context_parallelism(tmp_path, seed, ulysses, ring):
     (Q/K norms and rotary embeddings into [text, image] buffers) runs on the double and the single block and
     hands each call to sagegen's CP with its (text, image) lengths; under Ulysses the output equals one process
     bit for bit, under Ring it stays within sagegen's error of the stock model."""
-    res = cp_patched_support.run_patched_flux(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
+    check_patched_flux(cp_patched_support.run_patched_flux(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
+
+
+def check_patched_flux(res: dict, ring: int, bitwise: bool = True) -> None:
+    """``bitwise``: as in `check_patched_wan`."""
     assert res["nan"] == 0
     assert res["stats_cp0"]["fused_qk_prologue"] == 2 and "context_parallel" not in res["stats_cp0"], res
     cp = res["stats_cp1"]
     assert cp["fused_qk_prologue"] == 2 and cp["context_parallel"] == 2 and not cp.get("fallback"), res
     err = res["rel_l1_single_vs_stock"]
     assert 0 < err < 0.1 and res["rel_l1_cp_vs_stock"] <= (1.3 if ring == 1 else 1.6) * err, res
-    if ring == 1:  # the double and the single block attend in one process's token order
+    if ring == 1 and bitwise:  # the double and the single block attend in one process's token order
         assert res["rel_l1_cp_vs_single"] == 0.0, res
 
 
@@ -266,8 +270,11 @@ def test_patched_ltx_sparse_under_ulysses(tmp_path, seed):
     processes): its fused Q/K prologue runs on each rank's tokens, and its self-attention is video only, so the
     split's keys come in one process's order and each rank runs the top-k policy on its heads: the output
     equals one process bit for bit, dense and sparse."""
-    res = cp_patched_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed)
-    print(res)
+    check_patched_ltx(cp_patched_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed))
+
+
+def check_patched_ltx(res: dict, bitwise: bool = True) -> None:
+    """Ulysses 2; ``bitwise``: as in `check_patched_wan`."""
     layers = res["layers"]
     assert res["nan"] == 0
     for cp in (0, 1):
@@ -278,7 +285,10 @@ def test_patched_ltx_sparse_under_ulysses(tmp_path, seed):
         assert res[f"stats_cp{cp}_dense"]["fused_qk_prologue"] == 2 * layers, res
     assert res["stats_cp1_sparse"]["context_parallel"] == 2 * layers, res
     assert res["rel_l1_sparse_vs_dense"] > 0.3 * res["rel_l1_single_vs_stock_dense"], res
-    assert res["rel_l1_cp_vs_single_dense"] == res["rel_l1_cp_vs_single_sparse"] == 0.0, res
+    if bitwise:
+        assert res["rel_l1_cp_vs_single_dense"] == res["rel_l1_cp_vs_single_sparse"] == 0.0, res
+    for name in ("dense", "sparse"):
+        assert res[f"rel_l1_cp_vs_stock_{name}"] <= 1.3 * res[f"rel_l1_single_vs_stock_{name}"], res
 
 
 @pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
@@ -287,8 +297,11 @@ def test_patched_qwenimage_under_context_parallelism(tmp_path, seed, ulysses, ri
     rank 1's chunk): the fused joint prologue runs on each rank's tokens and hands the split its (text, image)
     segments, so under Ulysses the output equals one process bit for bit; under Ring it stays within sagegen's
     error of the stock model."""
-    res = cp_patched_support.run_patched_qwen(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
-    print(res)
+    check_patched_qwen(cp_patched_support.run_patched_qwen(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
+
+
+def check_patched_qwen(res: dict, ring: int, bitwise: bool = True) -> None:
+    """``bitwise``: as in `check_patched_wan`."""
     layers = res["layers"]
     assert res["nan"] == 0
     assert res["stats_cp0"]["fused_qk_prologue"] == layers and "context_parallel" not in res["stats_cp0"], res
@@ -296,7 +309,7 @@ def test_patched_qwenimage_under_context_parallelism(tmp_path, seed, ulysses, ri
     assert cp["fused_qk_prologue"] == layers and cp["context_parallel"] == layers and not cp.get("fallback"), res
     err = res["rel_l1_single_vs_stock_None"]
     assert 0 < err < 0.1, res
-    if ring == 1:
+    if ring == 1 and bitwise:
         assert res["rel_l1_cp_vs_single_None"] == 0.0, res
     else:
-        assert res["rel_l1_cp_vs_stock_None"] <= 1.6 * err, res
+        assert res["rel_l1_cp_vs_stock_None"] <= (1.3 if ring == 1 else 1.6) * err, res
