@@ -6,6 +6,7 @@ attention."""
 import pytest
 
 import cp_patched_support
+import cp_route_support
 import cp_support
 from sagegen.parallel import ContextParallelUnsupported, check_cp_support
 from sagegen.parallel.attention import _validate
@@ -238,7 +239,7 @@ def test_patched_hunyuanvideo15_sparse_under_context_parallelism(tmp_path, seed,
     its main blocks run on the patch's backend route, whose calls carry their (video, text) segments, so under
     Ulysses each rank ranks the blocks in one process's order, with the text keys kept (bit-identical to one
     process). Under Ring the calls stay dense, counted."""
-    check_patched_hunyuan15(cp_patched_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring,
+    check_patched_hunyuan15(cp_route_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring,
                                                                      seed=seed), ring)
 
 
@@ -270,7 +271,7 @@ def test_patched_ltx_sparse_under_ulysses(tmp_path, seed):
     processes): its fused Q/K prologue runs on each rank's tokens, and its self-attention is video only, so the
     split's keys come in one process's order and each rank runs the top-k policy on its heads: the output
     equals one process bit for bit, dense and sparse."""
-    check_patched_ltx(cp_patched_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed))
+    check_patched_ltx(cp_route_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed))
 
 
 def check_patched_ltx(res: dict, bitwise: bool = True) -> None:
@@ -297,19 +298,20 @@ def test_patched_qwenimage_under_context_parallelism(tmp_path, seed, ulysses, ri
     rank 1's chunk): the fused joint prologue runs on each rank's tokens and hands the split its (text, image)
     segments, so under Ulysses the output equals one process bit for bit; under Ring it stays within sagegen's
     error of the stock model."""
-    check_patched_qwen(cp_patched_support.run_patched_qwen(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
+    check_patched_qwen(cp_route_support.run_patched_qwen(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
 
 
 def check_patched_qwen(res: dict, ring: int, bitwise: bool = True) -> None:
     """``bitwise``: as in `check_patched_wan`."""
     layers = res["layers"]
     assert res["nan"] == 0
-    assert res["stats_cp0"]["fused_qk_prologue"] == layers and "context_parallel" not in res["stats_cp0"], res
-    cp = res["stats_cp1"]
+    single = res["stats_cp0_dense"]
+    assert single["fused_qk_prologue"] == layers and "context_parallel" not in single, res
+    cp = res["stats_cp1_dense"]
     assert cp["fused_qk_prologue"] == layers and cp["context_parallel"] == layers and not cp.get("fallback"), res
-    err = res["rel_l1_single_vs_stock_None"]
+    err = res["rel_l1_single_vs_stock_dense"]
     assert 0 < err < 0.1, res
     if ring == 1 and bitwise:
-        assert res["rel_l1_cp_vs_single_None"] == 0.0, res
+        assert res["rel_l1_cp_vs_single_dense"] == 0.0, res
     else:
-        assert res["rel_l1_cp_vs_stock_None"] <= (1.3 if ring == 1 else 1.6) * err, res
+        assert res["rel_l1_cp_vs_stock_dense"] <= (1.3 if ring == 1 else 1.6) * err, res

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import cp_patched_support
+import cp_route_support
 import cp_support
 from test_cp_attention import _check_ring, _check_ulysses
 from test_cp_models import (check_patched_flux, check_patched_hunyuan, check_patched_hunyuan15, check_patched_ltx,
@@ -50,7 +51,7 @@ def test_patched_hunyuanvideo_on_two_gpus(tmp_path, seed, ulysses, ring):
 def test_patched_hunyuanvideo15_sparse_on_two_gpus(tmp_path, seed, ulysses, ring):
     """sagegen.patch(sparse=) on HunyuanVideo-1.5 under CP on the GPUs: its key-mask calls with their segments,
     block-sparse on the Hopper kernel with each rank's text kept (tiny model, 535 tokens a sample)."""
-    check_patched_hunyuan15(cp_patched_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring,
+    check_patched_hunyuan15(cp_route_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring,
                                                                      seed=seed, cuda=True), ring, bitwise=False)
 
 
@@ -59,7 +60,7 @@ def test_patched_hunyuanvideo15_sparse_on_two_gpus(tmp_path, seed, ulysses, ring
 def test_patched_ltx_sparse_on_two_gpus(tmp_path, seed):
     """sagegen.patch(sparse=) on LTX-Video under Ulysses 2 on the GPUs: the fused per-channel rotary prologue on
     each rank's rows of the tables, top-k on the Hopper kernel (tiny model, 512 video tokens)."""
-    check_patched_ltx(cp_patched_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed, cuda=True),
+    check_patched_ltx(cp_route_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed, cuda=True),
                       bitwise=False)
 
 
@@ -71,7 +72,7 @@ def test_patched_qwenimage_and_flux_on_two_gpus(tmp_path, seed, ulysses, ring):
     their (text, image) segments (tiny models, 264 tokens)."""
     for name in ("qwen", "flux"):
         (tmp_path / name).mkdir()
-    check_patched_qwen(cp_patched_support.run_patched_qwen(tmp_path / "qwen", ulysses=ulysses, ring=ring, seed=seed,
+    check_patched_qwen(cp_route_support.run_patched_qwen(tmp_path / "qwen", ulysses=ulysses, ring=ring, seed=seed,
                                                            cuda=True), ring, bitwise=False)
     check_patched_flux(cp_patched_support.run_patched_flux(tmp_path / "flux", ulysses=ulysses, ring=ring, seed=seed,
                                                            cuda=True), ring, bitwise=False)
