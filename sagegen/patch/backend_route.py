@@ -92,7 +92,7 @@ def rebind_backend(original, session, member, full_precision: bool):
             if session.sparse is not None and parallel_config is None and not full_precision:
                 return _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             settings = getattr(session, attr)
-            if session.sparse is not None and parallel_config is not None and not full_precision:
+            if parallel_config is not None and not full_precision:
                 # split by diffusers' context parallelism: sparse under Ulysses, where a joint call's
                 # segments (HunyuanVideo-1.5's) give one process's token order
                 from .sparse_policy import split_settings

@@ -26,6 +26,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
+from .fused_common import split_segments
 from .rebind import call_function
 
 
@@ -62,7 +63,9 @@ def key_mask_call(self, attn, hidden_states, encoder_hidden_states=None, attenti
     out = dispatch_attention_fn(
         q, k, v, attn_mask=valid[:, None, None, :] if valid is not None else None, dropout_p=0.0,
         is_causal=False, backend=self._attention_backend, parallel_config=self._parallel_config,
-        attention_kwargs=_segments(self, q.shape[1] - n_text, n_text))
+        # under CP with sagegen's backend: the (video, text) lengths, so a Ulysses split attends in one
+        # process's order (the text padding then stays a valid prefix of the keys)
+        attention_kwargs=split_segments(self, q.shape[1] - n_text, n_text) if n_text else None)
     out = out.flatten(2, 3).to(q.dtype)
     if valid is not None:                        # a padding query sees no key in the model: output 0
         out = out * valid[..., None].to(out.dtype)
@@ -74,16 +77,6 @@ def key_mask_call(self, attn, hidden_states, encoder_hidden_states=None, attenti
     if getattr(attn, "to_add_out", None) is not None:
         text_out = attn.to_add_out(text_out)
     return out, text_out
-
-
-def _segments(processor, n_video: int, n_text: int) -> dict | None:
-    """Under context parallelism with sagegen's backend: the joint call's (video, text) lengths
-    (`fused_common.split_segments`; the text padding then stays a valid prefix of the keys)."""
-    if not n_text:
-        return None
-    from .fused_common import split_segments
-
-    return split_segments(processor, n_video, n_text)
 
 
 class KeyMaskProcessor(HunyuanVideo15AttnProcessor2_0):
