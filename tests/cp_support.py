@@ -131,13 +131,20 @@ def local_mask(name: str, mask, rank: int, world: int, s: int):
 
 
 def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_path: str, seed: int, s: int,
-           cuda: bool = False) -> None:
+           cuda: bool = False, one_call: bool = False) -> None:
+    """``one_call``: Ring attends once over the gathered keys (``ring_one_call``); every rank checks the query
+    offset its local call got (ring super-chunk ring_rank of U local chunks)."""
     from sagegen.parallel import context_parallel_attention, sagegen_local_attention
 
     init_gloo(rank, world, init_file, cuda)
     try:
         pc = parallel_config(ulysses, ring, "cuda" if cuda else "cpu")
         local = sagegen_local_attention(backend="triton" if cuda else "reference")
+        offsets = []
+
+        def local_call(q, k, v, attn_mask=None, scale=None, return_lse=False, q_offset=None):
+            offsets.append((q_offset, k.shape[1]))
+            return local(q, k, v, attn_mask, scale, return_lse, q_offset=q_offset)
         dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
         scale = D ** -0.5
         results = {}
@@ -150,7 +157,7 @@ def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_p
             part = slice(rank * sl, (rank + 1) * sl)
             out, lse = context_parallel_attention(
                 q[:, part], k[:, part], v[:, part], attn_mask=local_mask(name, mask, rank, world, s),
-                scale=scale, return_lse=True, parallel_config=pc, local_attention=local)
+                scale=scale, return_lse=True, parallel_config=pc, local_attention=local_call, ring_one_call=one_call)
             outs = [torch.empty_like(out) for _ in range(world)]
             lses = [torch.empty_like(lse) for _ in range(world)]
             dist.all_gather(outs, out.contiguous())
@@ -169,7 +176,10 @@ def worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_p
                     "lse_max_abs": float((cp_lse[finite] - one_lse[finite]).abs().max()),
                     "lse_inf_match": bool(torch.equal(torch.isfinite(cp_lse), finite)),
                 }
+        offsets_seen = [None] * world
+        dist.all_gather_object(offsets_seen, sorted(set(offsets)))
         if rank == 0:
+            results["local_calls"] = offsets_seen  # per rank: the (q_offset, keys) its local calls got
             tmp = Path(out_path).with_suffix(".tmp")
             tmp.write_text(json.dumps(results, indent=1))
             os.replace(tmp, out_path)
@@ -189,8 +199,9 @@ def spawn_ranks(target, tmp_path: Path, name: str, ulysses: int, ring: int, seed
     return json.loads(out.read_text())
 
 
-def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96, cuda: bool = False) -> dict:
-    return spawn_ranks(worker, tmp_path, "cp", ulysses, ring, seed, s, cuda)
+def run_topology(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96, cuda: bool = False,
+                 one_call: bool = False) -> dict:
+    return spawn_ranks(worker, tmp_path, "cp", ulysses, ring, seed, s, cuda, one_call)
 
 
 SEGMENT_CASES = ("none", "keypad", "additive", "perhead", "query_mask")

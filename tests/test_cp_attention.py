@@ -15,6 +15,7 @@ from sagegen.parallel.attention import _RingMerge
 
 
 def _check_ulysses(res):
+    res.pop("local_calls", None)
     for name, r in res.items():
         assert r["nan"] == 0, name
         # same per-head computation as one process: identical up to a bf16 rounding at most
@@ -24,6 +25,7 @@ def _check_ulysses(res):
 
 
 def _check_ring(res):
+    res.pop("local_calls", None)
     for name, r in res.items():
         e = r["rel_l1_single_vs_exact"]
         assert r["nan"] == 0, (name, r)
@@ -53,9 +55,29 @@ def test_ulysses_2(tmp_path, seed):
     _check_ulysses(cp_support.run_topology(tmp_path, ulysses=2, ring=1, seed=seed))
 
 
+def _local_calls(res, ulysses: int, ring: int, one_call: bool, s: int = 96) -> None:
+    """What each rank's local attention got: (q_offset, keys). Ring per chunk: no offset, a chunk of U local
+    chunks; one call: every key, the queries at ring super-chunk ring_rank (global rank g = ring_rank * U + u)."""
+    sl = s // (ulysses * ring)
+    for g, seen in enumerate(res.pop("local_calls")):
+        assert seen == ([[(g // ulysses) * ulysses * sl, s]] if one_call else [[None, ulysses * sl]]), (g, seen)
+
+
 def test_ring_3_fully_masked_chunk(tmp_path, seed):
     # the "keypad" and "additive" cases mask the whole last chunk of batch 0 at 3 ranks (defect c)
-    _check_ring(cp_support.run_topology(tmp_path, ulysses=1, ring=3, seed=seed))
+    res = cp_support.run_topology(tmp_path, ulysses=1, ring=3, seed=seed)
+    _local_calls(res, 1, 3, one_call=False)
+    _check_ring(res)
+
+
+@pytest.mark.parametrize("ulysses,ring", [(1, 3), pytest.param(2, 2, marks=pytest.mark.slow)])
+def test_ring_one_call_over_the_gathered_keys(tmp_path, seed, ulysses, ring):
+    """``ring_one_call`` (what block-sparse settings use): each rank attends once over every key, its queries
+    placed by ``q_offset``, with every mask case (a whole chunk of keys masked at 3 ranks, per-query masks, rows
+    with no key): as accurate as one process, the LSE as one process's."""
+    res = cp_support.run_topology(tmp_path, ulysses=ulysses, ring=ring, seed=seed, one_call=True)
+    _local_calls(res, ulysses, ring, one_call=True)
+    _check_ring(res)
 
 
 @pytest.mark.slow

@@ -150,22 +150,16 @@ def check_patched_wan(res: dict, ring: int, bitwise: bool = True) -> None:
     assert res["fp8_calls_cp1"] > 0 and res["fp8_calls_cp0"] == res["fp8_calls_cp1"], res
     assert res["rel_l1_single_vs_stock_fp8"] > res["rel_l1_single_vs_stock_None"]  # FP8 did run
     # sparse=: every self-attention sparse on one process; under Ulysses too (each rank ranks its heads' blocks
-    # over all keys), under Ring dense and counted
+    # over all keys), and under Ring (one call of the rank's queries over the gathered keys, its window placed)
     assert res["stats_cp0_sparse"]["sparse_calls"] == layers and 0.3 < res["density_cp0"] < 0.9, res
     err = res["rel_l1_single_vs_stock_dense"]
     assert res["rel_l1_sparse_vs_dense"] > 0.3 * err, res  # it skipped blocks that carry weight
-    if ring == 1:
-        assert res["stats_cp1_sparse"]["sparse_calls"] == layers, res
-        assert 0.3 < res["density_cp1"] < 0.9, res  # (each rank records its own heads' calls)
-        if bitwise:
-            assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res  # the same blocks as one process
-        else:
-            assert res["rel_l1_cp_vs_stock_sparse"] <= 1.3 * res["rel_l1_single_vs_stock_sparse"], res
+    assert res["stats_cp1_sparse"]["sparse_calls"] == layers, res
+    assert 0.3 < res["density_cp1"] < 0.9, res  # (each rank records its own heads' or queries' calls)
+    if bitwise:  # the same blocks as one process (Ring: the rank's rows of them, its query blocks aligned)
+        assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res
     else:
-        cp = res["stats_cp1_sparse"]
-        assert cp["sparse_dense_under_ring"] == layers and not cp.get("sparse_calls"), res
-        assert res["density_cp1"] is None, res  # nothing ran sparse
-        assert res["rel_l1_cp_vs_stock_sparse"] <= 1.6 * err, res
+        assert res["rel_l1_cp_vs_stock_sparse"] <= 1.3 * res["rel_l1_single_vs_stock_sparse"], res
 
 
 @pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
@@ -175,7 +169,7 @@ def test_patched_hunyuanvideo_under_context_parallelism(tmp_path, seed, ulysses,
     (video, text) segments, so under Ulysses every rank attends in one process's token order (bit-identical to
     one process, sparse included, with the text keys kept); the single block's fused FP8 cat-GELU projection
     runs although the mask hooks were installed before the patch; unpatching restores the hooked blocks' stock
-    forward. Under Ring: the same error as one process, sparse dense and counted."""
+    forward. Under Ring: the same error as one process; sparse calls (their text kept) dense, counted."""
     check_patched_hunyuan(cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed),
                           ring)
 
@@ -208,8 +202,8 @@ def check_patched_hunyuan(res: dict, ring: int, bitwise: bool = True) -> None:
             assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res  # the same blocks as one process
         else:
             assert res["rel_l1_cp_vs_stock_sparse"] <= 1.3 * err, res
-    else:
-        assert res["stats_cp1_sparse"]["sparse_dense_under_ring"] == 2 and not res["text_kept_cp1"], res
+    else:  # Ring: a joint call's parts interleave over the chunks, so with the text kept it stays dense
+        assert res["stats_cp1_sparse"]["sparse_dense_unordered"] == 2 and not res["text_kept_cp1"], res
 
 
 @pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
@@ -238,7 +232,7 @@ def test_patched_hunyuanvideo15_sparse_under_context_parallelism(tmp_path, seed,
     """`sagegen.patch(..., sparse=)` on HunyuanVideo-1.5 under context parallelism (tiny model, 2 gloo processes):
     its main blocks run on the patch's backend route, whose calls carry their (video, text) segments, so under
     Ulysses each rank ranks the blocks in one process's order, with the text keys kept (bit-identical to one
-    process). Under Ring the calls stay dense, counted."""
+    process). Under Ring the calls (their parts interleaved over the chunks) stay dense, counted."""
     check_patched_hunyuan15(cp_route_support.run_patched_hunyuan15(tmp_path, ulysses=ulysses, ring=ring,
                                                                      seed=seed), ring)
 
@@ -260,22 +254,25 @@ def check_patched_hunyuan15(res: dict, ring: int, bitwise: bool = True) -> None:
             assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res  # the same blocks as one process
         else:
             assert res["rel_l1_cp_vs_stock_sparse"] <= 1.3 * err, res
-    else:
-        assert cp["sparse_dense_under_ring"] == layers and not cp.get("sparse_calls"), res
+    else:  # Ring: a joint call's parts interleave over the chunks, so with the text kept it stays dense
+        assert cp["sparse_dense_unordered"] == layers and not cp.get("sparse_calls"), res
         assert res["density_cp1"] is None and not res["text_kept_cp1"], res
         assert res["rel_l1_cp_vs_stock_sparse"] <= 1.6 * err, res
 
 
-def test_patched_ltx_sparse_under_ulysses(tmp_path, seed):
-    """`sagegen.patch(..., sparse=)` on LTX-Video under diffusers' own plan, Ulysses 2 (tiny model, 2 gloo
-    processes): its fused Q/K prologue runs on each rank's tokens, and its self-attention is video only, so the
-    split's keys come in one process's order and each rank runs the top-k policy on its heads: the output
-    equals one process bit for bit, dense and sparse."""
-    check_patched_ltx(cp_route_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed))
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_ltx_sparse_under_context_parallelism(tmp_path, seed, ulysses, ring):
+    """`sagegen.patch(..., sparse=)` on LTX-Video under diffusers' own plan (tiny model, 2 gloo processes): its
+    fused Q/K prologue runs on each rank's tokens, and its self-attention is video only, so the split's keys come
+    in one process's order. Ulysses: each rank runs the top-k policy on its heads, and the output equals one
+    process bit for bit, dense and sparse. Ring: each rank attends once over the gathered keys with its queries
+    as a window of them, and the sparse output equals one process bit for bit (the dense Ring merges its chunks
+    by the LSE: within sagegen's error)."""
+    check_patched_ltx(cp_route_support.run_patched_ltx(tmp_path, ulysses=ulysses, ring=ring, seed=seed), ring)
 
 
-def check_patched_ltx(res: dict, bitwise: bool = True) -> None:
-    """Ulysses 2; ``bitwise``: as in `check_patched_wan`."""
+def check_patched_ltx(res: dict, ring: int = 1, bitwise: bool = True) -> None:
+    """``bitwise``: as in `check_patched_wan`."""
     layers = res["layers"]
     assert res["nan"] == 0
     for cp in (0, 1):
@@ -287,9 +284,12 @@ def check_patched_ltx(res: dict, bitwise: bool = True) -> None:
     assert res["stats_cp1_sparse"]["context_parallel"] == 2 * layers, res
     assert res["rel_l1_sparse_vs_dense"] > 0.3 * res["rel_l1_single_vs_stock_dense"], res
     if bitwise:
-        assert res["rel_l1_cp_vs_single_dense"] == res["rel_l1_cp_vs_single_sparse"] == 0.0, res
+        assert res["rel_l1_cp_vs_single_sparse"] == 0.0, res
+        if ring == 1:
+            assert res["rel_l1_cp_vs_single_dense"] == 0.0, res
     for name in ("dense", "sparse"):
-        assert res[f"rel_l1_cp_vs_stock_{name}"] <= 1.3 * res[f"rel_l1_single_vs_stock_{name}"], res
+        bound = 1.3 if ring == 1 else 1.6
+        assert res[f"rel_l1_cp_vs_stock_{name}"] <= bound * res[f"rel_l1_single_vs_stock_{name}"], res
 
 
 @pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])

@@ -57,11 +57,13 @@ def test_patched_hunyuanvideo15_sparse_on_two_gpus(tmp_path, seed, ulysses, ring
 
 @pytest.mark.gpu
 @needs_2_gpus
-def test_patched_ltx_sparse_on_two_gpus(tmp_path, seed):
-    """sagegen.patch(sparse=) on LTX-Video under Ulysses 2 on the GPUs: the fused per-channel rotary prologue on
-    each rank's rows of the tables, top-k on the Hopper kernel (tiny model, 512 video tokens)."""
-    check_patched_ltx(cp_route_support.run_patched_ltx(tmp_path, ulysses=2, ring=1, seed=seed, cuda=True),
-                      bitwise=False)
+@pytest.mark.parametrize("ulysses,ring", [(2, 1), (1, 2)])
+def test_patched_ltx_sparse_on_two_gpus(tmp_path, seed, ulysses, ring):
+    """sagegen.patch(sparse=) on LTX-Video under CP on the GPUs: the fused per-channel rotary prologue on each
+    rank's rows of the tables, top-k on the Hopper kernel (tiny model, 512 video tokens); under Ring one call
+    over the gathered keys per rank, its queries a window."""
+    check_patched_ltx(cp_route_support.run_patched_ltx(tmp_path, ulysses=ulysses, ring=ring, seed=seed, cuda=True),
+                      ring, bitwise=False)
 
 
 @pytest.mark.gpu

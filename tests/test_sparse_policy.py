@@ -74,10 +74,11 @@ def test_cross_attention_stays_dense():
     assert state.for_call("blocks.0.attn1", q, q) is not None
 
 
-def test_split_calls_sparse_under_ulysses_only_and_text_rules_only_in_order():
-    """Under context parallelism: `split_settings` gives the policy to a Ulysses split only (Ring: dense,
-    counted); a call whose keys may be out of one process's order (a joint call without segments) stays dense
-    where the policy keeps a text range, and runs sparse where it keeps none."""
+def test_split_calls_sparse_and_text_rules_only_in_order():
+    """Under context parallelism: `split_settings` gives the policy to every split; a call whose keys may be out
+    of one process's order (a joint call without segments, or a Ring's one call of a joint call) stays dense
+    where the policy keeps a text range, and runs sparse where it keeps none; a Ring's one call (``q_offset``:
+    this rank's queries are a window of the gathered keys) is self-attention, with its rows' rules in place."""
     import types
 
     from sagegen.patch.diffusers_backend import BackendSettings
@@ -89,21 +90,24 @@ def test_split_calls_sparse_under_ulysses_only_and_text_rules_only_in_order():
     session.sparse = SparseState(SparseConfig(value=0.5, min_tokens=0, dense_blocks=()), "hunyuanvideo",
                                  torch.nn.Module(), ["blocks.0.attn"])
     settings = BackendSettings()
-    split = lambda ulysses, ring: types.SimpleNamespace(context_parallel_config=types.SimpleNamespace(
-        ulysses_degree=ulysses, ring_degree=ring))
-    assert split_settings(session, settings, split(1, 2)).block_mask is None and counts == {
-        "sparse_dense_under_ring": 1}
-    ordered, unordered = (split_settings(session, settings, split(2, 1), ordered=o).block_mask for o in (True, False))
+    ordered, unordered = (split_settings(session, settings, ordered=o).block_mask for o in (True, False))
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))
     q, k = (torch.randn(1, 2, 512 + 64, 64, generator=gen, dtype=torch.bfloat16) for _ in range(2))
     session.sparse.grid = (2, 16, 16)  # 512 video tokens, then 64 of text
-    assert ordered(q, k, None, None).counts.shape == (1, 2, 9)
+    whole = ordered(q, k, None, None)
+    assert whole.counts.shape == (1, 2, 9)
     assert unordered(q, k, None, None) is None and counts["sparse_dense_unordered"] == 1
+    # a Ring rank's window: the second half of the queries (its last block is the text's: every key block)
+    bq, nkb = whole.block_q, whole.indices.shape[-1]
+    half = ordered(q[:, :, 320:], k, None, None, q_offset=320)
+    assert torch.equal(half.counts, whole.counts[:, :, 320 // bq:]) and bool((half.counts[..., -1] == nkb).all())
+    assert ordered(q[:, :, 320:], k, None, None) is None  # without the window it looks like cross-attention
+    assert unordered(q[:, :, 320:], k, None, None, q_offset=320) is None and counts["sparse_dense_unordered"] == 2
     session.sparse.grid = None  # no text range known: top-k needs no order
-    assert unordered(q, k, None, None) is not None and counts["sparse_calls"] == 2
+    assert unordered(q, k, None, None) is not None and counts["sparse_calls"] == 3
     assert block_mask_for(session, q, k, None, None).counts.shape == (1, 2, 9)
     session.sparse = None
-    assert split_settings(session, settings, split(2, 1)) is settings
+    assert split_settings(session, settings) is settings
 
 
 def test_sparse_output_close_to_dense_on_tiny_model(hunyuan):

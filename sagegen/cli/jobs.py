@@ -173,20 +173,22 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     return job, warnings
 
 
-# families whose self-attention reaches a CP split in one process's token order, with the sparse policy (Wan's
-# and LTX-Video's video-only calls; HunyuanVideo's fused joint calls and HunyuanVideo-1.5's key-mask calls with
-# their segments)
-_SPARSE_CP_FAMILIES = ("wan", "ltx", "hunyuanvideo", "hunyuanvideo15")
+# families whose self-attention reaches a CP split with the sparse policy: Wan's and LTX-Video's video-only calls
+# under any split (Ring attends once over the gathered keys, each rank's queries a window of them); HunyuanVideo's
+# fused joint calls and HunyuanVideo-1.5's key-mask calls under Ulysses, where their segments give one process's
+# token order (under Ring a joint call's parts interleave over the chunks, so its text rule cannot hold)
+_SPARSE_CP_ANY_SPLIT = ("wan", "ltx")
+_SPARSE_CP_ULYSSES = ("hunyuanvideo", "hunyuanvideo15")
 
 
 def _check_sparse_cp(sparse_cfg, cp_spec, preset) -> None:
-    """Under CP the policy runs where the patch hands self-attention to the split in one process's token order
-    (video-only calls, joint calls with their segments), and only under Ulysses, where every rank attends over
-    all keys."""
-    if cp_spec.ring > 1 or preset.family not in _SPARSE_CP_FAMILIES:
-        raise UsageProblem("--sparse combines with --cp only for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 "
-                           "models and a Ulysses-only split (--cp ulysses=N); "
-                           f"got {preset.name} with ring={cp_spec.ring}", "--sparse")
+    """Under CP the policy runs where the patch hands self-attention to the split in one process's token
+    order (video-only calls; joint calls with their segments under Ulysses only)."""
+    if preset.family in _SPARSE_CP_ANY_SPLIT or (preset.family in _SPARSE_CP_ULYSSES and cp_spec.ring == 1):
+        return
+    raise UsageProblem("--sparse combines with --cp for Wan and LTX-Video models (any split) and for HunyuanVideo "
+                       "and HunyuanVideo-1.5 under a Ulysses-only split (--cp ulysses=N); "
+                       f"got {preset.name} with ulysses={cp_spec.ulysses}, ring={cp_spec.ring}", "--sparse")
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

@@ -28,7 +28,7 @@ MODE_TOPK, MODE_CDF = 0, 1
 @triton.jit
 def _select_kernel(
     S, Live, QSim, KSim, RowsAlways, ColsAlways, Counts, Indices,
-    H, NQB, NKB, group, k_top, value, sim_threshold, scale, block_q, block_kv,
+    H, NQB, NKB, group, k_top, value, sim_threshold, scale, block_q, block_kv, q_offset,
     stride_sb, stride_sh, stride_sq, stride_lb, stride_qb, stride_qh, stride_kb, stride_kh,
     MODE: tl.constexpr, USE_SIM: tl.constexpr, KEEP_DIAG: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -61,7 +61,8 @@ def _select_kernel(
     kept = tl.maximum(kept, tl.load(ColsAlways + j, mask=inside, other=0).to(tl.int32))
     kept = tl.maximum(kept, tl.load(RowsAlways + i).to(tl.int32))
     if KEEP_DIAG:
-        kept = tl.maximum(kept, tl.where((j * block_kv < (i + 1) * block_q) & ((j + 1) * block_kv > i * block_q), 1, 0))
+        first = q_offset + i * block_q  # the query block's first position in the key sequence
+        kept = tl.maximum(kept, tl.where((j * block_kv < first + block_q) & ((j + 1) * block_kv > first), 1, 0))
     if USE_SIM:
         q_sim = tl.load(QSim + b * stride_qb + h * stride_qh + i)
         k_sim = tl.load(KSim + b * stride_kb + (h // group) * stride_kh + j, mask=inside, other=1.0)
@@ -79,12 +80,13 @@ def _select_kernel(
 def select_blocks(scores: torch.Tensor, live: torch.Tensor, *, mode: str, value: float, scale: float,
                   rows_always: torch.Tensor, cols_always: torch.Tensor, keep_diagonal: bool, block_q: int,
                   block_kv: int, q_sim: torch.Tensor | None = None, k_sim: torch.Tensor | None = None,
-                  sim_threshold: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  sim_threshold: float = 0.0, q_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(counts int32 [B, H, NQB], indices int32 [B, H, NQB, NKB]) from unscaled pooled scores.
 
     Shapes: scores [B, H, NQB, NKB] fp32 (mean(Q_i)·mean(K_j), unit stride over NKB); live [B, NKB] fp32 live
     keys per key block; rows_always [NQB] / cols_always [NKB] bool; q_sim [B, H, NQB], k_sim [B, Hkv, NKB]
-    fp32 (with ``sim_threshold`` > 0). ``value``: the top-k fraction or the cdf mass.
+    fp32 (with ``sim_threshold`` > 0). ``value``: the top-k fraction or the cdf mass. ``q_offset``: where the
+    query blocks start in the key sequence, for the diagonal (one rank's query window under Ring).
     """
     B, H, NQB, NKB = scores.shape
     if scores.dtype != torch.float32 or scores.stride(3) != 1:
@@ -102,7 +104,7 @@ def select_blocks(scores: torch.Tensor, live: torch.Tensor, *, mode: str, value:
     block = max(16, next_power_of_2(NKB))
     _select_kernel[(B * H * NQB,)](
         scores, live, q_sim, k_sim, rows_always.to(torch.int8), cols_always.to(torch.int8), counts, indices,
-        H, NQB, NKB, group, k_top, float(value), float(sim_threshold), float(scale), block_q, block_kv,
+        H, NQB, NKB, group, k_top, float(value), float(sim_threshold), float(scale), block_q, block_kv, int(q_offset),
         scores.stride(0), scores.stride(1), scores.stride(2), live.stride(0),
         q_sim.stride(0), q_sim.stride(1), k_sim.stride(0), k_sim.stride(1),
         MODE=MODE_TOPK if mode == "topk" else MODE_CDF, USE_SIM=use_sim, KEEP_DIAG=bool(keep_diagonal),

@@ -36,6 +36,7 @@ def context_parallel_attention(
     is_causal: bool = False,
     enable_gqa: bool = False,
     segments: tuple[int, ...] | None = None,
+    ring_one_call: bool = False,
 ):
     """Attention over the whole CP group's sequence for this rank's local queries.
 
@@ -52,6 +53,10 @@ def context_parallel_attention(
             (text, image)): under a Ulysses-only split the local attention then sees each part of every rank
             together, which is one process's order ([all video, all text]): the same blocks, key-padding masks
             that stay a valid prefix, and block-sparse rules that hold as on one GPU. Ignored under Ring.
+        ring_one_call: under Ring, gather the ring's keys and values whole and attend once, calling
+            ``local_attention(..., q_offset=...)`` with this rank's queries' first position in that key sequence
+            (a block-sparse predictor ranks each query's blocks over every key and places its rules by position),
+            instead of a call per KV chunk merged by the LSE.
     Returns:
         out [B, S_local, H, D] in query's dtype, or (out, lse).
     """
@@ -69,7 +74,9 @@ def context_parallel_attention(
                         segments=segments)
     if topo.ulysses > 1:
         query, key, value = (seq_to_heads(x, topo, segments) for x in (query, key, value))
-    if topo.ring > 1:
+    if topo.ring > 1 and ring_one_call:
+        out, lse = _ring_one_call(query, key, value, mask, scale, return_lse, topo, local_attention)
+    elif topo.ring > 1:
         out, lse = _ring(query, key, value, mask, scale, topo, local_attention)
     else:
         res = local_attention(query, key, value, attn_mask=mask, scale=scale, return_lse=return_lse)
@@ -115,6 +122,16 @@ def _ring(q, k, v, mask, scale, topo: Topology, local_attention):
         merge.add(out, lse)
     out, lse = merge.result()
     return out.to(q.dtype), lse
+
+
+def _ring_one_call(q, k, v, mask, scale, return_lse, topo: Topology, local_attention):
+    """Ring with the keys gathered whole (in chunk order, which is the sequence's order: see topology's doc):
+    one local call of this rank's queries -- ring super-chunk ``ring_rank``, so positions ring_rank * S_q
+    onwards -- over every key, with the prepared mask's every key column."""
+    k_all, v_all = all_gather(k, 1, topo.ring_group), all_gather(v, 1, topo.ring_group)
+    res = local_attention(q, k_all, v_all, attn_mask=mask, scale=scale, return_lse=return_lse,
+                          q_offset=topo.ring_rank * q.shape[1])
+    return res if return_lse else (res, None)
 
 
 class _RingMerge:

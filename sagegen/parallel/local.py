@@ -13,7 +13,9 @@ def sagegen_local_attention(config: SageConfig | None = None, backend: str = "au
     """A ``local_attention(q, k, v, attn_mask, scale, return_lse)`` callable for
     `context_parallel_attention` that runs ``sagegen.sageattn`` (NHD layout) with ``config``."""
 
-    def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, scale, return_lse: bool):
+    def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask, scale, return_lse: bool,
+                        q_offset: int | None = None):
+        # q_offset (a Ring's one call: where q sits in k's sequence) matters to block-sparse policies only
         res = sageattn(q, k, v, tensor_layout="NHD", attn_mask=attn_mask, sm_scale=scale,
                        return_lse=return_lse, config=config, backend=backend)
         if not return_lse:

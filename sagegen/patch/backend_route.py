@@ -93,12 +93,11 @@ def rebind_backend(original, session, member, full_precision: bool):
                 return _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
             settings = getattr(session, attr)
             if parallel_config is not None and not full_precision:
-                # split by diffusers' context parallelism: sparse under Ulysses, where a joint call's
-                # segments (HunyuanVideo-1.5's) give one process's token order
+                # split by diffusers' context parallelism: a joint call's segments (HunyuanVideo-1.5's) give
+                # one process's token order under Ulysses
                 from .sparse_policy import split_settings
 
-                settings = split_settings(session, settings, parallel_config,
-                                          ordered="_sagegen_segments" in (attention_kwargs or {}))
+                settings = split_settings(session, settings, ordered="_sagegen_segments" in (attention_kwargs or {}))
             attention_kwargs = {**(attention_kwargs or {}), "_sagegen_settings": settings}
             backend = member
         return dispatch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, attention_kwargs,

@@ -57,8 +57,9 @@ class BackendSettings:
     fp32_dtype: torch.dtype = torch.bfloat16
     full_precision: bool = False
     stats: Counter | None = dataclasses.field(default=None, compare=False, repr=False)  # a patch's counters
-    # ``block_mask(q, k, attn_mask, scale)`` ([B, H, N, D] views of every key: a Ulysses split) -> a BlockSparse
-    # or None (dense): ``sagegen.patch(..., sparse=)`` on a fused route under context parallelism
+    # ``block_mask(q, k, attn_mask, scale, **window)`` ([B, H, N, D] views of every key: a Ulysses split, or a
+    # Ring's one call over the gathered keys, whose window gives ``q_offset`` and ``ordered``) -> a BlockSparse or
+    # None (dense): ``sagegen.patch(..., sparse=)`` under context parallelism
     block_mask: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -160,9 +161,11 @@ def key_padding_4d(attn_mask, query: torch.Tensor, key: torch.Tensor):
 
 
 def local_attention(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                    enable_gqa=False, return_lse=False, settings: BackendSettings | None = None):
+                    enable_gqa=False, return_lse=False, settings: BackendSettings | None = None,
+                    window: dict | None = None):
     """One process's attention in [B, S, H, D]: sageattn, or exactly PyTorch SDPA where the kernel cannot
-    take the call or the settings keep full precision. ``attn_mask`` is 4-D or broadcasts like SDPA's."""
+    take the call or the settings keep full precision. ``attn_mask`` is 4-D or broadcasts like SDPA's.
+    ``window``: keywords for ``settings.block_mask`` (a Ring's one call: ``q_offset``, ``ordered``)."""
     settings = settings if settings is not None else _settings
     q_h, k_h, v_h = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (query, key, value))
     bound = dict(query=q_h, key=k_h, value=v_h, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -188,7 +191,7 @@ def local_attention(query, key, value, *, attn_mask=None, dropout_p=0.0, is_caus
         rows = rows.transpose(1, 2)  # [B, 1, S_q, 1] -> [B, S_q, 1, 1] for the [B, S, H, D] output
     block_mask = None
     if settings.block_mask is not None:
-        block_mask = settings.block_mask(q.transpose(1, 2), k.transpose(1, 2), attn_mask, scale)
+        block_mask = settings.block_mask(q.transpose(1, 2), k.transpose(1, 2), attn_mask, scale, **(window or {}))
     result = _api.sageattn(q, k, v, tensor_layout="NHD", is_causal=bool(is_causal), sm_scale=scale,
                            attn_mask=attn_mask, return_lse=return_lse, config=settings.config,
                            backend=settings.backend, block_mask=block_mask)
@@ -256,9 +259,16 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
             "sagegen") from exc
     _count("context_parallel", settings)
 
-    def local(q, k, v, *, attn_mask=None, scale=None, return_lse=False):
+    def local(q, k, v, *, attn_mask=None, scale=None, return_lse=False, q_offset=None):
+        # a Ring's one call: the queries are a window of the gathered keys, which are in chunk order, so a
+        # joint call's parts interleave ([video 0, text 0, video 1, ...]): not one process's order
+        window = None if q_offset is None else {"q_offset": q_offset}
+        if window is not None and segments is not None:
+            window["ordered"] = False
         return local_attention(q, k, v, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
-                               settings=settings)
+                               settings=settings, window=window)
 
+    # block-sparse settings: a Ring attends once over the gathered keys, where the predictor sees them all
     return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
-                                      parallel_config=parallel_config, local_attention=local, segments=segments)
+                                      parallel_config=parallel_config, local_attention=local, segments=segments,
+                                      ring_one_call=settings.block_mask is not None)

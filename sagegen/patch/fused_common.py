@@ -145,9 +145,9 @@ def _cp_dispatch(original, session, sparse: bool = False):
     when another backend was chosen for the module (left alone, as on the backend route).
 
     ``sparse``: the call may run the patch's block-sparse policy (self-attention, or a joint call whose
-    ``segments`` restore one process's token order). It does under a Ulysses split, where each rank attends
-    over every key; under Ring (keys split over the ranks, which the predictor's per-row ranking cannot see)
-    the call stays dense, counted as ``sparse_dense_under_ring``."""
+    ``segments`` restore one process's token order under Ulysses). Under Ring sagegen's CP attends once over
+    the gathered keys, so self-attention runs sparse there too; a joint call's parts interleave over the ring's
+    chunks, so one whose policy keeps a text range stays dense (`sparse_policy.block_mask_for`)."""
     parallel_config = getattr(original, "_parallel_config", None)
     if parallel_config is None:
         return None
@@ -163,7 +163,7 @@ def _cp_dispatch(original, session, sparse: bool = False):
     if sparse:
         from .sparse_policy import split_settings
 
-        settings = split_settings(session, settings, parallel_config)
+        settings = split_settings(session, settings)
 
     def attend(query, key, value, attn_mask=None, segments=None):
         """``segments``: the lengths of a joint call's parts ((video, text) or (text, image)), so that a

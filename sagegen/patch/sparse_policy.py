@@ -89,11 +89,14 @@ class SparseState:
     def step(self) -> int:
         return self.tracker.index if self.tracker is not None else -1
 
-    def for_call(self, name: str, q: torch.Tensor, k: torch.Tensor) -> SparseConfig | None:
-        """The config this routed call ([B, H, N, D] q and k) runs with, or None for dense."""
+    def for_call(self, name: str, q: torch.Tensor, k: torch.Tensor, q_offset: int | None = None
+                 ) -> SparseConfig | None:
+        """The config this routed call ([B, H, N, D] q and k) runs with, or None for dense. ``q_offset``: the
+        queries are a window of a self-attention over the keys (a Ring's one call), not cross-attention."""
         cfg = self.cfg
         n_q, n_k = q.shape[2], k.shape[2]
-        if (n_q != n_k or n_k < cfg.min_tokens or name in self.dense_names or name.endswith("attn2")
+        window = q_offset is not None and q_offset + n_q <= n_k
+        if ((n_q != n_k and not window) or n_k < cfg.min_tokens or name in self.dense_names or name.endswith("attn2")
                 or _TEXT_ONLY in name):
             return None
         if self.dense_step:
@@ -167,16 +170,18 @@ def latent_grid(transformer: torch.nn.Module, family: str, shape) -> tuple[int, 
     return (-(-f // pt), h // ph, w // pw)
 
 
-def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale, ordered: bool = True):
+def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale, ordered: bool = True,
+                   q_offset: int | None = None):
     """The BlockSparse for a routed call of `session` (q, k [B, H, N, D]), or None (dense); records density.
 
     ``ordered=False``: the keys may not be in one process's order (a joint call that diffusers' Ulysses split
     gathered as [video 0, text 0, video 1, text 1, ...]); a call whose policy keeps a text range then stays
-    dense, counted as ``sparse_dense_unordered``."""
+    dense, counted as ``sparse_dense_unordered``. ``q_offset``: the queries are positions [q_offset,
+    q_offset + Nq) of a self-attention over the keys (a Ring's one call over the gathered keys)."""
     import math
 
     state: SparseState = session.sparse
-    cfg = state.for_call(session.current_name, q, k)
+    cfg = state.for_call(session.current_name, q, k, q_offset)
     if cfg is not None and not ordered and cfg.text is not None:
         session.count("sparse_dense_unordered")
         return None
@@ -187,22 +192,19 @@ def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale, 
 
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     bs = sparse_block_mask(q, k, cfg, tensor_layout="HND", attn_mask=attn_mask, sm_scale=sm_scale,
-                           config=session.config)
+                           config=session.config, q_offset=q_offset)
     state.record(session.current_name, bs.counts, bs.indices.shape[-1])
     session.count("sparse_calls")
     return bs
 
 
-def split_settings(session, settings, parallel_config, ordered: bool = True):
+def split_settings(session, settings, ordered: bool = True):
     """``settings`` (a `BackendSettings`) for a call that diffusers' context parallelism splits, with the
-    patch's block-sparse policy where it can run: under a Ulysses-only split, where each rank attends over every
-    key for its heads. Under Ring (keys split over the ranks, which the per-row ranking cannot see) the call
-    stays dense, counted as ``sparse_dense_under_ring``. ``ordered``: as in `block_mask_for`."""
+    patch's block-sparse policy. Under Ulysses each rank attends over every key for its heads; under Ring
+    sagegen's CP then gathers the keys whole and attends once (``ring_one_call``), so the predictor still ranks
+    every key, with the rank's queries placed by ``q_offset``. ``ordered``: as in `block_mask_for`; a Ring's
+    joint call with segments is never in one process's order (its parts interleave over the chunks)."""
     if session.sparse is None:
-        return settings
-    cp = getattr(parallel_config, "context_parallel_config", None)
-    if (getattr(cp, "ring_degree", 1) or 1) > 1:
-        session.count("sparse_dense_under_ring")
         return settings
     import functools
 

@@ -22,14 +22,22 @@ from .config import STATIC, SparseConfig, parse_spec
 
 
 def sparse_block_mask(q: torch.Tensor, k: torch.Tensor, sparse: SparseConfig | str, *, tensor_layout: str,
-                      attn_mask: torch.Tensor | None, sm_scale: float, config: SageConfig) -> BlockSparse:
-    """The BlockSparse for one call (validated inputs). ``sparse``: a SparseConfig or its `to_spec` string."""
+                      attn_mask: torch.Tensor | None, sm_scale: float, config: SageConfig,
+                      q_offset: int | None = None) -> BlockSparse:
+    """The BlockSparse for one call (validated inputs). ``sparse``: a SparseConfig or its `to_spec` string.
+    ``q_offset``: the queries are positions [q_offset, q_offset + Nq) of a self-attention over the Nk keys
+    (one rank's queries under Ring: the text rows, the diagonal and static windows follow those positions)."""
+    n_dim = 2 if tensor_layout == "HND" else 1
+    if q_offset is not None and not (0 <= q_offset and q_offset + q.shape[n_dim] <= k.shape[n_dim]):
+        raise ValueError(f"q_offset must be None or an int with 0 <= q_offset and q_offset + Nq <= Nk (the "
+                         f"queries a window of the keys' sequence), got {q_offset} for Nq = {q.shape[n_dim]}, "
+                         f"Nk = {k.shape[n_dim]}")
     spec = sparse if isinstance(sparse, str) else sparse.to_spec()
     hnd = tensor_layout == "HND"
     cap = device_capability(q.device) if q.is_cuda else None
     block_q, block_kv = config.blocks(q.shape[-1], cap)
     counts, indices = torch.ops.sagegen.sparse_blocks(q, k, attn_mask, float(sm_scale), hnd, spec, block_q,
-                                                      block_kv)
+                                                      block_kv, -1 if q_offset is None else int(q_offset))
     return BlockSparse(counts, indices, block_q, block_kv)
 
 
@@ -52,23 +60,25 @@ def _key_bias(attn_mask: torch.Tensor | None, batch: int, n_k: int) -> torch.Ten
 
 @torch.library.custom_op("sagegen::sparse_blocks", mutates_args=())
 def _sparse_blocks_op(q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None, sm_scale: float,
-                      hnd: bool, spec: str, block_q: int, block_kv: int) -> tuple[torch.Tensor, torch.Tensor]:
+                      hnd: bool, spec: str, block_q: int, block_kv: int,
+                      q_offset: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = parse_spec(spec)
     qh, kh = (q, k) if hnd else (q.transpose(1, 2), k.transpose(1, 2))
+    window = None if q_offset < 0 else q_offset
     if cfg.mode in STATIC:
-        keep = patterns.static_keep(cfg, qh.shape[2], kh.shape[2], block_q, block_kv, q.device)
+        keep = patterns.static_keep(cfg, qh.shape[2], kh.shape[2], block_q, block_kv, q.device, window)
     elif q.is_cuda or interpreting():  # one selection pass instead of ~25 small kernels
         return predictor.predict_compact(qh, kh, cfg, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv,
-                                         key_bias=_key_bias(attn_mask, qh.shape[0], kh.shape[2]))
+                                         key_bias=_key_bias(attn_mask, qh.shape[0], kh.shape[2]), q_offset=window)
     else:
         keep = predictor.predict_keep(qh, kh, cfg, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv,
-                                      key_bias=_key_bias(attn_mask, qh.shape[0], kh.shape[2]))
+                                      key_bias=_key_bias(attn_mask, qh.shape[0], kh.shape[2]), q_offset=window)
     bs = BlockSparse.from_block_dense(keep, block_q, block_kv)
     return bs.counts, bs.indices
 
 
 @_sparse_blocks_op.register_fake
-def _(q, k, attn_mask, sm_scale, hnd, spec, block_q, block_kv):
+def _(q, k, attn_mask, sm_scale, hnd, spec, block_q, block_kv, q_offset=-1):
     b, h, n_q = (q.shape[0], q.shape[1], q.shape[2]) if hnd else (q.shape[0], q.shape[2], q.shape[1])
     n_k = k.shape[2] if hnd else k.shape[1]
     if parse_spec(spec).mode in STATIC:

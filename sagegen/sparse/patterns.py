@@ -39,13 +39,15 @@ def text_range(cfg: SparseConfig, n: int) -> tuple[int, int] | None:
     return (video, n) if cfg.token_order == "video_text" else (0, n - video)
 
 
-def block_boxes(cfg: SparseConfig, n: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def block_boxes(cfg: SparseConfig, n: int, block: int, device, offset: int = 0, total: int | None = None):
     """Per block of `block` tokens: (lo [NB, 3], hi [NB, 3]) of its video tokens' (f, h, w), and whether it
-    holds any video token [NB] (text-only blocks have lo = +big, hi = -big)."""
+    holds any video token [NB] (text-only blocks have lo = +big, hi = -big). ``offset`` / ``total``: the n
+    tokens are positions [offset, offset + n) of a sequence of ``total`` (a query window under Ring)."""
     f, h, w = cfg.grid
     video = f * h * w
-    start = 0 if cfg.token_order == "video_text" else max(0, n - video)
-    t = torch.arange(n, device=device) - start
+    total = n if total is None else total
+    start = 0 if cfg.token_order == "video_text" else max(0, total - video)
+    t = offset + torch.arange(n, device=device) - start
     is_video = (t >= 0) & (t < video)
     tc = t.clamp(0, video - 1)
     coords = torch.stack([tc // (h * w), (tc // w) % h, tc % w], dim=-1)
@@ -60,18 +62,20 @@ def block_boxes(cfg: SparseConfig, n: int, block: int, device) -> tuple[torch.Te
     return lo, hi, has_video
 
 
-def _gaps(cfg, n_q, n_k, block_q, block_kv, device):
-    qlo, qhi, qv = block_boxes(cfg, n_q, block_q, device)
+def _gaps(cfg, n_q, n_k, block_q, block_kv, device, q_offset=None):
+    qlo, qhi, qv = block_boxes(cfg, n_q, block_q, device, q_offset or 0, None if q_offset is None else n_k)
     klo, khi, kv = block_boxes(cfg, n_k, block_kv, device)
     gap = torch.maximum(klo[None, :, :] - qhi[:, None, :], qlo[:, None, :] - khi[None, :, :]).clamp_min(0)
     return gap, qv[:, None] & kv[None, :]  # gap [NQB, NKB, 3]
 
 
-def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device) -> torch.Tensor:
-    """bool [1, 1, NQB, NKB]: the static pattern (cfg.mode "sta" or "radial") for this call."""
+def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device,
+                q_offset: int | None = None) -> torch.Tensor:
+    """bool [1, 1, NQB, NKB]: the static pattern (cfg.mode "sta" or "radial") for this call. ``q_offset``: the
+    queries are positions [q_offset, q_offset + n_q) of a self-attention over the n_k keys (Ring)."""
     if cfg.grid is None:
         raise ValueError(f"SparseConfig(mode={cfg.mode!r}) needs grid=(frames, height, width)")
-    gap, both_video = _gaps(cfg, n_q, n_k, block_q, block_kv, device)
+    gap, both_video = _gaps(cfg, n_q, n_k, block_q, block_kv, device, q_offset)
     wf, wh, ww = cfg.window
     if cfg.mode == "sta":
         inside = (gap[..., 0] <= wf) & (gap[..., 1] <= wh) & (gap[..., 2] <= ww)
@@ -82,18 +86,17 @@ def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: i
         raise ValueError(f"static_keep: mode {cfg.mode!r} is not a static pattern")
     keep = both_video & inside
     nqb, nkb = keep.shape
-    text = text_range(cfg, n_q)
-    if text is not None:
-        from .predictor import block_range
+    from .predictor import block_range, diagonal
 
-        keep = keep | block_range(*text, n_q, block_q, device)[:, None]
+    text = text_range(cfg, n_q if q_offset is None else n_k)
+    if text is not None:
+        window = {} if q_offset is None else {"offset": q_offset, "total": n_k}
+        keep = keep | block_range(*text, n_q, block_q, device, **window)[:, None]
         keep = keep | block_range(*text_range(cfg, n_k), n_k, block_kv, device)[None, :]
     if cfg.keep_first:
         keep[:, 0] = True
-    if cfg.keep_diagonal and n_q == n_k:
-        qi = torch.arange(nqb, device=device)[:, None]
-        kj = torch.arange(nkb, device=device)[None, :]
-        keep = keep | ((kj * block_kv < (qi + 1) * block_q) & ((kj + 1) * block_kv > qi * block_q))
+    if cfg.keep_diagonal and (n_q == n_k or q_offset is not None):
+        keep = keep | diagonal(nqb, nkb, block_q, block_kv, device, q_offset or 0)
     return keep[None, None]
 
 

@@ -26,14 +26,26 @@ from .blocks import BlockSparse, from_keep
 from .config import SparseConfig
 
 
-def block_range(start: int, stop: int, n: int, block: int, device) -> torch.Tensor:
+def block_range(start: int, stop: int, n: int, block: int, device, offset: int = 0,
+                total: int | None = None) -> torch.Tensor:
     """bool [NB]: the blocks of `block` tokens (out of n) that hold any token of [start, stop) (negative =
-    from the end)."""
+    from the end). ``offset`` / ``total``: the n tokens are positions [offset, offset + n) of a sequence of
+    ``total`` tokens (a query window: one rank's queries under Ring), which start and stop refer to."""
+    total = n if total is None else total
     nb = -(-n // block)
-    start, stop = (s + n if s < 0 else s for s in (start, stop))
-    start, stop = max(0, min(n, start)), max(0, min(n, stop))
-    first = torch.arange(nb, device=device) * block
-    return (first < stop) & (first + block > start) & (stop > start)
+    start, stop = (s + total if s < 0 else s for s in (start, stop))
+    start, stop = max(0, min(total, start)), max(0, min(total, stop))
+    first = offset + torch.arange(nb, device=device) * block
+    last = torch.clamp(first + block, max=offset + n)
+    return (first < stop) & (last > start) & (stop > start)
+
+
+def diagonal(nqb: int, nkb: int, block_q: int, block_kv: int, device, q_offset: int = 0) -> torch.Tensor:
+    """bool [NQB, NKB]: the key blocks that overlap each query block's own tokens (query i covers positions
+    q_offset + [i·block_q, (i+1)·block_q) of the key sequence)."""
+    qi = q_offset + torch.arange(nqb, device=device)[:, None] * block_q
+    kj = torch.arange(nkb, device=device)[None, :] * block_kv
+    return (kj < qi + block_q) & (kj + block_kv > qi)
 
 
 def live_key_counts(n_k: int, block_kv: int, key_bias: torch.Tensor | None, batch: int, device) -> torch.Tensor:
@@ -69,10 +81,13 @@ def select(p: torch.Tensor, mode: str, value: float) -> torch.Tensor:
 
 def predict_keep(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scale: float, block_q: int,
                  block_kv: int, key_bias: torch.Tensor | None = None, value: float | None = None,
-                 stats=None) -> torch.Tensor:
+                 stats=None, q_offset: int | None = None) -> torch.Tensor:
     """bool keep [B, Hq, NQB, NKB] for q [B, Hq, Nq, D], k [B, Hkv, Nk, D] (see the module doc).
 
-    stats: precomputed ((q_mean, q_sim), (k_mean, k_sim)) from `pool.pool_blocks`, else computed here."""
+    stats: precomputed ((q_mean, q_sim), (k_mean, k_sim)) from `pool.pool_blocks`, else computed here.
+    q_offset: the queries are positions [q_offset, q_offset + Nq) of a self-attention over the Nk keys (one
+    rank's queries under Ring): the text rows and the diagonal follow those positions. None: an ordinary
+    call (self-attention when Nq == Nk)."""
     B, Hq, Nq, _ = q.shape
     Nk = k.shape[2]
     dev = q.device
@@ -82,12 +97,13 @@ def predict_keep(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scal
     live = live_key_counts(Nk, block_kv, key_bias, B, dev)
     p = block_scores(q_mean, k_mean, sm_scale, live)
     keep = select(p, cfg.mode, cfg.value if value is None else value)
-    keep = keep | always_keep(cfg, q_sim, k_sim, Hq, Nq, Nk, block_q, block_kv, dev)
+    keep = keep | always_keep(cfg, q_sim, k_sim, Hq, Nq, Nk, block_q, block_kv, dev, q_offset)
     return keep & (live > 0)[:, None, None, :]
 
 
 def predict_compact(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scale: float, block_q: int,
-                    block_kv: int, key_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    block_kv: int, key_bias: torch.Tensor | None = None,
+                    q_offset: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`predict_keep` + `BlockSparse.from_block_dense` with the selection, rules and compaction in one Triton
     pass (`kernels.triton_block_select`): (counts [B, Hq, NQB], indices [B, Hq, NQB, NKB]) int32. For CUDA
     tensors or under the Triton interpreter; the same blocks as the PyTorch path up to exact score ties."""
@@ -105,20 +121,26 @@ def predict_compact(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_s
                        lambda: live_key_counts(Nk, block_kv, None, 1, q.device).contiguous())
     else:
         live = live_key_counts(Nk, block_kv, key_bias, B, q.device)
-    rows, cols = _rule_vectors(cfg, Nq, Nk, block_q, block_kv, q.device)
+    rows, cols = _rule_vectors(cfg, Nq, Nk, block_q, block_kv, q.device, q_offset)
     return select_blocks(scores, live, mode=cfg.mode, value=cfg.value, scale=sm_scale, rows_always=rows,
-                         cols_always=cols, keep_diagonal=cfg.keep_diagonal and Nq == Nk, block_q=block_q,
-                         block_kv=block_kv, q_sim=q_sim, k_sim=k_sim, sim_threshold=cfg.sim_threshold)
+                         cols_always=cols, keep_diagonal=cfg.keep_diagonal and _self_attention(Nq, Nk, q_offset),
+                         block_q=block_q, block_kv=block_kv, q_sim=q_sim, k_sim=k_sim,
+                         sim_threshold=cfg.sim_threshold, q_offset=q_offset or 0)
+
+
+def _self_attention(n_q: int, n_k: int, q_offset: int | None) -> bool:
+    return n_q == n_k if q_offset is None else True
 
 
 _RULES: dict = {}
 
 
-def _rule_vectors(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
+def _rule_vectors(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device,
+                  q_offset: int | None = None):
     """(rows int8 [NQB], cols int8 [NKB]): the text and first-block rules, built once per shape and device
     (static, so cached: rebuilding them cost half a dozen launches per call)."""
-    return _cached((cfg.text, cfg.keep_first, n_q, n_k, block_q, block_kv, str(device)),
-                   lambda: _build_rules(cfg, n_q, n_k, block_q, block_kv, device))
+    return _cached((cfg.text, cfg.keep_first, n_q, n_k, block_q, block_kv, str(device), q_offset),
+                   lambda: _build_rules(cfg, n_q, n_k, block_q, block_kv, device, q_offset))
 
 
 def _cached(key, build):
@@ -130,19 +152,23 @@ def _cached(key, build):
     return hit
 
 
-def _build_rules(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
-    rows, cols = _rule_rows_cols(cfg, n_q, n_k, block_q, block_kv, device)
+def _build_rules(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device, q_offset=None):
+    rows, cols = _rule_rows_cols(cfg, n_q, n_k, block_q, block_kv, device, q_offset)
     return rows.to(torch.int8), cols.to(torch.int8)
 
 
-def _rule_rows_cols(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device):
+def _rule_rows_cols(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: int, device,
+                    q_offset: int | None = None):
     """(rows bool [NQB], cols bool [NKB]): query blocks computed densely and key blocks kept for every query
-    (text tokens, the first key block)."""
+    (text tokens, the first key block). With ``q_offset`` the query blocks are a window of the key sequence."""
     nkb = -(-n_k // block_kv)
     rows = torch.zeros(-(-n_q // block_q), dtype=torch.bool, device=device)
     cols = torch.zeros(nkb, dtype=torch.bool, device=device)
     if cfg.text is not None:
-        rows = rows | block_range(*cfg.text, n_q, block_q, device)
+        if q_offset is None:
+            rows = rows | block_range(*cfg.text, n_q, block_q, device)
+        else:
+            rows = rows | block_range(*cfg.text, n_q, block_q, device, offset=q_offset, total=n_k)
         cols = cols | block_range(*cfg.text, n_k, block_kv, device)
     if cfg.keep_first:
         cols = cols | (torch.arange(nkb, device=device) == 0)
@@ -150,16 +176,13 @@ def _rule_rows_cols(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_k
 
 
 def always_keep(cfg: SparseConfig, q_sim, k_sim, hq: int, n_q: int, n_k: int, block_q: int, block_kv: int,
-                device) -> torch.Tensor:
+                device, q_offset: int | None = None) -> torch.Tensor:
     """bool, broadcastable to [B, Hq, NQB, NKB]: the always-keep rules (judge, text, first, diagonal)."""
     nqb, nkb = -(-n_q // block_q), -(-n_k // block_kv)
-    rows, cols = _rule_rows_cols(cfg, n_q, n_k, block_q, block_kv, device)
+    rows, cols = _rule_rows_cols(cfg, n_q, n_k, block_q, block_kv, device, q_offset)
     keep = rows[:, None] | cols[None, :]
-    if cfg.keep_diagonal and n_q == n_k:
-        # the key blocks that overlap the query block's own tokens
-        qi = torch.arange(nqb, device=device)[:, None]
-        kj = torch.arange(nkb, device=device)[None, :]
-        keep = keep | ((kj * block_kv < (qi + 1) * block_q) & ((kj + 1) * block_kv > qi * block_q))
+    if cfg.keep_diagonal and _self_attention(n_q, n_k, q_offset):
+        keep = keep | diagonal(nqb, nkb, block_q, block_kv, device, q_offset or 0)
     if cfg.sim_threshold > 0:
         group = hq // k_sim.shape[1]
         ks = k_sim.repeat_interleave(group, dim=1) if group > 1 else k_sim
@@ -168,8 +191,9 @@ def always_keep(cfg: SparseConfig, q_sim, k_sim, hq: int, n_q: int, n_k: int, bl
 
 
 def predict(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_scale: float, block_q: int,
-            block_kv: int, key_bias: torch.Tensor | None = None, value: float | None = None) -> BlockSparse:
+            block_kv: int, key_bias: torch.Tensor | None = None, value: float | None = None,
+            q_offset: int | None = None) -> BlockSparse:
     """The predicted `BlockSparse` of one call (q, k in [B, H, N, D])."""
     keep = predict_keep(q, k, cfg, sm_scale=sm_scale, block_q=block_q, block_kv=block_kv, key_bias=key_bias,
-                        value=value)
+                        value=value, q_offset=q_offset)
     return from_keep(keep, block_q, block_kv)
