@@ -8,6 +8,7 @@
 #   bash bench/gpu_cp.sh patched wan2.1-14b   # Ulysses 2 with sagegen.patch (+ FP8 linears) as well
 #   bash bench/gpu_cp.sh patched hunyuanvideo native
 #   PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
+#   CPS="--cp ring=2" PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
 #   bash bench/gpu_cp.sh quadpatched          # 4 GPUs: Wan2.1-14B Ulysses 4 patched, then tests/test_gpu_cp.py
 # On a 4-GPU machine:
 #   bash bench/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
@@ -37,7 +38,7 @@ case $1 in
   patched)
     # sagegen.patch under CP (fused prologues and block norms; + FP8 linears) against the backend alone and cuDNN
     timeout 560 torchrun --nproc-per-node 2 --master-port 29515 bench/bench_cp.py \
-      --model "$2" --cp ulysses=2 ${PATCHED:---patched attention --patched fp8} --single sagegen --repeats 1 \
+      --model "$2" ${CPS:---cp ulysses=2} ${PATCHED:---patched attention --patched fp8} --single sagegen --repeats 1 \
       --stock "${3:-_native_cudnn}" --baseline-dir $BASE --out "$OUT/cp-$2-patched-2gpu-$DAY.json" \
       > "$OUT/$2-patched.log" 2>&1
     echo "$2 patched launch exit $?"
