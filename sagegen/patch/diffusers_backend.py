@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 from collections import Counter
 
 import torch
@@ -269,6 +270,11 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                settings=settings, window=window)
 
     # block-sparse settings: a Ring attends once over the gathered keys, where the predictor sees them all
+    # (SAGEGEN_RING_ONE_CALL=1: dense calls too, for A/B runs against the chunk-by-chunk ring)
+    one_call = settings.block_mask is not None or os.environ.get(RING_ONE_CALL_ENV) == "1"
     return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
                                       parallel_config=parallel_config, local_attention=local, segments=segments,
-                                      ring_one_call=settings.block_mask is not None)
+                                      ring_one_call=one_call)
+
+
+RING_ONE_CALL_ENV = "SAGEGEN_RING_ONE_CALL"
