@@ -56,7 +56,8 @@ def context_parallel_attention(
         ring_one_call: under Ring, gather the ring's keys and values whole and attend once, calling
             ``local_attention(..., q_offset=...)`` with this rank's queries' first position in that key sequence
             (a block-sparse predictor ranks each query's blocks over every key and places its rules by position),
-            instead of a call per KV chunk merged by the LSE.
+            instead of a call per KV chunk merged by the LSE. sagegen's diffusers backend does (faster, less
+            memory, and one GPU's quantization of the keys); False keeps the chunk-by-chunk ring.
     Returns:
         out [B, S_local, H, D] in query's dtype, or (out, lse).
     """
