@@ -5,7 +5,7 @@ Self-similarity of a block = mean over its tokens of cos(x_i - c, mean - c), c a
 the pooled score is trustworthy), small when they point in different directions. Centering matters: the
 Q/K of diffusion models carry a large shared component that would make every block look self-similar.
 
-`pool_blocks` runs the Triton launch (`kernels.triton_quant.pool_blocks`) on CUDA or under the Triton
+`pool_blocks` runs the Triton launch (`kernels.triton_pool.pool_blocks`) on CUDA or under the Triton
 interpreter, and `pool_blocks_torch` (the same math in PyTorch) elsewhere; tests compare the two.
 """
 
@@ -49,8 +49,8 @@ def pool_blocks_torch(x: torch.Tensor, block: int, c: torch.Tensor | None = None
 def pool_blocks(x: torch.Tensor, block: int, c: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `pool_blocks_torch`, by the Triton launch where it can run (CUDA, or TRITON_INTERPRET=1)."""
-    from ..kernels import triton_quant
+    from ..kernels import triton_pool, triton_quant
 
     if x.is_cuda or triton_quant.interpreting():
-        return triton_quant.pool_blocks(x, block, center(x) if c is None else c)
+        return triton_pool.pool_blocks(x, block, center(x) if c is None else c)
     return pool_blocks_torch(x, block, c)
