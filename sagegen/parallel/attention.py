@@ -17,8 +17,8 @@ import torch
 from .masks import prepare_mask, ring_key_slice
 from .topology import Topology, all_gather, heads_to_seq, seq_to_heads, topology_from
 
-# local_attention(q, k, v, *, attn_mask, scale, return_lse) on [B, S, H, D] tensors (called with keywords);
-# with return_lse it returns
+# local_attention(q, k, v, *, attn_mask, scale, return_lse) on [B, S, H, D] tensors (called with keywords; a
+# Ring's one call adds q_offset, q's first position in k's sequence); with return_lse it returns
 # (out [B, S, H, D], lse [B, S, H] fp32, natural log, -inf for rows with every key masked).
 LocalAttention = Callable[..., object]
 
