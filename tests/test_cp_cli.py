@@ -50,6 +50,24 @@ def _env(tmp_path):
     return env
 
 
+def _torchrun(tmp_path, *args: str, env: dict | None = None) -> tuple:
+    """``torchrun --nproc-per-node 2 -m sagegen.cli.app ARGS --out tmp_path/run`` on gloo; it must exit 0.
+    Returns (the run's manifest, its RunDir)."""
+    import json
+    import subprocess
+    import sys
+
+    from sagegen.rundir import RunDir
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "sagegen.cli.app", *args, "--out", str(out)]
+    proc = subprocess.run(cmd, env=env or _env(tmp_path), capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rd = RunDir(out)
+    return json.loads(rd.manifest_path.read_text()), rd
+
+
 def test_cp_without_torchrun_exits_2_before_loading(tmp_path):
     import subprocess
     import sys
@@ -69,20 +87,8 @@ def test_cp_without_torchrun_exits_2_before_loading(tmp_path):
 @pytest.mark.slow
 def test_compare_with_cp_ulysses_2_under_torchrun(tmp_path):
     """Two gloo processes split one sample's sequence: both run it, rank 0 writes it once."""
-    import json
-    import subprocess
-    import sys
-
-    from sagegen.rundir import RunDir
-
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sagegen.cli.app", "compare", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "2",
-           "--warmup", "0", "--quiet", "--cp", "ulysses=2", "--out", str(out)]
-    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rd = RunDir(out)
-    m = json.loads(rd.manifest_path.read_text())
+    m, rd = _torchrun(tmp_path, "compare", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "2", "--warmup", "0",
+                      "--quiet", "--cp", "ulysses=2")
     assert m["settings"]["cp"] == {"ulysses": 2, "ring": 1}
     for v in ("sdpa", "sage"):
         assert sorted(m["timings"][v]) == ["p000-s0"]
@@ -97,21 +103,9 @@ def test_run_hunyuanvideo_sparse_under_ulysses(tmp_path):
     """`torchrun ... run tiny-hunyuanvideo --cp ulysses=2 --sparse ...` (bf16, the kernels interpreted): on both
     ranks every joint call takes the fused prologue, goes through sagegen's CP and runs block-sparse, and the
     manifest records each rank's realized density."""
-    import json
-    import subprocess
-    import sys
-
-    from sagegen.rundir import RunDir
-
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sagegen.cli.app", "run", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "2", "--quiet",
-           "--cp", "ulysses=2", "--dtype", "bfloat16", "--height", "64", "--width", "64",
-           "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0", "--out", str(out)]
-    env = dict(_env(tmp_path), TRITON_INTERPRET="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    m = json.loads(RunDir(out).manifest_path.read_text())
+    m, _ = _torchrun(tmp_path, "run", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "2", "--quiet", "--cp",
+                     "ulysses=2", "--dtype", "bfloat16", "--height", "64", "--width", "64", "--sparse",
+                     "topk=0.5,steps=0,blocks=none,min_tokens=0", env=dict(_env(tmp_path), TRITON_INTERPRET="1"))
     for rank in ("rank0", "rank1"):
         setup = m["setup"]["sage"][rank]
         calls = setup["attention_calls"]
@@ -135,19 +129,9 @@ def test_presets_of_the_newer_classes():
 def test_run_hunyuanvideo15_ring_2_under_torchrun(tmp_path):
     """The tiny HunyuanVideo-1.5 pipeline (its text: Qwen + ByT5 + image tokens, padded by sagegen's hook)
     under Ring 2: every main-block attention call goes through sagegen's CP."""
-    import json
-    import subprocess
-    import sys
-
-    from sagegen.rundir import RunDir
-
+    m, _ = _torchrun(tmp_path, "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "2", "--quiet",
+                     "--cp", "ring=2")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sagegen.cli.app", "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "2",
-           "--quiet", "--cp", "ring=2", "--out", str(out)]
-    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    m = json.loads(RunDir(out).manifest_path.read_text())
     assert m["settings"]["cp"] == {"ulysses": 1, "ring": 2}
     for rank in ("rank0", "rank1"):
         calls = m["setup"]["sage"][rank]["attention_calls"]
@@ -160,20 +144,8 @@ def test_run_hunyuanvideo15_sparse_under_ulysses(tmp_path):
     """`torchrun ... run tiny-hunyuanvideo-1.5 --cp ulysses=2 --sparse ...`: on both ranks every main-block call
     goes through sagegen's CP (its key-mask call on the patch's backend route, with its segments) and runs
     block-sparse; the manifest records each rank's density."""
-    import json
-    import subprocess
-    import sys
-
-    from sagegen.rundir import RunDir
-
-    out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sagegen.cli.app", "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "2",
-           "--quiet", "--cp", "ulysses=2", "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0",
-           "--out", str(out)]
-    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    m = json.loads(RunDir(out).manifest_path.read_text())
+    m, _ = _torchrun(tmp_path, "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "2", "--quiet",
+                     "--cp", "ulysses=2", "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0")
     for rank in ("rank0", "rank1"):
         setup = m["setup"]["sage"][rank]
         calls = setup["attention_calls"]
@@ -188,19 +160,9 @@ def test_run_wan_sparse_under_ring(tmp_path):
     """`torchrun ... run tiny-wan2.1 --cp ring=2 --sparse ...`: on both ranks every self-attention call goes
     through sagegen's CP, which attends once over the gathered keys with the rank's queries as a window, and
     runs block-sparse; cross-attention stays local and dense; the manifest records each rank's density."""
-    import json
-    import subprocess
-    import sys
-
-    from sagegen.rundir import RunDir
-
+    m, _ = _torchrun(tmp_path, "run", "tiny-wan2.1", "--prompt", "a cat", "--steps", "2", "--quiet", "--cp", "ring=2",
+                     "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0")
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "sagegen.cli.app", "run", "tiny-wan2.1", "--prompt", "a cat", "--steps", "2", "--quiet",
-           "--cp", "ring=2", "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0", "--out", str(out)]
-    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    m = json.loads(RunDir(out).manifest_path.read_text())
     assert m["settings"]["cp"] == {"ulysses": 1, "ring": 2}
     for rank in ("rank0", "rank1"):
         setup = m["setup"]["sage"][rank]

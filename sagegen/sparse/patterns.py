@@ -86,7 +86,7 @@ def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: i
         raise ValueError(f"static_keep: mode {cfg.mode!r} is not a static pattern")
     keep = both_video & inside
     nqb, nkb = keep.shape
-    from .predictor import block_range, diagonal
+    from .predictor import block_range, diagonal, is_self_attention
 
     text = text_range(cfg, n_q if q_offset is None else n_k)
     if text is not None:
@@ -95,7 +95,7 @@ def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: i
         keep = keep | block_range(*text_range(cfg, n_k), n_k, block_kv, device)[None, :]
     if cfg.keep_first:
         keep[:, 0] = True
-    if cfg.keep_diagonal and (n_q == n_k or q_offset is not None):
+    if cfg.keep_diagonal and is_self_attention(n_q, n_k, q_offset):
         keep = keep | diagonal(nqb, nkb, block_q, block_kv, device, q_offset or 0)
     return keep[None, None]
 

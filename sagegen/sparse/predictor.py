@@ -123,12 +123,13 @@ def predict_compact(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_s
         live = live_key_counts(Nk, block_kv, key_bias, B, q.device)
     rows, cols = _rule_vectors(cfg, Nq, Nk, block_q, block_kv, q.device, q_offset)
     return select_blocks(scores, live, mode=cfg.mode, value=cfg.value, scale=sm_scale, rows_always=rows,
-                         cols_always=cols, keep_diagonal=cfg.keep_diagonal and _self_attention(Nq, Nk, q_offset),
+                         cols_always=cols, keep_diagonal=cfg.keep_diagonal and is_self_attention(Nq, Nk, q_offset),
                          block_q=block_q, block_kv=block_kv, q_sim=q_sim, k_sim=k_sim,
                          sim_threshold=cfg.sim_threshold, q_offset=q_offset or 0)
 
 
-def _self_attention(n_q: int, n_k: int, q_offset: int | None) -> bool:
+def is_self_attention(n_q: int, n_k: int, q_offset: int | None) -> bool:
+    """Whether the diagonal rule applies: Nq == Nk, or a query window of the keys' sequence."""
     return n_q == n_k if q_offset is None else True
 
 
@@ -181,7 +182,7 @@ def always_keep(cfg: SparseConfig, q_sim, k_sim, hq: int, n_q: int, n_k: int, bl
     nqb, nkb = -(-n_q // block_q), -(-n_k // block_kv)
     rows, cols = _rule_rows_cols(cfg, n_q, n_k, block_q, block_kv, device, q_offset)
     keep = rows[:, None] | cols[None, :]
-    if cfg.keep_diagonal and _self_attention(n_q, n_k, q_offset):
+    if cfg.keep_diagonal and is_self_attention(n_q, n_k, q_offset):
         keep = keep | diagonal(nqb, nkb, block_q, block_kv, device, q_offset or 0)
     if cfg.sim_threshold > 0:
         group = hq // k_sim.shape[1]
