@@ -57,8 +57,9 @@ gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 @pytest.fixture
 def seed():
-    """Fresh random inputs every run: the seed is drawn, and printed on failure."""
-    s = int.from_bytes(os.urandom(4), "little")
+    """Fresh random inputs every run: the seed is drawn, and printed on failure. ``SAGEGEN_TEST_SEED=<n>``
+    replays a failure's seed."""
+    s = int(os.environ.get("SAGEGEN_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     torch.manual_seed(s)
     print(f"seed={s}")
     return s

@@ -155,7 +155,11 @@ def test_fused_wan_block_falls_back_where_it_cannot_reproduce(seed, monkeypatch)
     assert not fused_blocks.fusable(block) and fused_blocks.fusable(model.blocks[1])
     inputs = _inputs(model, seed=seed % 1000)
     with torch.no_grad():
-        sagegen.patch(model, backend="reference", fuse_prologue=False)
+        # the stock blocks around the same fused Q/K prologue: the prologue rounds differently from diffusers'
+        # norm and rotary, and one bf16 ulp can move an INT8 code (seed 4283450758 did)
+        sagegen.patch(model, backend="reference")
+        fused_blocks.remove(model)
+        assert fused_blocks.fused_count(model) == 0
         unfused = model(**inputs)[0]
         sagegen.patch(model, backend="reference")
         assert patch_info(model)["fused_blocks"] == len(model.blocks) - 1
