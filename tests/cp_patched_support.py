@@ -159,7 +159,7 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
         def checking_block_mask_for(session, q, k, attn_mask, scale, **kw):
             bs = stock_block_mask_for(session, q, k, attn_mask, scale, **kw)
             if bs is not None:
-                text_ok.append(_text_kept(bs, q.shape[2], q.shape[2] - 12))  # 12 text tokens in all
+                text_ok.append(_text_kept(bs, k.shape[2], k.shape[2] - 12))  # 12 text tokens in all
             return bs
         sparse_policy.block_mask_for = checking_block_mask_for
 

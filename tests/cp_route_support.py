@@ -90,7 +90,7 @@ def patched_hunyuan15_worker(rank, world, ulysses, ring, init_file, out_path, se
         def checking_block_mask_for(session, q, k, attn_mask, scale, **kw):
             bs = stock_block_mask_for(session, q, k, attn_mask, scale, **kw)
             if bs is not None:
-                text_ok.append(_text_kept(bs, q.shape[2], n_video))
+                text_ok.append(_text_kept(bs, k.shape[2], n_video))
             return bs
         sparse_policy.block_mask_for = checking_block_mask_for
 

@@ -208,11 +208,13 @@ SEGMENT_CASES = ("none", "keypad", "additive", "perhead", "query_mask")
 
 
 def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_path: str, seed: int,
-                    s: int, segments: tuple[int, int]) -> None:
+                    s: int, segments: tuple[int, int], in_order: bool = False) -> None:
     """`context_parallel_attention(..., segments=)`: every rank holds (video, text) parts of a sequence whose
     one-process order is [all video, all text] (HunyuanVideo's joint call; text padding at the very end, so in
     the ranks' chunk order it sits in the middle). Rank 0 writes the CP output, put back in one-process order,
-    against one process's sagegen attention on that order."""
+    against one process's sagegen attention on that order. ``in_order``: Ring attends once with
+    ``ring_in_order``; every rank records its local calls (q_offset, queries, whether the keys it got are one
+    process's, for its heads), and the LSE is compared too."""
     from sagegen.parallel import context_parallel_attention, sagegen_local_attention
 
     init_gloo(rank, world, init_file)
@@ -221,6 +223,12 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
         local = sagegen_local_attention(backend="reference")
         scale = D ** -0.5
         a, b = segments
+        calls, current = [], {}
+        heads = slice((rank % ulysses) * H // ulysses, (rank % ulysses + 1) * H // ulysses)  # its Ulysses heads
+
+        def local_call(q, k, v, attn_mask=None, scale=None, return_lse=False, q_offset=None):
+            calls.append((q_offset, q.shape[1], bool(torch.equal(k, current["k"][:, :, heads]))))
+            return local(q, k, v, attn_mask, scale, return_lse, q_offset=q_offset)
         own = [torch.cat([torch.arange(r * a, (r + 1) * a), torch.arange(world * a + r * b, world * a + (r + 1) * b)])
                for r in range(world)]
         chunk_order = torch.cat(own)  # the global keys as the ranks' chunks follow each other
@@ -234,19 +242,26 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
                 local_m = mask[:, :, mine][..., chunk_order]
             else:
                 local_m = mask[..., mine]
-            out = context_parallel_attention(q[:, mine], k[:, mine], v[:, mine], attn_mask=local_m, scale=scale,
-                                             return_lse=False, parallel_config=pc, local_attention=local,
-                                             segments=segments)
-            outs = [torch.empty_like(out) for _ in range(world)]
+            current["k"] = k
+            out, lse = context_parallel_attention(
+                q[:, mine], k[:, mine], v[:, mine], attn_mask=local_m, scale=scale, return_lse=True,
+                parallel_config=pc, local_attention=local_call if in_order else local, segments=segments,
+                ring_one_call=in_order, ring_in_order=in_order)
+            outs, lses = [torch.empty_like(out) for _ in range(world)], [torch.empty_like(lse) for _ in range(world)]
             dist.all_gather(outs, out.contiguous())
+            dist.all_gather(lses, lse.contiguous())
             if rank == 0:
-                cp_out = torch.empty_like(q)
-                cp_out[:, chunk_order] = torch.cat(outs, 1)
-                one_out = local(q, k, v, mask, scale, False)
+                cp_out, cp_lse = torch.empty_like(q), torch.empty(q.shape[:3])
+                cp_out[:, chunk_order], cp_lse[:, chunk_order] = torch.cat(outs, 1), torch.cat(lses, 1)
+                one_out, one_lse = local(q, k, v, mask, scale, True)
                 results[name] = {"nan": int(cp_out.isnan().sum()), "equal": bool(torch.equal(cp_out, one_out)),
+                                 "lse_equal": bool(torch.equal(cp_lse, one_lse)),
                                  "rel_l1_vs_single": rel_l1(cp_out, one_out),
                                  "rel_l1_cp_vs_exact": rel_l1(cp_out, exact_attention(q, k, v, mask, scale)),
                                  "rel_l1_single_vs_exact": rel_l1(one_out, exact_attention(q, k, v, mask, scale))}
+        seen = [None] * world
+        dist.all_gather_object(seen, sorted(set(calls)))
+        results["local_calls"] = seen
         try:  # lengths that do not add up to the local sequence: refused before any collective
             context_parallel_attention(q[:, mine], k[:, mine], v[:, mine], attn_mask=None, scale=scale,
                                        return_lse=False, parallel_config=pc, local_attention=local,
@@ -261,8 +276,8 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
 
 
 def run_segments(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96,
-                 segments: tuple[int, int] = (40, 8)) -> dict:
-    return spawn_ranks(segments_worker, tmp_path, "segments", ulysses, ring, seed, s, segments)
+                 segments: tuple[int, int] = (40, 8), in_order: bool = False) -> dict:
+    return spawn_ranks(segments_worker, tmp_path, "segments", ulysses, ring, seed, s, segments, in_order)
 
 
 # ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------

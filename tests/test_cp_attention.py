@@ -43,12 +43,32 @@ def test_segments_keep_one_process_order(tmp_path, seed, ulysses, ring):
     (each KV chunk is attended on its own) and stays as accurate as one process."""
     res = cp_support.run_segments(tmp_path, ulysses=ulysses, ring=ring, seed=seed)
     assert "segments (1, 2) must be lengths >= 0 that add up to the local sequence" in res.pop("bad_segments_error")
+    res.pop("local_calls")
     for name, r in res.items():
         assert r["nan"] == 0, (name, r)
         if ring == 1:
             assert r["equal"], (name, r)
         else:
             assert r["rel_l1_cp_vs_exact"] <= 1.2 * r["rel_l1_single_vs_exact"], (name, r)
+
+
+@pytest.mark.parametrize("ulysses,ring", [(1, 2), pytest.param(2, 2, marks=pytest.mark.slow)])
+def test_ring_in_order_attends_each_segment_over_one_process_keys(tmp_path, seed, ulysses, ring):
+    """``ring_in_order`` (what sagegen's backend asks for a block-sparse joint call under Ring): the gathered keys
+    in one process's order and a call per segment, its queries placed where one process has them, so the output
+    and LSE equal one process's bit for bit (Q is quantized per token, K per block of one process's order),
+    every mask case included."""
+    world = ulysses * ring
+    a, b = 40, 8
+    res = cp_support.run_segments(tmp_path, ulysses=ulysses, ring=ring, seed=seed, s=world * (a + b),
+                                  segments=(a, b), in_order=True)
+    res.pop("bad_segments_error")
+    for g, seen in enumerate(res.pop("local_calls")):
+        rr = g // ulysses  # ring rank: its Ulysses group holds U chunks' video, then their text
+        want = [(rr * ulysses * a, ulysses * a, True), (world * a + rr * ulysses * b, ulysses * b, True)]
+        assert seen == [list(c) for c in want], (g, seen)
+    for name, r in res.items():
+        assert r["nan"] == 0 and r["equal"] and r["lse_equal"], (name, r)
 
 
 def test_ulysses_2(tmp_path, seed):

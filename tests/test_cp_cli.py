@@ -156,18 +156,20 @@ def test_run_hunyuanvideo15_sparse_under_ulysses(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_wan_sparse_under_ring(tmp_path):
-    """`torchrun ... run tiny-wan2.1 --cp ring=2 --sparse ...`: on both ranks every self-attention call goes
-    through sagegen's CP, which attends once over the gathered keys with the rank's queries as a window, and
-    runs block-sparse; cross-attention stays local and dense; the manifest records each rank's density."""
-    m, _ = _torchrun(tmp_path, "run", "tiny-wan2.1", "--prompt", "a cat", "--steps", "2", "--quiet", "--cp", "ring=2",
+@pytest.mark.parametrize("model,parts", [("tiny-wan2.1", 1), ("tiny-hunyuanvideo", 2)])
+def test_run_sparse_under_ring(tmp_path, model, parts):
+    """`torchrun ... run MODEL --cp ring=2 --sparse ...`: on both ranks every self-attention call goes through
+    sagegen's CP, which attends once over the gathered keys with the rank's queries as a window, and runs
+    block-sparse (HunyuanVideo's joint calls: keys in one process's order, the video and the text rows in a
+    call each); Wan's cross-attention stays local and dense; the manifest records each rank's density."""
+    m, _ = _torchrun(tmp_path, "run", model, "--prompt", "a cat", "--steps", "2", "--quiet", "--cp", "ring=2",
                      "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0")
     out = tmp_path / "run"
     assert m["settings"]["cp"] == {"ulysses": 1, "ring": 2}
     for rank in ("rank0", "rank1"):
         setup = m["setup"]["sage"][rank]
         calls = setup["attention_calls"]
-        assert calls.get("sparse_calls", 0) >= 2 and calls["sparse_calls"] == calls["context_parallel"], calls
+        assert calls.get("sparse_calls", 0) >= 2 and calls["sparse_calls"] == parts * calls["context_parallel"], calls
         assert not calls.get("sparse_dense_unordered") and not calls.get("fallback"), calls
         assert 0 < setup["sparse"]["density"]["overall"] <= 1, setup["sparse"]
     assert (out / "samples" / "sage" / "p000-s0" / "video.mp4").stat().st_size > 0
@@ -204,10 +206,10 @@ def test_bench_cp_smoke_reuses_its_one_gpu_baselines(tmp_path):
     assert "return_lse" in ring["stock"]["error"]                      # diffusers' native backend has no Ring
 
 
-def test_sparse_with_cp_for_video_self_attention_and_joint_calls_under_ulysses(monkeypatch, tmp_path):
-    """--sparse runs under --cp where the patch hands self-attention to the split in one process's order: Wan's
-    and LTX-Video's under any split, HunyuanVideo's joint calls under Ulysses only; other models and
-    HunyuanVideo under Ring exit 2 before loading."""
+def test_sparse_with_cp_for_video_self_attention_and_joint_calls(monkeypatch, tmp_path):
+    """--sparse runs under --cp where the patch hands self-attention to the split in one process's order (Wan's
+    and LTX-Video's video-only calls, HunyuanVideo's and HunyuanVideo-1.5's joint calls), under any split;
+    other models exit 2 before loading."""
     from sagegen.cli.jobs import build_job
 
     for k, v in dict(TORCHRUN, WORLD_SIZE="2").items():
@@ -230,9 +232,7 @@ def test_sparse_with_cp_for_video_self_attention_and_joint_calls_under_ulysses(m
     assert job("tiny-ltx-video", "ulysses=2")[0].sparse.mode == "topk"
     assert job("tiny-wan2.1", "ring=2")[0].settings["cp"] == {"ulysses": 1, "ring": 2}
     assert job("tiny-ltx-video", "ring=2")[0].sparse.mode == "topk"
-    with pytest.raises(UsageProblem, match="Ulysses-only split.*ring=2"):
-        job("tiny-hunyuanvideo", "ring=2")
-    with pytest.raises(UsageProblem, match="Ulysses-only split.*ring=2"):
-        job("tiny-hunyuanvideo-1.5", "ring=2")
-    with pytest.raises(UsageProblem, match="for Wan and LTX-Video models.*flux"):
+    assert job("tiny-hunyuanvideo", "ring=2")[0].settings["cp"] == {"ulysses": 1, "ring": 2}
+    assert job("tiny-hunyuanvideo-1.5", "ring=2", "sta")[0].sparse.mode == "sta"
+    with pytest.raises(UsageProblem, match="for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 models.*flux"):
         job("tiny-flux", "ulysses=2")

@@ -173,22 +173,20 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     return job, warnings
 
 
-# families whose self-attention reaches a CP split with the sparse policy: Wan's and LTX-Video's video-only calls
-# under any split (Ring attends once over the gathered keys, each rank's queries a window of them); HunyuanVideo's
-# fused joint calls and HunyuanVideo-1.5's key-mask calls under Ulysses, where their segments give one process's
-# token order (under Ring a joint call's parts interleave over the chunks, so its text rule cannot hold)
-_SPARSE_CP_ANY_SPLIT = ("wan", "ltx")
-_SPARSE_CP_ULYSSES = ("hunyuanvideo", "hunyuanvideo15")
+# families whose self-attention reaches a CP split with the sparse policy in one process's token order, under
+# any split: Wan's and LTX-Video's video-only calls, HunyuanVideo's fused joint calls and HunyuanVideo-1.5's
+# key-mask calls with their (video, text) segments (Ring gathers the keys whole in that order)
+_SPARSE_CP = ("wan", "ltx", "hunyuanvideo", "hunyuanvideo15")
 
 
 def _check_sparse_cp(sparse_cfg, cp_spec, preset) -> None:
     """Under CP the policy runs where the patch hands self-attention to the split in one process's token
-    order (video-only calls; joint calls with their segments under Ulysses only)."""
-    if preset.family in _SPARSE_CP_ANY_SPLIT or (preset.family in _SPARSE_CP_ULYSSES and cp_spec.ring == 1):
+    order."""
+    if preset.family in _SPARSE_CP:
         return
-    raise UsageProblem("--sparse combines with --cp for Wan and LTX-Video models (any split) and for HunyuanVideo "
-                       "and HunyuanVideo-1.5 under a Ulysses-only split (--cp ulysses=N); "
-                       f"got {preset.name} with ulysses={cp_spec.ulysses}, ring={cp_spec.ring}", "--sparse")
+    raise UsageProblem("--sparse combines with --cp for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 "
+                       f"models; got {preset.name} ({preset.family}) with ulysses={cp_spec.ulysses}, "
+                       f"ring={cp_spec.ring}", "--sparse")
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

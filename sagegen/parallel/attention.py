@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from .masks import prepare_mask, ring_key_slice
-from .topology import Topology, all_gather, heads_to_seq, seq_to_heads, topology_from
+from .topology import Topology, all_gather, heads_to_seq, segment_order, seq_to_heads, topology_from
 
 # local_attention(q, k, v, *, attn_mask, scale, return_lse) on [B, S, H, D] tensors (called with keywords; a
 # Ring's one call adds q_offset, q's first position in k's sequence); with return_lse it returns
@@ -37,6 +37,7 @@ def context_parallel_attention(
     enable_gqa: bool = False,
     segments: tuple[int, ...] | None = None,
     ring_one_call: bool = False,
+    ring_in_order: bool = False,
 ):
     """Attention over the whole CP group's sequence for this rank's local queries.
 
@@ -50,14 +51,19 @@ def context_parallel_attention(
         local_attention: ``f(q, k, v, *, attn_mask, scale, return_lse)`` on local [B, S, H, D] tensors.
         is_causal, enable_gqa: not supported under CP (a ValueError).
         segments: lengths that split every rank's sequence into parts (a joint call's (video, text), or
-            (text, image)): under a Ulysses-only split the local attention then sees each part of every rank
-            together, which is one process's order ([all video, all text]): the same blocks, key-padding masks
-            that stay a valid prefix, and block-sparse rules that hold as on one GPU. Ignored under Ring.
+            (text, image)): under Ulysses the local attention then sees each part of every rank together,
+            which is one process's order ([all video, all text]): the same blocks, key-padding masks that stay
+            a valid prefix, and block-sparse rules that hold as on one GPU. Under Ring only with
+            ``ring_in_order`` (else the ring, and a Ulysses step under it, keep chunk order).
         ring_one_call: under Ring, gather the ring's keys and values whole and attend once, calling
             ``local_attention(..., q_offset=...)`` with this rank's queries' first position in that key sequence
             (a block-sparse predictor ranks each query's blocks over every key and places its rules by position),
             instead of a call per KV chunk merged by the LSE. sagegen's diffusers backend does (faster, less
             memory, and one GPU's quantization of the keys); False keeps the chunk-by-chunk ring.
+        ring_in_order: with ``ring_one_call`` and ``segments``: the gathered keys are put in one process's order
+            ([all video, all text]) and each segment's queries attend in a call of their own, at their own
+            ``q_offset`` (a joint call's text rows and keys where one GPU has them). sagegen's backend does for
+            block-sparse calls; a dense call keeps the one call in chunk order.
     Returns:
         out [B, S_local, H, D] in query's dtype, or (out, lse).
     """
@@ -69,13 +75,18 @@ def context_parallel_attention(
         if any(n < 0 for n in segments) or sum(segments) != sq or key.shape[1] != sq:
             raise ValueError(f"segments {segments} must be lengths >= 0 that add up to the local sequence ({sq} "
                              f"queries, {key.shape[1]} keys)")
-        if topo.ring > 1 or topo.ulysses == 1:
+        in_order = topo.ring > 1 and ring_one_call and ring_in_order
+        if not (in_order or (topo.ring == 1 and topo.ulysses > 1)):
             segments = None
     mask = prepare_mask(attn_mask, batch=b, heads=h, sq_local=sq, skv_local=key.shape[1], topo=topo,
                         segments=segments)
     if topo.ulysses > 1:
         query, key, value = (seq_to_heads(x, topo, segments) for x in (query, key, value))
-    if topo.ring > 1 and ring_one_call:
+    if topo.ring > 1 and ring_one_call and segments is not None:
+        ring_segments = tuple(topo.ulysses * n for n in segments)  # a ring rank's parts, after the Ulysses step
+        out, lse = _ring_by_segment(query, key, value, mask, scale, return_lse, topo, local_attention,
+                                    ring_segments)
+    elif topo.ring > 1 and ring_one_call:
         out, lse = _ring_one_call(query, key, value, mask, scale, return_lse, topo, local_attention)
     elif topo.ring > 1:
         out, lse = _ring(query, key, value, mask, scale, topo, local_attention)
@@ -133,6 +144,33 @@ def _ring_one_call(q, k, v, mask, scale, return_lse, topo: Topology, local_atten
     res = local_attention(q, k_all, v_all, attn_mask=mask, scale=scale, return_lse=return_lse,
                           q_offset=topo.ring_rank * q.shape[1])
     return res if return_lse else (res, None)
+
+
+def _ring_by_segment(q, k, v, mask, scale, return_lse, topo: Topology, local_attention, segments):
+    """`_ring_one_call` for a joint call of parts ``segments`` (this ring rank's lengths): the gathered keys
+    in one process's order (each part of every ring rank together, as `prepare_mask` orders the mask's key
+    columns), and a local call per part, its queries at ``q_offset`` = the part's start in that order plus
+    ring_rank times its length."""
+    r = topo.ring
+    order = segment_order(r, segments, k.device)
+    k_all = all_gather(k, 1, topo.ring_group).index_select(1, order)
+    v_all = all_gather(v, 1, topo.ring_group).index_select(1, order)
+    outs, lses = [], []
+    start = first = 0  # the part's first row here, and its first position in the gathered keys
+    for n in segments:
+        if n:
+            rows = slice(start, start + n)
+            part_mask = mask if mask is None or mask.shape[2] == 1 else mask[:, :, rows]
+            res = local_attention(q[:, rows], k_all, v_all, attn_mask=part_mask, scale=scale,
+                                  return_lse=return_lse, q_offset=first + topo.ring_rank * n)
+            out, lse = res if return_lse else (res, None)
+            outs.append(out)
+            lses.append(lse)
+        start, first = start + n, first + r * n
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+    if not return_lse:
+        return out, None
+    return out, (lses[0] if len(lses) == 1 else torch.cat(lses, 1))
 
 
 class _RingMerge:

@@ -42,8 +42,8 @@ def to_4d(mask: torch.Tensor, batch: int, sq: int) -> torch.Tensor:
 def prepare_mask(mask: torch.Tensor | None, *, batch: int, heads: int, sq_local: int, skv_local: int,
                  topo: Topology, segments: tuple[int, ...] | None = None) -> torch.Tensor | None:
     """The mask for what this rank computes: [Bm, Hm, Qm, Km] with Hm in (1, H/U), Qm in (1, U * sq_local)
-    and Km in (1, world * skv_local) (the CP group's whole key sequence, in chunk order; with ``segments``, a
-    Ulysses-only split, in `topology.seq_to_heads`'s segment order)."""
+    and Km in (1, world * skv_local) (the CP group's whole key sequence, in chunk order; with ``segments``, in
+    `topology.seq_to_heads`'s segment order: each part of every chunk together)."""
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
@@ -82,11 +82,10 @@ def prepare_mask(mask: torch.Tensor | None, *, batch: int, heads: int, sq_local:
         raise ValueError(f"attn_mask key dim {km} matches neither the local key length {skv_local} nor the "
                          f"global one {skv_local * w} (context parallelism over {w} ranks)")
 
-    if segments is not None:  # the queries' and keys' order after seq_to_heads(..., segments)
-        order = segment_order(w, segments, mask.device)
-        for dim in (2, 3):
-            if mask.shape[dim] > 1:
-                mask = mask.index_select(dim, order)
+    if segments is not None:  # the order of seq_to_heads(..., segments): the Ulysses group's queries, and
+        for dim, chunks in ((2, u), (3, w)):  # every key (under Ring, as `_ring_by_segment` orders them)
+            if mask.shape[dim] > 1 and chunks > 1:
+                mask = mask.index_select(dim, segment_order(chunks, segments, mask.device))
     # heads: a per-head mask is sliced to this rank's Ulysses heads
     if u > 1 and mask.shape[1] == heads:
         hl = heads // u

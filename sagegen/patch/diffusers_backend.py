@@ -59,8 +59,8 @@ class BackendSettings:
     full_precision: bool = False
     stats: Counter | None = dataclasses.field(default=None, compare=False, repr=False)  # a patch's counters
     # ``block_mask(q, k, attn_mask, scale, **window)`` ([B, H, N, D] views of every key: a Ulysses split, or a
-    # Ring's one call over the gathered keys, whose window gives ``q_offset`` and ``ordered``) -> a BlockSparse or
-    # None (dense): ``sagegen.patch(..., sparse=)`` under context parallelism
+    # Ring's one call over the gathered keys, whose window gives ``q_offset``) -> a BlockSparse or None (dense):
+    # ``sagegen.patch(..., sparse=)`` under context parallelism
     block_mask: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -166,7 +166,7 @@ def local_attention(query, key, value, *, attn_mask=None, dropout_p=0.0, is_caus
                     window: dict | None = None):
     """One process's attention in [B, S, H, D]: sageattn, or exactly PyTorch SDPA where the kernel cannot
     take the call or the settings keep full precision. ``attn_mask`` is 4-D or broadcasts like SDPA's.
-    ``window``: keywords for ``settings.block_mask`` (a Ring's one call: ``q_offset``, ``ordered``)."""
+    ``window``: keywords for ``settings.block_mask`` (a Ring's one call: ``q_offset``)."""
     settings = settings if settings is not None else _settings
     q_h, k_h, v_h = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (query, key, value))
     bound = dict(query=q_h, key=k_h, value=v_h, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
@@ -261,21 +261,21 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
     _count("context_parallel", settings)
 
     def local(q, k, v, *, attn_mask=None, scale=None, return_lse=False, q_offset=None):
-        # a Ring's one call: the queries are a window of the gathered keys, which are in chunk order, so a
-        # joint call's parts interleave ([video 0, text 0, video 1, ...]): not one process's order
+        # a Ring's one call: the queries are a window of the gathered keys (a sparse joint call's keys in one
+        # process's order, its parts in calls of their own: ring_in_order below)
         window = None if q_offset is None else {"q_offset": q_offset}
-        if window is not None and segments is not None:
-            window["ordered"] = False
         return local_attention(q, k, v, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
                                settings=settings, window=window)
 
     # A Ring attends once over the gathered keys: equal to one GPU where Q's quantization blocks align, ~7%
     # faster and less memory than chunk by chunk with the LSE merge (bench/NOTES.md v6.8), and where a block-
-    # sparse predictor sees every key. SAGEGEN_RING_ONE_CALL=0 walks the chunks (dense calls only).
-    one_call = settings.block_mask is not None or os.environ.get(RING_ONE_CALL_ENV, "1") != "0"
+    # sparse predictor sees every key. SAGEGEN_RING_ONE_CALL=0 walks the chunks (dense calls only). A sparse
+    # joint call attends part by part over keys in one process's order, where its text rules hold.
+    sparse = settings.block_mask is not None
+    one_call = sparse or os.environ.get(RING_ONE_CALL_ENV, "1") != "0"
     return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
                                       parallel_config=parallel_config, local_attention=local, segments=segments,
-                                      ring_one_call=one_call)
+                                      ring_one_call=one_call, ring_in_order=sparse)
 
 
 RING_ONE_CALL_ENV = "SAGEGEN_RING_ONE_CALL"

@@ -145,9 +145,9 @@ def _cp_dispatch(original, session, sparse: bool = False):
     when another backend was chosen for the module (left alone, as on the backend route).
 
     ``sparse``: the call may run the patch's block-sparse policy (self-attention, or a joint call whose
-    ``segments`` restore one process's token order under Ulysses). Under Ring sagegen's CP attends once over
-    the gathered keys, so self-attention runs sparse there too; a joint call's parts interleave over the ring's
-    chunks, so one whose policy keeps a text range stays dense (`sparse_policy.block_mask_for`)."""
+    ``segments`` restore one process's token order). Under Ring sagegen's CP attends once over the gathered
+    keys, so self-attention runs sparse there too; a sparse joint call's keys are put in one process's order
+    there and each part's queries attend in a call of their own."""
     parallel_config = getattr(original, "_parallel_config", None)
     if parallel_config is None:
         return None
@@ -166,8 +166,8 @@ def _cp_dispatch(original, session, sparse: bool = False):
         settings = split_settings(session, settings)
 
     def attend(query, key, value, attn_mask=None, segments=None):
-        """``segments``: the lengths of a joint call's parts ((video, text) or (text, image)), so that a
-        Ulysses split attends over them in one process's order (`parallel.context_parallel_attention`)."""
+        """``segments``: the lengths of a joint call's parts ((video, text) or (text, image)), so that the
+        split attends over them in one process's order (`parallel.context_parallel_attention`)."""
         kwargs = {"_sagegen_settings": settings}
         if segments is not None:
             kwargs["_sagegen_segments"] = tuple(segments)

@@ -202,8 +202,9 @@ def split_settings(session, settings, ordered: bool = True):
     """``settings`` (a `BackendSettings`) for a call that diffusers' context parallelism splits, with the
     patch's block-sparse policy. Under Ulysses each rank attends over every key for its heads; under Ring
     sagegen's CP then gathers the keys whole and attends once (``ring_one_call``), so the predictor still ranks
-    every key, with the rank's queries placed by ``q_offset``. ``ordered``: as in `block_mask_for`; a Ring's
-    joint call with segments is never in one process's order (its parts interleave over the chunks)."""
+    every key, with the rank's queries placed by ``q_offset``. ``ordered``: as in `block_mask_for`; a joint
+    call with segments is in one process's order under either split (a Ring's keys are put in that order and
+    its parts attend one by one: `parallel.context_parallel_attention`'s ``ring_in_order``)."""
     if session.sparse is None:
         return settings
     import functools
