@@ -205,12 +205,12 @@ def test_sdpa_direct_matches_the_math_in_both_layouts(seed):
 
 def test_hopper_gluon_kernel_eligibility(monkeypatch):
     """Which calls the sm90 Gluon kernel takes (the rest run the Triton kernel), with a reason for each."""
-    from sagegen.kernels import triton_attn
+    from sagegen.kernels import kernel_choice
     from sagegen.kernels.spec import MaskSpec
 
-    monkeypatch.setattr(triton_attn, "interpreting", lambda: False)
+    monkeypatch.setattr(kernel_choice, "interpreting", lambda: False)
     applies = lambda cap=(9, 0), cfg=SageConfig(), d=128, blocks=(64, 128), causal=False, mask=MaskSpec(), \
-        key_lengths=None: triton_attn.gluon_applies(cap, cfg, d, blocks, causal, mask, key_lengths)
+        key_lengths=None: kernel_choice.gluon_applies(cap, cfg, d, blocks, causal, mask, key_lengths)
     assert applies() is None and applies(d=64) is None and applies(cfg=SageConfig(smooth_v=True)) is None
     assert "sm90" in applies(cap=(8, 9)) and "sm90" in applies(cap=None) and "sm90" in applies(cap=(10, 0))
     assert "causal" in applies(causal=True)
@@ -221,7 +221,7 @@ def test_hopper_gluon_kernel_eligibility(monkeypatch):
     assert "fp16" in applies(cfg=SageConfig(pv_precision="fp16"))
     assert "64x128" in applies(d=32) and "64x128" in applies(blocks=(128, 64))
     assert "64x128" in applies(blocks=(64, 64))
-    monkeypatch.setattr(triton_attn, "interpreting", lambda: True)
+    monkeypatch.setattr(kernel_choice, "interpreting", lambda: True)
     assert "interpreter" in applies()
 
 

@@ -270,16 +270,17 @@ def test_gluon_build_failure_falls_back_to_the_triton_kernel(monkeypatch, seed):
     (V re-quantized in plain key order), and no retry afterwards."""
     from triton.compiler.errors import CompilationError
 
-    from sagegen.kernels import gluon_attn, triton_attn
+    from sagegen.kernels import gluon_attn, kernel_choice, triton_attn
 
     q, k, v = qkv(1, 2, 2, 70, 140, 64, device=DEVICE)
     monkeypatch.setenv("SAGEGEN_KERNEL", "triton")
     expected = sagegen.sageattn(q, k, v, backend="triton")
     monkeypatch.delenv("SAGEGEN_KERNEL")
-    monkeypatch.setattr(triton_attn, "_gluon_broken", [])
-    real_applies = triton_attn.gluon_applies
-    monkeypatch.setattr(triton_attn, "gluon_applies",
-                        lambda *a, **kw: None if not triton_attn._gluon_broken else real_applies((9, 0), *a[1:], **kw))
+    monkeypatch.setattr(kernel_choice, "_gluon_broken", [])
+    real_applies = kernel_choice.gluon_applies
+    monkeypatch.setattr(triton_attn, "gluon_applies",  # where the launcher looks it up
+                        lambda *a, **kw: None if not kernel_choice._gluon_broken else real_applies((9, 0), *a[1:],
+                                                                                                   **kw))
 
     def broken(*args, **kwargs):
         raise CompilationError(None, None, "unsupported layout")
@@ -288,8 +289,8 @@ def test_gluon_build_failure_falls_back_to_the_triton_kernel(monkeypatch, seed):
     with pytest.warns(RuntimeWarning, match="Gluon kernel did not build"):
         out = sagegen.sageattn(q, k, v, backend="triton")
     assert torch.equal(out, expected)
-    assert "did not build" in triton_attn.gluon_applies((9, 0), SageConfig(), 64, (64, 128), False,
-                                                        triton_attn.MaskSpec())
+    assert "did not build" in kernel_choice.gluon_applies((9, 0), SageConfig(), 64, (64, 128), False,
+                                                          triton_attn.MaskSpec())
 
 
 def test_key_mask_under_graph_capture_takes_the_triton_kernel_without_a_host_check(monkeypatch, seed):

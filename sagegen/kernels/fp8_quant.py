@@ -340,9 +340,9 @@ def quantize_fp8_rows(x: torch.Tensor, granularity: str = "per_token", col_scale
     ``prefix`` [M, K0] (x's dtype): the rows quantized are ``cat([prefix, prologue(x)], 1)`` [M, K0 + K], read
     from both tensors (no concatenated copy); ``col_scale`` then has K0 + K entries.
     ``block_m`` / ``num_warps`` / ``chunked`` / ``chunk_k`` override the launch heuristics; ``programs`` caps the
-    grid (the programs then walk the tiles, grid-stride). ``tanh``: how the GELU prologue computes tanh on the GPU, ``"exp2"`` (default,
-    the sigmoid form: one exp2 and one division) or ``"libdevice"`` (the CUDA math library's tanhf, as torch; several times
-    slower inside this kernel)."""
+    grid (the programs then walk the tiles, grid-stride). ``tanh``: how the GELU prologue computes tanh on the
+    GPU, ``"exp2"`` (default, the sigmoid form: one exp2 and one division) or ``"libdevice"`` (the CUDA math
+    library's tanhf, as torch; several times slower inside this kernel)."""
     if tanh not in TANH_IMPLS:
         raise ValueError(f"tanh={tanh!r} is not supported; use one of {TANH_IMPLS}")
     if granularity not in GRANULARITIES:

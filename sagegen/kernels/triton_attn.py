@@ -3,8 +3,9 @@
 Scores live in log2 units (the softmax scale and log2(e) fold into the per-row Q scale) so the kernel uses
 `exp2`; the FP8 scale of P folds into the exponent, so P comes out of `exp2` ready for its cast, with each
 key block's row max on 448 (e4m3's largest value): the accumulator is kept relative to the current block's
-max (within a window below the running max), which costs nothing over the usual running-max rescale. Each key block's P·V is computed fresh by the tensor cores and then added into an FP32
-accumulator (two-level accumulation): the FP8 tensor cores' ~22-bit accumulator never spans more than one block.
+max (within a window below the running max), which costs nothing over the usual running-max rescale. Each
+key block's P·V is computed fresh by the tensor cores and then added into an FP32 accumulator (two-level
+accumulation): the FP8 tensor cores' ~22-bit accumulator never spans more than one block.
 
 Q, K and V come from `triton_quant.quantize` as padded, contiguous buffers read through TMA tensor
 descriptors; this module knows nothing of the public API's layouts beyond the output's strides.
@@ -13,18 +14,18 @@ descriptors; this module knows nothing of the public API's layouts beyond the ou
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 import triton
 import triton.language as tl
-from triton.compiler.errors import CompilationError
-from triton.runtime.errors import OutOfResources, PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..config import SageConfig
 from .block_sparse import kernel_tiles, sparse_args
 from .key_padding import compact_valid_keys, key_prefix_lengths
+# which kernel a call gets (looked up here per call, so tests and probes patch `triton_attn.gluon_applies`)
+from .kernel_choice import (GLUON_BUILD_ERRORS, KERNEL_ENV, _gluon_failed, gluon_applies, gluon_permutes_v,
+                            gluon_quantizes_q)
 from .spec import LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv, device_capability, next_power_of_2
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
@@ -251,59 +252,6 @@ def launch_settings(block_m: int, block_n: int, head_dim: int, capability=None) 
         # Capping registers at 168 lets three CTAs share an SM (bench/results/tune-*.json: +5%).
         return 4, 2, 168
     return (8 if block_m >= 128 else 4), 3
-
-
-# Which kernel runs on Hopper: "auto" (the Gluon kernel where it applies, else this file's), "triton" (always
-# this file's: the portable kernel, also what the interpreter runs), or "gluon" (fail where it does not apply).
-KERNEL_ENV = "SAGEGEN_KERNEL"
-
-
-GLUON_BUILD_ERRORS = (CompilationError, OutOfResources, PTXASError)
-_gluon_broken: list[str] = []  # why the Gluon kernel failed to build in this process (then never retried)
-
-
-def _gluon_failed(exc: Exception) -> None:
-    why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else ''}"
-    _gluon_broken.append(why)
-    warnings.warn(f"sagegen: the Hopper Gluon kernel did not build with this Triton ({why}); using the "
-                  "portable Triton kernel from now on", RuntimeWarning, stacklevel=4)
-
-
-def gluon_permutes_v() -> bool:
-    from . import gluon_attn
-
-    return gluon_attn.PERMUTE_V
-
-
-def gluon_quantizes_q() -> bool:
-    from . import gluon_attn
-
-    return gluon_attn.QUANT_Q_IN_KERNEL
-
-
-def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int, int], is_causal: bool,
-                  mask: MaskSpec, key_lengths: torch.Tensor | None = None) -> str | None:
-    """None if `gluon_attn` can run this call, else why not (one line). key_lengths: `key_prefix_lengths`
-    of a key-padding mask."""
-    if capability is None or capability[0] != 9:
-        return "the Gluon kernel is sm90-only"
-    if _gluon_broken:
-        return f"the Gluon kernel did not build here ({_gluon_broken[0]})"
-    if interpreting():
-        return "the Triton interpreter runs the Triton kernel"
-    if is_causal or mask.kind not in ("none", "key"):
-        return "causal and dense-masked calls use the Triton kernel"
-    if mask.kind == "key" and key_lengths is None:
-        return "key-padding masks other than a valid prefix use the Triton kernel"
-    if config.pv_precision != "fp8" or config.k_granularity != "per_block" or config.smooth_q:
-        return "fp16 P·V, per-token K scales and Q smoothing use the Triton kernel"
-    if d_pad not in (64, 128) or tuple(blocks) != (64, 128):
-        return "the Gluon kernel has 64x128 tiles at head dims 64 and 128"
-    try:
-        from . import gluon_attn  # noqa: F401
-    except Exception as exc:  # a Triton without Gluon's Hopper API
-        return f"Gluon unavailable ({type(exc).__name__})"
-    return None
 
 
 def sage_attention(

@@ -63,8 +63,8 @@ def _norm_rope_kernel(
     ROPE: tl.constexpr, PAIR_TABLE: tl.constexpr, EXACT_CAST: tl.constexpr, FULL_D: tl.constexpr,
 ):
     """NORM: 0 none, 1 affine LayerNorm, 2 RMSNorm (weight optional; one rounding, as MochiRMSNorm and
-    torch.nn.RMSNorm), 3 diffusers' RMSNorm (rounded before the half-precision weight multiply); PAIR_TABLE: one cos/sin per channel
-    pair and head (Mochi) instead of one per channel shared by the heads (CogVideoX)."""
+    torch.nn.RMSNorm), 3 diffusers' RMSNorm (rounded before the half-precision weight multiply); PAIR_TABLE:
+    one cos/sin per channel pair and head (Mochi) instead of one per channel shared by the heads (CogVideoX)."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
