@@ -28,13 +28,33 @@ def test_accuracy_bar_on_gpu(seed, d):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("cfg", [SageConfig(), SageConfig(smooth_q=True, smooth_v=True, k_granularity="per_token"),
                                  SageConfig(pv_precision="fp16")], ids=["default", "smooth", "fp16pv"])
-def test_kernel_tracks_emulation_at_real_size(seed, layout, cfg):
+def test_kernel_tracks_emulation_at_real_size(seed, monkeypatch, layout, cfg):
+    """A random key mask (padding scattered): the kernel against the emulation with the same keys. Where the
+    Gluon kernel takes the call (the default config on Hopper) the valid keys are first gathered to the front
+    (`key_padding.compact_valid_keys`), which puts other keys in each quantization block: there the emulation
+    runs over those compacted keys, and both stay as accurate against fp64 as the emulation over the original
+    order."""
+    from sagegen.kernels import triton_attn
+    from sagegen.kernels.spec import MaskSpec
+
+    compacted, real_compact = [], triton_attn.compact_valid_keys
+    monkeypatch.setattr(triton_attn, "compact_valid_keys", lambda *a: compacted.append(real_compact(*a)) or
+                        compacted[-1])
     q, k, v = qkv(2, 8, 4, 4096 + 37, 4096 + 37, 128, dtype=torch.bfloat16, device="cuda", layout=layout)
     mask = torch.rand(2, 1, 1, k.shape[1 if layout == "NHD" else 2], device="cuda") > 0.2
     t, lt = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, attn_mask=mask, return_lse=True,
                              backend="triton")
     r, lr = sagegen.sageattn(q, k, v, tensor_layout=layout, config=cfg, attn_mask=mask, return_lse=True,
                              backend="reference")
+    hnd = (lambda x: x.transpose(1, 2)) if layout == "NHD" else (lambda x: x)
+    if compacted and compacted[0] is not None:
+        kc, vc, bias, _ = compacted[0]
+        ref, _ = attention_fp64(hnd(q), hnd(k), hnd(v), sm_scale=128**-0.5,
+                                mask=sagegen.api.normalize_mask(mask, 2, mask.shape[-1]))
+        assert rel_l1(hnd(t), ref) < 1.2 * rel_l1(hnd(r), ref)
+        rc, lrc = sage_attention(hnd(q), kc, vc, sm_scale=128**-0.5, mask=MaskSpec("key", bias), config=cfg,
+                                 return_lse=True)
+        t, r, lr = hnd(t), rc, lrc
     assert rel_l1(t, r) < 4e-3 and (lt - lr).abs().max() < 2e-3
 
 
