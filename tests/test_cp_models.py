@@ -43,11 +43,13 @@ def sparse_as_single(res: dict) -> None:
     assert res["rel_l1_cp_vs_single_sparse"] <= 0.1 * res["rel_l1_single_vs_stock_sparse"], res
 
 
-@pytest.mark.parametrize("env,sparse,expected", [(None, False, True), ("0", False, False), ("0", True, True),
-                                                 ("1", False, True)])
-def test_backend_ring_attends_once_unless_told(monkeypatch, env, sparse, expected):
+@pytest.mark.parametrize("one_call_env,in_order_env,sparse,expected", [
+    (None, None, False, (True, False)), ("0", None, False, (False, False)), ("0", None, True, (True, True)),
+    ("1", None, False, (True, False)), (None, "1", False, (True, True)), (None, "0", True, (True, True))])
+def test_backend_ring_attends_once_unless_told(monkeypatch, one_call_env, in_order_env, sparse, expected):
     """sagegen's backend asks its CP for one Ring call over the gathered keys; SAGEGEN_RING_ONE_CALL=0 walks the
-    chunks for dense calls (block-sparse ones always attend once: the predictor ranks every key)."""
+    chunks for dense calls (block-sparse ones always attend once: the predictor ranks every key). Block-sparse
+    joint calls attend in one process's order (``ring_in_order``); dense ones with SAGEGEN_RING_IN_ORDER=1."""
     import torch
 
     import sagegen.parallel
@@ -56,14 +58,15 @@ def test_backend_ring_attends_once_unless_told(monkeypatch, env, sparse, expecte
     seen = {}
     monkeypatch.setattr(sagegen.parallel, "context_parallel_attention",
                         lambda *a, **kw: seen.update(kw) or a[0])
-    if env is None:
-        monkeypatch.delenv(db.RING_ONE_CALL_ENV, raising=False)
-    else:
-        monkeypatch.setenv(db.RING_ONE_CALL_ENV, env)
+    for name, env in ((db.RING_ONE_CALL_ENV, one_call_env), (db.RING_IN_ORDER_ENV, in_order_env)):
+        if env is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, env)
     settings = db.BackendSettings(block_mask=(lambda *a, **kw: None) if sparse else None)
     q = torch.zeros(1, 4, 2, 64)
     db._context_parallel(q, q, q, None, 0.0, False, None, False, False, object(), settings)
-    assert seen["ring_one_call"] is expected
+    assert (seen["ring_one_call"], seen["ring_in_order"]) == expected
 
 
 def test_flux_ring_2(tmp_path, seed):
@@ -208,6 +211,18 @@ def test_patched_hunyuanvideo_under_context_parallelism(tmp_path, seed, ulysses,
     video and the text rows attending in a call each (text kept), equal to one process."""
     check_patched_hunyuan(cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=ulysses, ring=ring, seed=seed),
                           ring)
+
+
+def test_patched_hunyuanvideo_dense_ring_in_order_equals_one_process(tmp_path, seed, monkeypatch):
+    """SAGEGEN_RING_IN_ORDER=1: HunyuanVideo's dense joint calls under Ring 2 attend part by part over keys in one
+    process's order too, so the patched output (FP8 linears included) equals one process bit for bit, where the
+    default one call in chunk order is another draw of the same error."""
+    from sagegen.patch import diffusers_backend as db
+
+    monkeypatch.setenv(db.RING_IN_ORDER_ENV, "1")  # the spawned ranks inherit it
+    res = cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=1, ring=2, seed=seed)
+    check_patched_hunyuan(res, 2)
+    assert res["rel_l1_cp_vs_single_None"] == 0.0 and res["rel_l1_cp_vs_single_fp8"] == 0.0, res
 
 
 def check_patched_hunyuan(res: dict, ring: int, bitwise: bool = True) -> None:

@@ -270,12 +270,15 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
     # A Ring attends once over the gathered keys: equal to one GPU where Q's quantization blocks align, ~7%
     # faster and less memory than chunk by chunk with the LSE merge (bench/NOTES.md v6.8), and where a block-
     # sparse predictor sees every key. SAGEGEN_RING_ONE_CALL=0 walks the chunks (dense calls only). A sparse
-    # joint call attends part by part over keys in one process's order, where its text rules hold.
+    # joint call attends part by part over keys in one process's order, where its text rules hold; a dense one
+    # only with SAGEGEN_RING_IN_ORDER=1 (output as one GPU's, one more launch a call: not yet timed).
     sparse = settings.block_mask is not None
     one_call = sparse or os.environ.get(RING_ONE_CALL_ENV, "1") != "0"
+    in_order = sparse or os.environ.get(RING_IN_ORDER_ENV, "0") == "1"
     return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
                                       parallel_config=parallel_config, local_attention=local, segments=segments,
-                                      ring_one_call=one_call, ring_in_order=sparse)
+                                      ring_one_call=one_call, ring_in_order=in_order)
 
 
 RING_ONE_CALL_ENV = "SAGEGEN_RING_ONE_CALL"
+RING_IN_ORDER_ENV = "SAGEGEN_RING_IN_ORDER"
