@@ -12,8 +12,9 @@ Scope (the launcher in `triton_attn` sends everything else to the Triton kernel)
 per-block K scales, no Q smoothing, FP8 P·V, head dims 64 and 128 (padded), masks: none, or a key-padding
 mask that is a valid prefix per batch (given as key lengths); optionally block-sparse (a list of key tiles per
 q-tile, `block_sparse.kernel_tiles`: the loop runs over those only, TMA addressed from the list). Same math,
-op for op, as `triton_attn` with FAST=True, so `reference.py` stays its oracle. With per-token Q scales (the default) each CTA quantizes its
-own Q rows (`_quantize_q_tile`) instead of reading them from the separate quantization pass.
+op for op, as `triton_attn` with FAST=True, so `reference.py` stays its oracle. With per-token Q scales (the
+default) each CTA quantizes its own Q rows (`_quantize_q_tile`) instead of reading them from the separate
+quantization pass.
 """
 
 from __future__ import annotations

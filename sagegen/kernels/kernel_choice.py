@@ -14,8 +14,9 @@ from ..config import SageConfig
 from .spec import MaskSpec
 from .triton_quant import interpreting
 
-# Which kernel runs on Hopper: "auto" (the Gluon kernel where it applies, else this file's), "triton" (always
-# this file's: the portable kernel, also what the interpreter runs), or "gluon" (fail where it does not apply).
+# Which kernel runs on Hopper: "auto" (the Gluon kernel where it applies, else `triton_attn`'s), "triton"
+# (always `triton_attn`'s: the portable kernel, also what the interpreter runs), or "gluon" (fail where it
+# does not apply).
 KERNEL_ENV = "SAGEGEN_KERNEL"
 
 

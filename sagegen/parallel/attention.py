@@ -82,12 +82,10 @@ def context_parallel_attention(
                         segments=segments)
     if topo.ulysses > 1:
         query, key, value = (seq_to_heads(x, topo, segments) for x in (query, key, value))
-    if topo.ring > 1 and ring_one_call and segments is not None:
-        ring_segments = tuple(topo.ulysses * n for n in segments)  # a ring rank's parts, after the Ulysses step
-        out, lse = _ring_by_segment(query, key, value, mask, scale, return_lse, topo, local_attention,
-                                    ring_segments)
-    elif topo.ring > 1 and ring_one_call:
-        out, lse = _ring_one_call(query, key, value, mask, scale, return_lse, topo, local_attention)
+    if topo.ring > 1 and ring_one_call:
+        # with segments: a ring rank's parts, after the Ulysses step
+        ring_segments = tuple(topo.ulysses * n for n in segments) if segments is not None else None
+        out, lse = _ring_one_call(query, key, value, mask, scale, return_lse, topo, local_attention, ring_segments)
     elif topo.ring > 1:
         out, lse = _ring(query, key, value, mask, scale, topo, local_attention)
     else:
@@ -136,25 +134,21 @@ def _ring(q, k, v, mask, scale, topo: Topology, local_attention):
     return out.to(q.dtype), lse
 
 
-def _ring_one_call(q, k, v, mask, scale, return_lse, topo: Topology, local_attention):
+def _ring_one_call(q, k, v, mask, scale, return_lse, topo: Topology, local_attention, segments=None):
     """Ring with the keys gathered whole (in chunk order, which is the sequence's order: see topology's doc):
     one local call of this rank's queries -- ring super-chunk ``ring_rank``, so positions ring_rank * S_q
-    onwards -- over every key, with the prepared mask's every key column."""
-    k_all, v_all = all_gather(k, 1, topo.ring_group), all_gather(v, 1, topo.ring_group)
-    res = local_attention(q, k_all, v_all, attn_mask=mask, scale=scale, return_lse=return_lse,
-                          q_offset=topo.ring_rank * q.shape[1])
-    return res if return_lse else (res, None)
+    onwards -- over every key, with the prepared mask's every key column.
 
-
-def _ring_by_segment(q, k, v, mask, scale, return_lse, topo: Topology, local_attention, segments):
-    """`_ring_one_call` for a joint call of parts ``segments`` (this ring rank's lengths): the gathered keys
-    in one process's order (each part of every ring rank together, as `prepare_mask` orders the mask's key
-    columns), and a local call per part, its queries at ``q_offset`` = the part's start in that order plus
+    ``segments`` (a joint call's parts, this ring rank's lengths): the gathered keys are put in one process's
+    order (each part of every ring rank together, as `prepare_mask` orders the mask's key columns), and each
+    part's queries attend in a call of their own, at ``q_offset`` = the part's start in that order plus
     ring_rank times its length."""
     r = topo.ring
-    order = segment_order(r, segments, k.device)
-    k_all = all_gather(k, 1, topo.ring_group).index_select(1, order)
-    v_all = all_gather(v, 1, topo.ring_group).index_select(1, order)
+    segments = segments or (q.shape[1],)
+    k_all, v_all = all_gather(k, 1, topo.ring_group), all_gather(v, 1, topo.ring_group)
+    if len(segments) > 1:
+        order = segment_order(r, segments, k.device)
+        k_all, v_all = k_all.index_select(1, order), v_all.index_select(1, order)
     outs, lses = [], []
     start = first = 0  # the part's first row here, and its first position in the gathered keys
     for n in segments:

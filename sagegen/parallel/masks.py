@@ -83,7 +83,7 @@ def prepare_mask(mask: torch.Tensor | None, *, batch: int, heads: int, sq_local:
                          f"global one {skv_local * w} (context parallelism over {w} ranks)")
 
     if segments is not None:  # the order of seq_to_heads(..., segments): the Ulysses group's queries, and
-        for dim, chunks in ((2, u), (3, w)):  # every key (under Ring, as `_ring_by_segment` orders them)
+        for dim, chunks in ((2, u), (3, w)):  # every key (under Ring, as `_ring_one_call` orders them)
             if mask.shape[dim] > 1 and chunks > 1:
                 mask = mask.index_select(dim, segment_order(chunks, segments, mask.device))
     # heads: a per-head mask is sliced to this rank's Ulysses heads
