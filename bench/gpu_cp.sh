@@ -9,6 +9,7 @@
 #   bash bench/gpu_cp.sh patched hunyuanvideo native
 #   PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
 #   CPS="--cp ring=2" PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
+#   bash bench/gpu_cp.sh ringab               # HunyuanVideo Ring 2: joint calls in order vs chunk order
 #   bash bench/gpu_cp.sh quadpatched          # 4 GPUs: Wan2.1-14B Ulysses 4 patched, then tests/test_gpu_cp.py
 # On a 4-GPU machine:
 #   bash bench/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
@@ -42,6 +43,18 @@ case $1 in
       --stock "${3:-_native_cudnn}" --baseline-dir $BASE --out "$OUT/cp-$2-patched-2gpu-$DAY.json" \
       > "$OUT/$2-patched.log" 2>&1
     echo "$2 patched launch exit $?"
+    ;;
+  ringab)
+    # HunyuanVideo 720p under Ring 2 (NOTES v7.0): the patched joint calls with their keys in one process's order
+    # (the default; dense in one call, block-sparse part by part), then in chunk order (SAGEGEN_RING_IN_ORDER=0)
+    timeout 330 torchrun --nproc-per-node 2 --master-port 29519 bench/bench_cp.py --model hunyuanvideo \
+      --cp ring=2 --patched attention --patched sparse --single sagegen --repeats 1 --baseline-dir $BASE \
+      --out "$OUT/cp-hunyuanvideo-ring-inorder-2gpu-$DAY.json" > "$OUT/ring-inorder.log" 2>&1
+    echo "ring in order exit $?"
+    SAGEGEN_RING_IN_ORDER=0 timeout 200 torchrun --nproc-per-node 2 --master-port 29521 bench/bench_cp.py \
+      --model hunyuanvideo --cp ring=2 --patched attention --single sagegen --repeats 1 --baseline-dir $BASE \
+      --out "$OUT/cp-hunyuanvideo-ring-chunks-2gpu-$DAY.json" > "$OUT/ring-chunks.log" 2>&1
+    echo "ring chunk order exit $?"
     ;;
   quadpatched)
     # Wan2.1-14B Ulysses 4: sagegen.patch (+ FP8 linears), the backend alone and cuDNN; then the CP GPU tests

@@ -125,7 +125,7 @@ def _text_kept(bs, n: int, video: int) -> bool:
     return True
 
 
-def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:
+def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False, dense_side=8) -> None:
     """`sagegen.patch` on the tiny HunyuanVideo transformer (bf16) in one process and under context parallelism
     (sagegen's plan and mask hooks): the fused joint prologue on every joint call, FP8 linears with the single
     block's fused cat-GELU projection, and block-sparse attention with the text kept (under Ulysses the joint
@@ -164,7 +164,7 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
         sparse_policy.block_mask_for = checking_block_mask_for
 
         res, outs = {}, {}
-        for name, side in (("dense", 8), ("sparse", 32)):
+        for name, side in (("dense", dense_side), ("sparse", 32)):
             inputs = hunyuan_inputs(torch.Generator().manual_seed(seed), device, side)
             model = build_tiny_transformer("hunyuanvideo", seed=seed % 100, dtype=torch.bfloat16).to(device)
             with torch.no_grad():
@@ -205,8 +205,11 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
     _exit_cleanly()
 
 
-def run_patched_hunyuan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False) -> dict:
-    return spawn_ranks(patched_hunyuan_worker, tmp_path, "patched_hunyuan", ulysses, ring, seed, cuda)
+def run_patched_hunyuan(tmp_path: Path, ulysses: int, ring: int, seed: int, cuda: bool = False,
+                        dense_side: int = 8) -> dict:
+    """``dense_side``: the dense runs' latent side (8: 44 tokens, one key block; 16: 140, where key order moves
+    keys between quantization blocks)."""
+    return spawn_ranks(patched_hunyuan_worker, tmp_path, "patched_hunyuan", ulysses, ring, seed, cuda, dense_side)
 
 
 def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed, cuda=False) -> None:

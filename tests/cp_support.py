@@ -208,13 +208,13 @@ SEGMENT_CASES = ("none", "keypad", "additive", "perhead", "query_mask")
 
 
 def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: str, out_path: str, seed: int,
-                    s: int, segments: tuple[int, int], in_order: bool = False) -> None:
+                    s: int, segments: tuple[int, int], in_order: bool = False, part_calls: bool = True) -> None:
     """`context_parallel_attention(..., segments=)`: every rank holds (video, text) parts of a sequence whose
     one-process order is [all video, all text] (HunyuanVideo's joint call; text padding at the very end, so in
     the ranks' chunk order it sits in the middle). Rank 0 writes the CP output, put back in one-process order,
     against one process's sagegen attention on that order. ``in_order``: Ring attends once with
-    ``ring_in_order``; every rank records its local calls (q_offset, queries, whether the keys it got are one
-    process's, for its heads), and the LSE is compared too."""
+    ``ring_in_order`` (and ``ring_part_calls=part_calls``); every rank records its local calls (q_offset,
+    queries, whether the keys it got are one process's, for its heads, call_rows), and the LSE is compared too."""
     from sagegen.parallel import context_parallel_attention, sagegen_local_attention
 
     init_gloo(rank, world, init_file)
@@ -226,9 +226,9 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
         calls, current = [], {}
         heads = slice((rank % ulysses) * H // ulysses, (rank % ulysses + 1) * H // ulysses)  # its Ulysses heads
 
-        def local_call(q, k, v, attn_mask=None, scale=None, return_lse=False, q_offset=None):
-            calls.append((q_offset, q.shape[1], bool(torch.equal(k, current["k"][:, :, heads]))))
-            return local(q, k, v, attn_mask, scale, return_lse, q_offset=q_offset)
+        def local_call(q, k, v, attn_mask=None, scale=None, return_lse=False, q_offset=None, call_rows=None):
+            calls.append((q_offset, q.shape[1], bool(torch.equal(k, current["k"][:, :, heads])), call_rows))
+            return local(q, k, v, attn_mask, scale, return_lse, q_offset=q_offset, call_rows=call_rows)
         own = [torch.cat([torch.arange(r * a, (r + 1) * a), torch.arange(world * a + r * b, world * a + (r + 1) * b)])
                for r in range(world)]
         chunk_order = torch.cat(own)  # the global keys as the ranks' chunks follow each other
@@ -246,7 +246,7 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
             out, lse = context_parallel_attention(
                 q[:, mine], k[:, mine], v[:, mine], attn_mask=local_m, scale=scale, return_lse=True,
                 parallel_config=pc, local_attention=local_call if in_order else local, segments=segments,
-                ring_one_call=in_order, ring_in_order=in_order)
+                ring_one_call=in_order, ring_in_order=in_order, ring_part_calls=part_calls)
             outs, lses = [torch.empty_like(out) for _ in range(world)], [torch.empty_like(lse) for _ in range(world)]
             dist.all_gather(outs, out.contiguous())
             dist.all_gather(lses, lse.contiguous())
@@ -276,8 +276,9 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
 
 
 def run_segments(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96,
-                 segments: tuple[int, int] = (40, 8), in_order: bool = False) -> dict:
-    return spawn_ranks(segments_worker, tmp_path, "segments", ulysses, ring, seed, s, segments, in_order)
+                 segments: tuple[int, int] = (40, 8), in_order: bool = False, part_calls: bool = True) -> dict:
+    return spawn_ranks(segments_worker, tmp_path, "segments", ulysses, ring, seed, s, segments, in_order,
+                       part_calls)
 
 
 # ---- end to end: a tiny diffusers transformer under enable_parallelism ------------------------------------

@@ -52,20 +52,24 @@ def test_segments_keep_one_process_order(tmp_path, seed, ulysses, ring):
             assert r["rel_l1_cp_vs_exact"] <= 1.2 * r["rel_l1_single_vs_exact"], (name, r)
 
 
-@pytest.mark.parametrize("ulysses,ring", [(1, 2), pytest.param(2, 2, marks=pytest.mark.slow)])
-def test_ring_in_order_attends_each_segment_over_one_process_keys(tmp_path, seed, ulysses, ring):
-    """``ring_in_order`` (what sagegen's backend asks for a block-sparse joint call under Ring): the gathered keys
-    in one process's order and a call per segment, its queries placed where one process has them, so the output
-    and LSE equal one process's bit for bit (Q is quantized per token, K per block of one process's order),
-    every mask case included."""
+@pytest.mark.parametrize("ulysses,ring,part_calls", [(1, 2, True), (1, 2, False),
+                                                     pytest.param(2, 2, True, marks=pytest.mark.slow)])
+def test_ring_in_order_attends_each_segment_over_one_process_keys(tmp_path, seed, ulysses, ring, part_calls):
+    """``ring_in_order`` (what sagegen's backend asks for joint calls under Ring): the gathered keys in one
+    process's order; with ``ring_part_calls`` (block-sparse calls) a call per segment, its queries placed where
+    one process has them and routed as the rank's whole call (``call_rows``), else one call over the rank's
+    rows. The output and LSE equal one process's bit for bit either way (Q is quantized per token, K per block
+    of one process's order), every mask case included."""
     world = ulysses * ring
     a, b = 40, 8
     res = cp_support.run_segments(tmp_path, ulysses=ulysses, ring=ring, seed=seed, s=world * (a + b),
-                                  segments=(a, b), in_order=True)
+                                  segments=(a, b), in_order=True, part_calls=part_calls)
     res.pop("bad_segments_error")
     for g, seen in enumerate(res.pop("local_calls")):
         rr = g // ulysses  # ring rank: its Ulysses group holds U chunks' video, then their text
-        want = [(rr * ulysses * a, ulysses * a, True), (world * a + rr * ulysses * b, ulysses * b, True)]
+        rows = ulysses * (a + b)
+        want = ([(rr * ulysses * a, ulysses * a, True, rows), (world * a + rr * ulysses * b, ulysses * b, True, rows)]
+                if part_calls else [(None, rows, True, None)])
         assert seen == [list(c) for c in want], (g, seen)
     for name, r in res.items():
         assert r["nan"] == 0 and r["equal"] and r["lse_equal"], (name, r)

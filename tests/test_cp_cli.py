@@ -178,8 +178,8 @@ def test_run_sparse_under_ring(tmp_path, model, parts):
 @pytest.mark.slow
 def test_bench_cp_smoke_reuses_its_one_gpu_baselines(tmp_path):
     """bench/bench_cp.py on two gloo processes (the --cpu-smoke models): the first launch measures and keeps
-    the one-process baselines, a second launch with another split reuses them; both reports are complete,
-    and Ulysses stays within sagegen's own error of one process."""
+    the one-process baselines, a second launch with another split (and fewer variants) reuses them; both reports
+    are complete, and Ulysses stays within sagegen's own error of one process."""
     import json
     import subprocess
     import sys
@@ -192,12 +192,14 @@ def test_bench_cp_smoke_reuses_its_one_gpu_baselines(tmp_path):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
                "--cpu-smoke", "--model", "hunyuanvideo", "--cp", cp, "--repeats", "1",
                "--baseline-dir", str(tmp_path / "base"), "--out", str(out)]
+        cmd += ["--patched", "attention"] if cp == "ulysses=2" else []
         proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         reports[cp] = json.loads(out.read_text())["models"]["hunyuanvideo"]
     first, second = reports["ulysses=2"], reports["ring=2"]
     assert "reused_from" not in first["single"]["sagegen"] and "reused_from" in second["single"]["sagegen"]
     assert second["single"]["sagegen"]["median_s"] == first["single"]["sagegen"]["median_s"]
+    assert "sagegen_patched" in first["single"] and set(second["single"]) == {"sagegen", "stock"}
     uly = first["cp"]["ulysses=2"]
     assert uly["sagegen"]["vs_1gpu_sagegen"]["finite"] and uly["sagegen"]["vs_1gpu_sagegen"]["rel_l1"] < 0.02
     assert uly["stock"]["vs_1gpu_same_backend"]["rel_l1"] < 1e-4     # exact attention: the same to rounding

@@ -44,12 +44,15 @@ def sparse_as_single(res: dict) -> None:
 
 
 @pytest.mark.parametrize("one_call_env,in_order_env,sparse,expected", [
-    (None, None, False, (True, False)), ("0", None, False, (False, False)), ("0", None, True, (True, True)),
-    ("1", None, False, (True, False)), (None, "1", False, (True, True)), (None, "0", True, (True, True))])
+    (None, None, False, (True, True, False)), ("0", None, False, (False, True, False)),
+    ("0", None, True, (True, True, True)), ("1", None, False, (True, True, False)),
+    (None, "1", False, (True, True, False)), (None, "0", False, (True, False, False)),
+    (None, "0", True, (True, True, True))])
 def test_backend_ring_attends_once_unless_told(monkeypatch, one_call_env, in_order_env, sparse, expected):
     """sagegen's backend asks its CP for one Ring call over the gathered keys; SAGEGEN_RING_ONE_CALL=0 walks the
-    chunks for dense calls (block-sparse ones always attend once: the predictor ranks every key). Block-sparse
-    joint calls attend in one process's order (``ring_in_order``); dense ones with SAGEGEN_RING_IN_ORDER=1."""
+    chunks for dense calls (block-sparse ones always attend once: the predictor ranks every key). Joint calls
+    gather their keys in one process's order (``ring_in_order``; SAGEGEN_RING_IN_ORDER=0 keeps chunk order for
+    dense ones), and only block-sparse ones attend part by part (``ring_part_calls``)."""
     import torch
 
     import sagegen.parallel
@@ -66,7 +69,7 @@ def test_backend_ring_attends_once_unless_told(monkeypatch, one_call_env, in_ord
     settings = db.BackendSettings(block_mask=(lambda *a, **kw: None) if sparse else None)
     q = torch.zeros(1, 4, 2, 64)
     db._context_parallel(q, q, q, None, 0.0, False, None, False, False, object(), settings)
-    assert (seen["ring_one_call"], seen["ring_in_order"]) == expected
+    assert (seen["ring_one_call"], seen["ring_in_order"], seen["ring_part_calls"]) == expected
 
 
 def test_flux_ring_2(tmp_path, seed):
@@ -213,16 +216,19 @@ def test_patched_hunyuanvideo_under_context_parallelism(tmp_path, seed, ulysses,
                           ring)
 
 
-def test_patched_hunyuanvideo_dense_ring_in_order_equals_one_process(tmp_path, seed, monkeypatch):
-    """SAGEGEN_RING_IN_ORDER=1: HunyuanVideo's dense joint calls under Ring 2 attend part by part over keys in one
-    process's order too, so the patched output (FP8 linears included) equals one process bit for bit, where the
-    default one call in chunk order is another draw of the same error."""
+@pytest.mark.parametrize("in_order", ["1", "0"])
+def test_patched_hunyuanvideo_dense_ring_in_order_equals_one_process(tmp_path, seed, monkeypatch, in_order):
+    """HunyuanVideo's dense joint calls under Ring 2 gather their keys in one process's order (the default) and
+    attend in one call, so the patched output (FP8 linears included) equals one process bit for bit;
+    SAGEGEN_RING_IN_ORDER=0 keeps the chunk order, another draw of the same error (so the check can fail: 140
+    tokens, where the two orders put keys in other quantization blocks; at 44 they share one block)."""
     from sagegen.patch import diffusers_backend as db
 
-    monkeypatch.setenv(db.RING_IN_ORDER_ENV, "1")  # the spawned ranks inherit it
-    res = cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=1, ring=2, seed=seed)
+    monkeypatch.setenv(db.RING_IN_ORDER_ENV, in_order)  # the spawned ranks inherit it
+    res = cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=1, ring=2, seed=seed, dense_side=16)
     check_patched_hunyuan(res, 2)
-    assert res["rel_l1_cp_vs_single_None"] == 0.0 and res["rel_l1_cp_vs_single_fp8"] == 0.0, res
+    same = res["rel_l1_cp_vs_single_None"] == 0.0 and res["rel_l1_cp_vs_single_fp8"] == 0.0
+    assert same == (in_order == "1"), {k: v for k, v in res.items() if k.startswith("rel_l1")}
 
 
 def check_patched_hunyuan(res: dict, ring: int, bitwise: bool = True) -> None:
@@ -358,3 +364,45 @@ def check_patched_qwen(res: dict, ring: int, bitwise: bool = True) -> None:
         assert res["rel_l1_cp_vs_single_dense"] == 0.0, res
     else:
         assert res["rel_l1_cp_vs_stock_dense"] <= (1.3 if ring == 1 else 1.6) * err, res
+
+
+def test_parts_of_a_ring_call_take_their_whole_calls_route(monkeypatch):
+    """A Ring joint call attended part by part (block-sparse) routes each part as the rank's whole call: with
+    ``backend="auto"`` on a GPU, the text rows alone would go to PyTorch SDPA, where one process runs them in the
+    kernel with the video rows; `part_backend` keeps them on the kernel, and the backend's local attention
+    hands ``call_rows`` to it."""
+    import types
+
+    import torch
+
+    import sagegen.parallel
+    import sagegen.parallel.local as local_mod
+    from sagegen.kernels.backends import auto_prefers_sdpa
+    from sagegen.patch import diffusers_backend as db
+
+    def fake(rows, cuda=True):  # [B, S, H, D] shapes only: the rule reads no values
+        return types.SimpleNamespace(is_cuda=cuda, shape=(1, rows, 24, 128))
+
+    text, video, keys = fake(128), fake(59_528), fake(119_056)
+    assert auto_prefers_sdpa(128, 119_056, 24, 128) and not auto_prefers_sdpa(59_528, 119_056, 24, 128)
+    assert local_mod.part_backend("auto", text, keys, call_rows=59_528) == "triton"
+    assert local_mod.part_backend("auto", text, keys, call_rows=None) == "auto"           # not a part
+    assert local_mod.part_backend("auto", text, fake(256), call_rows=256) == "auto"       # the whole call is small
+    assert local_mod.part_backend("reference", text, keys, call_rows=59_528) == "reference"
+    assert local_mod.part_backend("auto", fake(128, cuda=False), keys, call_rows=59_528) == "auto"  # CPU
+    assert video.shape[1] > text.shape[1]
+
+    captured, asked, routed = {}, [], []
+    monkeypatch.setattr(sagegen.parallel, "context_parallel_attention",
+                        lambda *a, **kw: captured.update(kw) or a[0])
+
+    def recording_part_backend(backend, q, k, call_rows):
+        asked.append((backend, call_rows))
+        return "triton"
+    monkeypatch.setattr(local_mod, "part_backend", recording_part_backend)
+    monkeypatch.setattr(db, "local_attention", lambda q, k, v, settings, **kw: routed.append(settings.backend))
+    q = torch.zeros(1, 4, 2, 64)
+    db._context_parallel(q, q, q, None, 0.0, False, None, False, False, object(), db.BackendSettings())
+    captured["local_attention"](q, q, q, q_offset=0, call_rows=4)
+    captured["local_attention"](q, q, q)
+    assert asked == [("auto", 4)] and routed == ["triton", "auto"]

@@ -18,7 +18,8 @@ from .masks import prepare_mask, ring_key_slice
 from .topology import Topology, all_gather, heads_to_seq, segment_order, seq_to_heads, topology_from
 
 # local_attention(q, k, v, *, attn_mask, scale, return_lse) on [B, S, H, D] tensors (called with keywords; a
-# Ring's one call adds q_offset, q's first position in k's sequence); with return_lse it returns
+# Ring's one call adds q_offset, q's first position in k's sequence, and a call per part adds call_rows, the
+# rows of the call it is part of, so that a router picks the route one process would); with return_lse it returns
 # (out [B, S, H, D], lse [B, S, H] fp32, natural log, -inf for rows with every key masked).
 LocalAttention = Callable[..., object]
 
@@ -38,6 +39,7 @@ def context_parallel_attention(
     segments: tuple[int, ...] | None = None,
     ring_one_call: bool = False,
     ring_in_order: bool = False,
+    ring_part_calls: bool = True,
 ):
     """Attention over the whole CP group's sequence for this rank's local queries.
 
@@ -61,9 +63,10 @@ def context_parallel_attention(
             instead of a call per KV chunk merged by the LSE. sagegen's diffusers backend does (faster, less
             memory, and one GPU's quantization of the keys); False keeps the chunk-by-chunk ring.
         ring_in_order: with ``ring_one_call`` and ``segments``: the gathered keys are put in one process's order
-            ([all video, all text]) and each segment's queries attend in a call of their own, at their own
-            ``q_offset`` (a joint call's text rows and keys where one GPU has them). sagegen's backend does for
-            block-sparse calls; a dense call keeps the one call in chunk order.
+            ([all video, all text]), where one GPU has them (sagegen's backend does for joint calls).
+        ring_part_calls: with ``ring_in_order``: each segment's queries attend in a call of their own, at their
+            own ``q_offset`` (and with ``call_rows``), which a block-sparse policy needs to place its rules;
+            False: one call over this rank's rows (a dense call: the same output, one launch).
     Returns:
         out [B, S_local, H, D] in query's dtype, or (out, lse).
     """
@@ -85,7 +88,8 @@ def context_parallel_attention(
     if topo.ring > 1 and ring_one_call:
         # with segments: a ring rank's parts, after the Ulysses step
         ring_segments = tuple(topo.ulysses * n for n in segments) if segments is not None else None
-        out, lse = _ring_one_call(query, key, value, mask, scale, return_lse, topo, local_attention, ring_segments)
+        out, lse = _ring_one_call(query, key, value, mask, scale, return_lse, topo, local_attention, ring_segments,
+                                  ring_part_calls)
     elif topo.ring > 1:
         out, lse = _ring(query, key, value, mask, scale, topo, local_attention)
     else:
@@ -134,21 +138,26 @@ def _ring(q, k, v, mask, scale, topo: Topology, local_attention):
     return out.to(q.dtype), lse
 
 
-def _ring_one_call(q, k, v, mask, scale, return_lse, topo: Topology, local_attention, segments=None):
+def _ring_one_call(q, k, v, mask, scale, return_lse, topo: Topology, local_attention, segments=None,
+                   part_calls: bool = True):
     """Ring with the keys gathered whole (in chunk order, which is the sequence's order: see topology's doc):
     one local call of this rank's queries -- ring super-chunk ``ring_rank``, so positions ring_rank * S_q
     onwards -- over every key, with the prepared mask's every key column.
 
     ``segments`` (a joint call's parts, this ring rank's lengths): the gathered keys are put in one process's
-    order (each part of every ring rank together, as `prepare_mask` orders the mask's key columns), and each
-    part's queries attend in a call of their own, at ``q_offset`` = the part's start in that order plus
-    ring_rank times its length."""
+    order (each part of every ring rank together, as `prepare_mask` orders the mask's key columns). With
+    ``part_calls`` each part's queries attend in a call of their own, at ``q_offset`` = the part's start in that
+    order plus ring_rank times its length, with ``call_rows`` = this rank's rows; else in one call."""
     r = topo.ring
     segments = segments or (q.shape[1],)
     k_all, v_all = all_gather(k, 1, topo.ring_group), all_gather(v, 1, topo.ring_group)
     if len(segments) > 1:
         order = segment_order(r, segments, k.device)
         k_all, v_all = k_all.index_select(1, order), v_all.index_select(1, order)
+        if not part_calls:
+            res = local_attention(q, k_all, v_all, attn_mask=mask, scale=scale, return_lse=return_lse)
+            return res if return_lse else (res, None)
+    parts = {"call_rows": q.shape[1]} if len(segments) > 1 else {}
     outs, lses = [], []
     start = first = 0  # the part's first row here, and its first position in the gathered keys
     for n in segments:
@@ -156,7 +165,7 @@ def _ring_one_call(q, k, v, mask, scale, return_lse, topo: Topology, local_atten
             rows = slice(start, start + n)
             part_mask = mask if mask is None or mask.shape[2] == 1 else mask[:, :, rows]
             res = local_attention(q[:, rows], k_all, v_all, attn_mask=part_mask, scale=scale,
-                                  return_lse=return_lse, q_offset=first + topo.ring_rank * n)
+                                  return_lse=return_lse, q_offset=first + topo.ring_rank * n, **parts)
             out, lse = res if return_lse else (res, None)
             outs.append(out)
             lses.append(lse)

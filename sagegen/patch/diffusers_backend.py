@@ -253,6 +253,7 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
                          f"({query.shape[2]} query heads, {key.shape[2]} key/value heads)")
     try:
         from ..parallel import context_parallel_attention
+        from ..parallel.local import part_backend
     except ImportError as exc:
         raise NotImplementedError(
             "diffusers asked the 'sagegen' attention backend for context parallelism (enable_parallelism), but "
@@ -260,24 +261,27 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
             "sagegen") from exc
     _count("context_parallel", settings)
 
-    def local(q, k, v, *, attn_mask=None, scale=None, return_lse=False, q_offset=None):
+    def local(q, k, v, *, attn_mask=None, scale=None, return_lse=False, q_offset=None, call_rows=None):
         # a Ring's one call: the queries are a window of the gathered keys (a sparse joint call's keys in one
-        # process's order, its parts in calls of their own: ring_in_order below)
+        # process's order, its parts in calls of their own, routed as their whole call: ring_in_order below)
         window = None if q_offset is None else {"q_offset": q_offset}
+        part = settings if call_rows is None else dataclasses.replace(
+            settings, backend=part_backend(settings.backend, q, k, call_rows))
         return local_attention(q, k, v, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
-                               settings=settings, window=window)
+                               settings=part, window=window)
 
     # A Ring attends once over the gathered keys: equal to one GPU where Q's quantization blocks align, ~7%
     # faster and less memory than chunk by chunk with the LSE merge (bench/NOTES.md v6.8), and where a block-
-    # sparse predictor sees every key. SAGEGEN_RING_ONE_CALL=0 walks the chunks (dense calls only). A sparse
-    # joint call attends part by part over keys in one process's order, where its text rules hold; a dense one
-    # only with SAGEGEN_RING_IN_ORDER=1 (output as one GPU's, one more launch a call: not yet timed).
+    # sparse predictor sees every key. SAGEGEN_RING_ONE_CALL=0 walks the chunks (dense calls only). A joint
+    # call's keys are gathered in one process's order (its output then one GPU's, and 1 GB less a GPU than
+    # the chunk order's key compaction at HunyuanVideo 720p: NOTES v7.0); SAGEGEN_RING_IN_ORDER=0 keeps chunk
+    # order for dense calls. A sparse joint call attends part by part, where its text rules hold.
     sparse = settings.block_mask is not None
     one_call = sparse or os.environ.get(RING_ONE_CALL_ENV, "1") != "0"
-    in_order = sparse or os.environ.get(RING_IN_ORDER_ENV, "0") == "1"
+    in_order = sparse or os.environ.get(RING_IN_ORDER_ENV, "1") != "0"
     return context_parallel_attention(query, key, value, attn_mask=attn_mask, scale=scale, return_lse=return_lse,
                                       parallel_config=parallel_config, local_attention=local, segments=segments,
-                                      ring_one_call=one_call, ring_in_order=in_order)
+                                      ring_one_call=one_call, ring_in_order=in_order, ring_part_calls=sparse)
 
 
 RING_ONE_CALL_ENV = "SAGEGEN_RING_ONE_CALL"
