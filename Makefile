@@ -34,10 +34,11 @@ bench: $(STAMP)
 	$(PY) bench/bench_attention.py --out bench/results/attention-local-$$(date +%F).json \
 		--plot bench/results/attention-local-$$(date +%F).png
 
-# pyflakes' checks (unused imports, undefined names) through ruff, which honours `# noqa` re-exports.
+# pyflakes' checks (unused imports, undefined names) and line length (E501: 120, from pyproject.toml) through
+# ruff, which honours `# noqa` re-exports.
 lint: $(STAMP)
 	$(PY) -m pip install -q --no-cache-dir 'ruff>=0.6'
-	$(VENV)/bin/ruff check --no-cache --select F sagegen tests bench
+	$(VENV)/bin/ruff check --no-cache --select F,E501 sagegen tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -333,7 +333,8 @@ def main(argv=None) -> dict:
                           torchao_compile=args.torchao_compile, rounds=args.rounds,
                           cat_gelu_k0=CAT_GELU.get((model, layer), 0), siblings=SIBLINGS.get((model, layer), ()))
         rows.append(row)
-        atomic_write_json(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))  # a cut-short run keeps rows
+        # a cut-short run keeps rows
+        atomic_write_json(args.out, _report(device, argv, block_ok, block_why, rows, partial=True))
         ms, err = row["ms"], row["error_vs_bf16"]
         best = row.get("quant_best")
         print(f"{model:>12} {layer:<19} M={M:<6} K={K:<5} N={N:<5} bf16 {ms['bf16']:7.3f} ms | "

@@ -45,7 +45,8 @@ def main() -> None:
     sagegen_cli("compare", "tiny-cogvideox", "--prompts", "smoke", "--out", run_dir)
     sagegen_cli("eval", run_dir, "--metric", "all")
     sagegen_cli("report", run_dir)
-    print(f"\nDemo done in {time.time() - start:.0f} s. Report: {os.path.abspath(os.path.join(run_dir, 'report', 'report.html'))}")
+    print(f"\nDemo done in {time.time() - start:.0f} s. "
+          f"Report: {os.path.abspath(os.path.join(run_dir, 'report', 'report.html'))}")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ def tiny_flux(seed: int = 0):
                                    pooled_projection_dim=32, axes_dims_rope=(4, 14, 14)).eval()
     g = torch.Generator().manual_seed(seed + 1)
     h = w = 4
-    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(), indexing="ij"), -1)
+    img_ids = torch.stack(torch.meshgrid(torch.zeros(1), torch.arange(h).float(), torch.arange(w).float(),
+                                         indexing="ij"), -1)
     inputs = dict(hidden_states=torch.randn(1, h * w, 4, generator=g),
                   encoder_hidden_states=torch.randn(1, 7, 32, generator=g),
                   pooled_projections=torch.randn(1, 32, generator=g), timestep=torch.tensor([0.5]),

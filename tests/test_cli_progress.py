@@ -27,7 +27,8 @@ def test_not_a_terminal_gets_one_line_per_sample(fake_model, tmp_path):  # noqa:
     for variant in ("sdpa", "sage"):
         for i, sid in enumerate(("p000-s0", "p001-s0"), start=1):
             assert f"{variant} {i}/2 {sid}: started (2 steps)" in r.output
-            done = [ln for ln in r.output.splitlines() if ln.startswith(f"{variant} {i}/2 {sid}: ") and " s (denoise" in ln]
+            done = [ln for ln in r.output.splitlines()
+                    if ln.startswith(f"{variant} {i}/2 {sid}: ") and " s (denoise" in ln]
             assert len(done) == 1, r.output
     assert "\r" not in r.output and "sdpa samples" not in r.output  # no progress bars
 
@@ -94,7 +95,8 @@ def test_cli_says_which_process_holds_the_run(fake_model, tmp_path):  # noqa: F8
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        r = runner.invoke(app, ["run", "tiny-flux", "-p", "x", "--steps", "1", "--warmup", "0", "-q", "--out", str(run)])
+        r = runner.invoke(app, ["run", "tiny-flux", "-p", "x", "--steps", "1", "--warmup", "0", "-q",
+                                "--out", str(run)])
         assert r.exit_code == 2 and f"pid {holder.pid}" in r.output and "another --out" in r.output
         assert fake_model.loads == [] and not (run / "manifest.json").exists()
     finally:

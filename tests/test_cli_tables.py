@@ -9,8 +9,8 @@ from sagegen.cli.tables import (attention_warnings, compare_table, cpu_note, fp8
 
 def _manifest():
     samples = [{"id": f"p00{i}-s0", "prompt": f"prompt {i}", "seed": 0} for i in range(3)]
-    t = lambda total, den: {"total_s": total, "encode_s": 0.1, "denoise_s": den, "decode_s": total - den - 0.1,  # noqa: E731
-                            "save_s": 0.01}
+    t = lambda total, den: {"total_s": total, "encode_s": 0.1, "denoise_s": den,  # noqa: E731
+                            "decode_s": total - den - 0.1, "save_s": 0.01}
     return {"model": {"name": "m"}, "samples": samples, "variants": ["sdpa", "sage"],
             "runtime": {"device": "cuda"},
             "timings": {"sdpa": {"p000-s0": t(4.0, 3.0), "p001-s0": t(6.0, 5.0), "p002-s0": t(5.0, 4.0)},
@@ -67,7 +67,8 @@ def test_fp8_eager_note_only_for_eager_gpu_fp8_on_image_models():
     assert fp8_eager_note(m) is None  # no FP8 layers
     m["setup"]["sage"]["rank0"]["linear"] = {"fp8_layer_count": 474, "emulated": False}
     assert "--cuda-graphs" in fp8_eager_note(m) and run_notes(m) == [fp8_eager_note(m)]
-    for change in ({"runtime": {"device": "cuda", "cuda_graphs": True}}, {"runtime": {"device": "cuda", "compile": True}},
+    for change in ({"runtime": {"device": "cuda", "cuda_graphs": True}},
+                   {"runtime": {"device": "cuda", "compile": True}},
                    {"model": {"name": "m", "kind": "video"}}):
         assert fp8_eager_note({**m, **change}) is None, change
     m["setup"]["sage"]["rank0"]["linear"]["emulated"] = True

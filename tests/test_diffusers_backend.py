@@ -245,7 +245,8 @@ def test_an_unsupported_diffusers_gets_a_clear_error():
 
 # -- subprocesses: import order, DIFFUSERS_ATTN_CHECKS, DIFFUSERS_ATTN_BACKEND ---------------------------------
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "TRITON_INTERPRET": "1", **env}
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+                "TRITON_INTERPRET": "1", **env}
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=600)
 

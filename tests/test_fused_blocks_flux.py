@@ -87,7 +87,8 @@ def test_single_block_quantizes_its_normed_input_once_for_four_projections(seed,
     model, inputs = _tiny(seed=seed % 100, double=1, single=3)
     calls = []
     real = fp8_module.quantize_eager
-    monkeypatch.setattr(fp8_module, "quantize_eager", lambda x, *a, **k: calls.append(tuple(x.shape)) or real(x, *a, **k))
+    monkeypatch.setattr(fp8_module, "quantize_eager",
+                        lambda x, *a, **k: calls.append(tuple(x.shape)) or real(x, *a, **k))
     with torch.no_grad():
         sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
         model(**inputs)

@@ -179,7 +179,8 @@ def test_gluon_q_quantized_in_kernel_is_bit_identical(seed, monkeypatch, d, layo
     q, k, v = qkv(2, 8, 4, 1000 + 3, 700 + 9, d, dtype=torch.bfloat16, device="cuda", layout=layout)
     q = q * 5.0  # rows with large values: scales far from 1
     seen, real_quantize = [], triton_attn.quantize
-    monkeypatch.setattr(triton_attn, "quantize", lambda *a, **kw: seen.append(kw["quantize_q"]) or real_quantize(*a, **kw))
+    monkeypatch.setattr(triton_attn, "quantize",
+                        lambda *a, **kw: seen.append(kw["quantize_q"]) or real_quantize(*a, **kw))
     runs = {}
     for in_kernel in (True, False):
         monkeypatch.setattr(gluon_attn, "QUANT_Q_IN_KERNEL", in_kernel)

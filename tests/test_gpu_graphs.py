@@ -24,8 +24,8 @@ def _model(name, size=256):
     dims = dict(height=size, width=size)
     if arch.frames:
         dims["frames"] = 9
-    make = lambda seed: archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda", seed=seed,  # noqa: E731
-                                             **dims)
+    make = lambda seed: archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda",  # noqa: E731
+                                             seed=seed, **dims)
     return model, make
 
 
@@ -109,7 +109,8 @@ def test_a_forward_that_syncs_runs_eagerly_and_cuda_stays_usable():
     lin = wrapper.forward.__self__
     with torch.inference_mode():
         outs = [lin(x * i) for i in range(3)]
-    assert wrapper.stats["replayed"] == 2 and torch.equal(outs[2], torch.nn.functional.linear(x * 2, lin.weight, lin.bias))
+    assert wrapper.stats["replayed"] == 2 and torch.equal(outs[2],
+                                                          torch.nn.functional.linear(x * 2, lin.weight, lin.bias))
 
 
 class _HostValues(torch.nn.Module):

@@ -129,7 +129,8 @@ def test_peft_lora_layers_stay_bf16():
     sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=()))
     info = patch_info(model)["linear"]
     lora = [n for n in info["bf16_layers"] if n.startswith("transformer_blocks.0.attn.to_q.")]
-    assert sorted(lora) == ["transformer_blocks.0.attn.to_q.base_layer", "transformer_blocks.0.attn.to_q.lora_A.default",
+    assert sorted(lora) == ["transformer_blocks.0.attn.to_q.base_layer",
+                            "transformer_blocks.0.attn.to_q.lora_A.default",
                             "transformer_blocks.0.attn.to_q.lora_B.default"]
     assert all("peft LoRA" in info["bf16_layers"][n] for n in lora)
     assert "transformer_blocks.0.attn.to_k" in info["fp8_layers"]

@@ -44,7 +44,8 @@ def test_html_is_self_contained_and_complete(video_run):
     # nothing loaded from outside the file: every src is a data URI; no http(s) resources
     assert not re.search(r'src="(?!data:)', html)
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "") and "https://" not in html
-    assert html.count('class="player"') == 2 and html.count("<canvas class=\"sg-view") == 6 and html.count("sg-view sg-diff") == 2
+    assert (html.count('class="player"') == 2 and html.count("<canvas class=\"sg-view") == 6
+            and html.count("sg-view sg-diff") == 2)
     assert "a red &lt;ball&gt; &amp; &quot;cube&quot;" in html  # prompts escaped
     assert html.count('class="sg-cursor"') == 2  # per-frame PSNR plots
     assert "speedup" in html and "1.67×" in html  # 1.5 s / 0.9 s denoise in the synthetic timings

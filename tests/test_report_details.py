@@ -54,7 +54,8 @@ def test_jpeg_encoding_keeps_full_chroma():
 
 def test_subsampled_players_show_real_frame_numbers(tmp_path):
     run = make_synthetic_run(tmp_path / "long", prompts=["p"], frames=12, height=32, width=32)
-    html = build_report(run, ReportOptions(max_frames=5, mp4=False, contact=False), log=lambda s: None)["html"].read_text()
+    html = build_report(run, ReportOptions(max_frames=5, mp4=False, contact=False),
+                        log=lambda s: None)["html"].read_text()
     p = _players(html)[0]
     assert p["n"] == 4 and p["step"] == 3 and p["total"] == 12
     assert "(every 3rd frame)" in html and "3th" not in html

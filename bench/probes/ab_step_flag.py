@@ -60,7 +60,8 @@ def main():
     result = {"model": args.model, "flag": args.flag, "linear": args.linear, "ms": ms, "median_ms": med,
               "outputs_identical": bool(torch.equal(a, b)),
               "rel_l1_A_vs_B": ((a - b).abs().sum() / b.abs().sum()).item(),
-              "speedup_A": med["stock"] / med["A"], "speedup_B": med["stock"] / med["B"], "A_over_B": med["B"] / med["A"]}
+              "speedup_A": med["stock"] / med["A"], "speedup_B": med["stock"] / med["B"],
+              "A_over_B": med["B"] / med["A"]}
     print({k: v for k, v in result.items() if k != "ms"}, flush=True)
     write_json(args.out, environment=environment(), **result)
 

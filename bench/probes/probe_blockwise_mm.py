@@ -72,7 +72,8 @@ def main():
             print(row, flush=True)
             rows.append(row)
     write_json(args.out, environment=environment(cuda=torch.version.cuda,
-                                                 cublaslt=getattr(torch._C, "_cuda_getCompiledVersion", lambda: None)()),
+                                                 cublaslt=getattr(torch._C, "_cuda_getCompiledVersion",
+                                                                  lambda: None)()),
                rows=rows)
 
 

@@ -127,8 +127,8 @@ def main() -> None:
         "torch_add_small": lambda: x.add(1.0),
         "device_capability": lambda: device_capability(dev),
         "describe_cuda": lambda: backends.describe_cuda(dev),
-        "tensor_descriptor": lambda: gluon_attn.TensorDescriptor.from_tensor(big.view(-1, 128), [64, 128],
-                                                                             gluon_attn.shared_layouts(64, 128, 128)[0]),
+        "tensor_descriptor": lambda: gluon_attn.TensorDescriptor.from_tensor(
+            big.view(-1, 128), [64, 128], gluon_attn.shared_layouts(64, 128, 128)[0]),
         "shared_layouts_uncached": lambda: gluon_attn.shared_layouts.__wrapped__(64, 128, 128),
         "sdpa_1x24x1024x128": lambda: F.scaled_dot_product_attention(q, k, v),
         "sageattn_triton_1x24x1024x128": lambda: sagegen.sageattn(q, k, v, backend="triton", config=cfg),

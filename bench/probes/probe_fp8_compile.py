@@ -28,7 +28,8 @@ def variant(label, model, inputs, **patch_kwargs):
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True)(**inputs)[0]
         again = model(**inputs)[0]
-    print(f"{label:40s} cos(compiled, eager)={cos(compiled, eager):.6f} cos(eager again, eager)={cos(again, eager):.6f}",
+    print(f"{label:40s} cos(compiled, eager)={cos(compiled, eager):.6f} "
+          f"cos(eager again, eager)={cos(again, eager):.6f}",
           flush=True)
     sagegen.unpatch(model)
     torch._dynamo.reset()

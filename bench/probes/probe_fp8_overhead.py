@@ -22,7 +22,8 @@ def main():
         launch = fp8_quant.per_token_launch(3072)
         n = -(-m // launch["BLOCK_M"])
         kargs = (x, x, x, xq, xs, m, 3072, 0, x.stride(0), 0, xq.stride(0), n)
-        kw = dict(HAS_COL=False, GELU=False, HAS_PREFIX=False, INTERPRET=False, TANH_LIBDEVICE=False, enable_fp_fusion=True, **launch)
+        kw = dict(HAS_COL=False, GELU=False, HAS_PREFIX=False, INTERPRET=False, TANH_LIBDEVICE=False,
+                  enable_fp_fusion=True, **launch)
         w_q, w_s, b = layer.w_q, layer.w_scale_gemm, lin.bias
         with torch.inference_mode():
             rows = {

@@ -168,7 +168,8 @@ def main():
         t_plain = bench_ms(lambda: launch(mod, qq, q, k, v, out, items, False))
         t_items = bench_ms(lambda: launch(mod, qq, q, k, v, out, items, True))
         t_plain2 = bench_ms(lambda: launch(mod, qq, q, k, v, out, items, False))
-        row = {"shape": [b, h, n, d], **check, "pass_us": 1000 * t_quant, "kernel_us": [1000 * t_plain, 1000 * t_plain2],
+        row = {"shape": [b, h, n, d], **check, "pass_us": 1000 * t_quant,
+               "kernel_us": [1000 * t_plain, 1000 * t_plain2],
                "kernel_with_items_us": 1000 * t_items,
                "items_cost_us": 1000 * (t_items - (t_plain + t_plain2) / 2),
                "kernel_tflops": tf(t_plain), "full_call_tflops_now": tf(t_plain + t_quant)}

@@ -49,12 +49,13 @@ def main():
                 row["ms"][key] = bench_ms(fn)
                 q, s = fn()
                 row["codes_differing"][key] = (q.view(torch.uint8) != ref_q.view(torch.uint8)).float().mean().item()
-        print(name, {k: round(v, 3) for k, v in row["ms"].items()}, {k: f"{v:.1e}" for k, v in row["codes_differing"].items()},
+        print(name, {k: round(v, 3) for k, v in row["ms"].items()},
+              {k: f"{v:.1e}" for k, v in row["codes_differing"].items()},
               flush=True)
         rows.append(row)
     with open(args.out, "w") as f:
-        json.dump({"probe": "gelu_quant", "device": torch.cuda.get_device_name(), "versions": versions(), "rows": rows}, f,
-                  indent=2)
+        json.dump({"probe": "gelu_quant", "device": torch.cuda.get_device_name(), "versions": versions(),
+                   "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

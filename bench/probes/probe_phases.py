@@ -59,7 +59,8 @@ def _stamp(CLK, start_m, pid_bh, j, point: gl.constexpr):
 @gluon.jit
 def _attn_fwd_sm90(''', 1)
     # the launcher passes the clock buffer through
-    src = src.replace("        SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, num_warps=4, **extra,",
+    src = src.replace("        SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v,"
+                      " num_warps=4, **extra,",
                       "        SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, CLK=CLOCKS[0],"
                       " num_warps=4, **extra,")
     return src + "\nCLOCKS = [None]\n"

@@ -39,9 +39,16 @@ def bench_command(
 ) -> None:
     """Time one denoising step at the model's default resolution (random weights, nothing downloaded).
 
-    Stock attention vs sagegen in the same run after warm-up, an attention-free run (Amdahl), peak memory and the output difference; JSON with device, versions and date. Needs a CUDA GPU (--tiny: a CPU smoke test).
+    Stock attention vs sagegen in the same run after warm-up, an attention-free run (Amdahl), peak memory and the \
+output difference; JSON with device, versions and date. Needs a CUDA GPU (--tiny: a CPU smoke test).
 
-    Options passed to the benchmark: --compile (--compiled-only: skip the eager sagegen variants; --compile-scope full|regional, --compile-mode MODE, --compile-backend NAME), --cuda-graphs (also each eager variant replayed as a CUDA graph: no host time), --repeats N, --warmup N, --batch N, --height, --width, --frames, --dtype bf16|fp16, --seed N, --sage-config JSON, --backend auto|triton, --linear fp8 (also attention + FP8 linears; --linear-policy JSON), --torchao (the same layers by torchao's float8, if installed), --sparse SPEC (also block-sparse attention, repeatable: topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --profile (GPU time by kernel group), --no-zero-attention, --random-weights (the default), --tiny, --out FILE.
+    Options passed to the benchmark: --compile (--compiled-only: skip the eager sagegen variants; --compile-scope \
+full|regional, --compile-mode MODE, --compile-backend NAME), --cuda-graphs (also each eager variant replayed as a CUDA \
+graph: no host time), --repeats N, --warmup N, --batch N, --height, --width, --frames, --dtype bf16|fp16, --seed N, \
+--sage-config JSON, --backend auto|triton, --linear fp8 (also attention + FP8 linears; --linear-policy JSON), \
+--torchao (the same layers by torchao's float8, if installed), --sparse SPEC (also block-sparse attention, repeatable: \
+topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --profile (GPU time by kernel group), \
+--no-zero-attention, --random-weights (the default), --tiny, --out FILE.
 
     Examples: sagegen bench cogvideox-5b --compile; sagegen bench flux --tiny --out /tmp/smoke.json
     """

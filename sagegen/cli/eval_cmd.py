@@ -18,20 +18,37 @@ MODE_NOTES = {
 
 
 def eval_command(
-    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under $SAGEGEN_RUNS or runs/).")] = None,
-    metric: Annotated[list[str], typer.Option("--metric", "-m", metavar="NAME", help=METRIC_HELP, show_default="all available")] = [],  # noqa: B006
-    clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained tag, from the local cache), [NAME:]PATH to a checkpoint, or local-dir:FOLDER. Default ViT-B-32/openai.")] = None,
-    clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces EvalCrafter, as in the SageAttention2 paper) or standard.")] = "evalcrafter",
-    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript inception-2015-12-05.pt, pytorch-fid's pt_inception-2015-12-05-*.pth, or a torchvision Inception-v3 .pth (or $SAGEGEN_INCEPTION_WEIGHTS).")] = None,
-    reference: Annotated[Optional[Path], typer.Option(help="Folder of reference images: FID/KID of each variant against it as well.")] = None,
-    lpips_weights: Annotated[Optional[str], typer.Option(help="LPIPS weights: combined .pth or a folder with alexnet-owt-*.pth and lpips' alex.pth (or $SAGEGEN_LPIPS_WEIGHTS).")] = None,
-    fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID (evenly spaced; default all).")] = None,
-    bootstrap: Annotated[Optional[int], typer.Option(hidden=True, help="Ignored: the intervals are Student-t now (kept so old scripts run).")] = None,
+    run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under "
+                                                           "$SAGEGEN_RUNS or runs/).")] = None,
+    metric: Annotated[list[str], typer.Option("--metric", "-m", metavar="NAME", help=METRIC_HELP,
+                                              show_default="all available")] = [],  # noqa: B006
+    clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained "
+                                                           "tag, from the local cache), [NAME:]PATH to a "
+                                                           "checkpoint, or local-dir:FOLDER. Default "
+                                                           "ViT-B-32/openai.")] = None,
+    clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces "
+                                                "EvalCrafter, as in the SageAttention2 paper) or "
+                                                "standard.")] = "evalcrafter",
+    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript "
+                                                                  "inception-2015-12-05.pt, pytorch-fid's "
+                                                                  "pt_inception-2015-12-05-*.pth, or a torchvision "
+                                                                  "Inception-v3 .pth (or "
+                                                                  "$SAGEGEN_INCEPTION_WEIGHTS).")] = None,
+    reference: Annotated[Optional[Path], typer.Option(help="Folder of reference images: FID/KID of each variant "
+                                                           "against it as well.")] = None,
+    lpips_weights: Annotated[Optional[str], typer.Option(help="LPIPS weights: combined .pth or a folder with "
+                                                              "alexnet-owt-*.pth and lpips' alex.pth (or "
+                                                              "$SAGEGEN_LPIPS_WEIGHTS).")] = None,
+    fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID "
+                                                                  "(evenly spaced; default all).")] = None,
+    bootstrap: Annotated[Optional[int], typer.Option(hidden=True, help="Ignored: the intervals are Student-t "
+                                                                       "now (kept so old scripts run).")] = None,
 ) -> None:
     """Evaluate a run: CLIP scores, FID/KID, PSNR/SSIM/LPIPS vs the baseline, into metrics.json.
 
     Writes RUN_DIR/metrics.json (per sample and aggregate, sage − baseline deltas with 95% Student-t
-    confidence intervals over prompts) and prints a table. A metric whose weights are missing offline is skipped with a one-line
+    confidence intervals over prompts) and prints a table. \
+A metric whose weights are missing offline is skipped with a one-line
     reason; the others still run. Exits 1 when none of the requested metrics could be computed.
 
     Examples: sagegen eval runs/demo (every metric it can);
@@ -87,9 +104,11 @@ def eval_command(
         if w:
             console.print(f"warning ({m}): {w}", style="yellow", highlight=False, soft_wrap=True)
     console.print(f"Wrote {path / 'metrics.json'}", highlight=False, soft_wrap=True)
-    if not (doc.get("last_eval") or {}).get("computed"):  # not a success: nothing the user asked for came out (reasons printed above)
+    # not a success: nothing the user asked for came out (reasons printed above)
+    if not (doc.get("last_eval") or {}).get("computed"):
         console.print(f"[red]error:[/] none of the requested metrics ({', '.join(names)}) could be computed; "
-                      "see the reasons above (results of earlier calls in metrics.json are kept)", highlight=False, soft_wrap=True)
+                      "see the reasons above (results of earlier calls in metrics.json are kept)", highlight=False,
+                      soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -19,7 +19,8 @@ MEM = "Memory and speed"
 KER = "sagegen attention"
 OUT = "Output"
 
-Model = Annotated[str, typer.Argument(metavar="MODEL", help="Model preset or alias (see `sagegen models`), e.g. cogvideox, "
+Model = Annotated[str, typer.Argument(metavar="MODEL",
+                                      help="Model preset or alias (see `sagegen models`), e.g. cogvideox, "
                                            "flux, tiny-cogvideox.", show_default=False)]
 Prompt = Annotated[Optional[list[str]], typer.Option("--prompt", "-p", metavar="TEXT", help="Prompt text (repeatable).",
                                                      rich_help_panel=GEN, show_default=False)]
@@ -28,22 +29,29 @@ Prompts = Annotated[Optional[str], typer.Option("--prompts", "-P", metavar="FILE
                                                      "set: smoke, t2v, t2i.")]
 MaxPrompts = Annotated[Optional[int], typer.Option("--max-prompts", metavar="N", min=1, rich_help_panel=GEN,
                                                    help="Use only the first N prompts.")]
-Seed = Annotated[Optional[list[str]], typer.Option("--seed", "-s", metavar="SEEDS", rich_help_panel=GEN, show_default=False,
+Seed = Annotated[Optional[list[str]], typer.Option("--seed", "-s", metavar="SEEDS", rich_help_panel=GEN,
+                                                   show_default=False,
                                                    help="Seed(s): 7, 0,1,2 or 0-3 (repeatable; default 0). "
                                                         "Every prompt runs with every seed.")]
-Steps = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Denoising steps (default: the preset's).")]
-Frames = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Frames (video) (default: the preset's).")]
-Height = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Height in pixels (default: the preset's).")]
-Width = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN, help="Width in pixels (default: the preset's).")]
-Guidance = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=GEN, help="Guidance scale (default: the preset's).")]
+Steps = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+                                              help="Denoising steps (default: the preset's).")]
+Frames = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+                                               help="Frames (video) (default: the preset's).")]
+Height = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+                                               help="Height in pixels (default: the preset's).")]
+Width = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+                                              help="Width in pixels (default: the preset's).")]
+Guidance = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=GEN,
+                                                   help="Guidance scale (default: the preset's).")]
 Negative = Annotated[Optional[str], typer.Option("--negative-prompt", "-n", metavar="TEXT", rich_help_panel=GEN,
                                                  help="Negative prompt.")]
 Dtype = Annotated[Literal["auto", "bfloat16", "float16", "float32"],
                   typer.Option(case_sensitive=False, rich_help_panel=GEN,
                                help="Model dtype; auto = the preset's recommended one.")]
-Device = Annotated[str, typer.Option(metavar="DEVICE", rich_help_panel=MEM, help="auto (this process's GPU, else CPU), cpu, "
-                                                               "cuda or cuda:N.")]
-ModelPath = Annotated[Optional[Path], typer.Option("--model-path", metavar="DIR", rich_help_panel=GEN, show_default=False,
+Device = Annotated[str, typer.Option(metavar="DEVICE", rich_help_panel=MEM,
+                                     help="auto (this process's GPU, else CPU), cpu, cuda or cuda:N.")]
+ModelPath = Annotated[Optional[Path], typer.Option("--model-path", metavar="DIR", rich_help_panel=GEN,
+                                                   show_default=False,
                                                    help="A local diffusers pipeline folder to load instead of "
                                                         "the hub/cache.")]
 RandomWeights = Annotated[bool, typer.Option("--random-weights/--no-random-weights", rich_help_panel=GEN,
@@ -52,9 +60,10 @@ RandomWeights = Annotated[bool, typer.Option("--random-weights/--no-random-weigh
 Offload = Annotated[Literal["none", "model", "sequential"],
                     typer.Option(case_sensitive=False, rich_help_panel=MEM, help="CPU offload of the pipeline.")]
 VaeTiling = Annotated[bool, typer.Option("--vae-tiling/--no-vae-tiling", rich_help_panel=MEM, help="Decode in tiles.")]
-VaeSlicing = Annotated[bool, typer.Option("--vae-slicing/--no-vae-slicing", rich_help_panel=MEM, help="Decode one video/image "
-                                                                                     "at a time.")]
-Compile = Annotated[bool, typer.Option("--compile/--no-compile", rich_help_panel=MEM, help="torch.compile the transformer.")]
+VaeSlicing = Annotated[bool, typer.Option("--vae-slicing/--no-vae-slicing", rich_help_panel=MEM,
+                                          help="Decode one video/image at a time.")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", rich_help_panel=MEM,
+                                       help="torch.compile the transformer.")]
 CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs", rich_help_panel=MEM,
                                           help="Replay each denoiser call as a CUDA graph, for every variant (the "
                                                "first call of a shape runs eagerly, the second is captured): takes "
@@ -169,7 +178,8 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
               command=command_line(), linear=linear, sparse=sparse_cfg, cuda_graphs=cuda_graphs)
-    checks.check_out_dir(job.resolve_out(), "--out" if out is not None else "--out (default: under $SAGEGEN_RUNS or runs/)")
+    checks.check_out_dir(job.resolve_out(),
+                         "--out" if out is not None else "--out (default: under $SAGEGEN_RUNS or runs/)")
     return job, warnings
 
 

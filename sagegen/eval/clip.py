@@ -92,7 +92,8 @@ def has_exact_resize() -> bool:
 
 
 APPROX_RESIZE_NOTE = ("OpenCV is not installed, so EvalCrafter's cv2.resize is approximated (off by 1 on about 11% "
-                      "of pixel values); pip install opencv-python-headless (in sagegen's eval extra) for the exact one")
+                      "of pixel values); pip install opencv-python-headless (in sagegen's eval extra) for the "
+                      "exact one")
 
 
 def resize_uint8_linear(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:

@@ -150,7 +150,8 @@ def _torchscript_comparability(path: Path, dim: int) -> tuple[bool | None, str]:
     """Any network can be saved as TorchScript, and sagegen has no checksum of the TF FID Inception to check
     the file against: only a wrong feature size proves it is not the FID network."""
     if dim != INCEPTION_DIM:
-        return False, f"{path.name} gives {dim}-d features, not the {INCEPTION_DIM}-d pool features of the FID Inception"
+        return False, (f"{path.name} gives {dim}-d features, not the {INCEPTION_DIM}-d pool features of the "
+                       "FID Inception")
     return None, (f"unverified: {path.name} gives {INCEPTION_DIM}-d features, but sagegen cannot check that it is the "
                   "TF FID Inception (inception-2015-12-05.pt); the numbers are comparable to published FIDs only if "
                   "it is (compare extractor_sha256 with your copy)")

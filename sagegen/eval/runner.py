@@ -259,7 +259,8 @@ def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
         meta["mode"] = mode
         notes = []
         if mode == "evalcrafter" and not models["clip"].is_evalcrafter_model:
-            notes.append("EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to EvalCrafter")
+            notes.append("EvalCrafter preprocessing with a model other than OpenAI ViT-B/32: not comparable to "
+                         "EvalCrafter")
         if metric == "clipsim" and mode == "evalcrafter" and not clipmod.has_exact_resize():
             notes.append(clipmod.APPROX_RESIZE_NOTE)
         if metric == "clipscore":  # two conventions share the name; say which one this number follows

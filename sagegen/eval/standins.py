@@ -29,7 +29,8 @@ def write_tiny_clip(folder: str | Path, seed: int = 0, weights: bool = True) -> 
                                                           "std": [0.26862954, 0.26130258, 0.27577711]}}
     (folder / "open_clip_config.json").write_text(json.dumps(cfg))
     if weights:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "open_clip_model.safetensors"))
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                  str(folder / "open_clip_model.safetensors"))
     return folder
 
 

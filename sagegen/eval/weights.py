@@ -149,7 +149,8 @@ def resolve_inception(path: str | None) -> Path:
     extractor (e.g. ``inception-2015-12-05.pt``, the TF FID weights as TorchScript) or a torchvision
     Inception-v3 state dict. No pip package ships FID's Inception weights, so without one FID/KID are skipped."""
     p = path or os.environ.get(INCEPTION_ENV)
-    how = f"pass --inception-weights PATH (TorchScript inception-2015-12-05.pt, pytorch-fid's pt_inception-*.pth or a torchvision Inception-v3 .pth) or set ${INCEPTION_ENV}"
+    how = ("pass --inception-weights PATH (TorchScript inception-2015-12-05.pt, pytorch-fid's pt_inception-*.pth "
+           f"or a torchvision Inception-v3 .pth) or set ${INCEPTION_ENV}")
     if not p:
         raise WeightsMissing(f"no Inception weights (none ship in a package; nothing is downloaded); {how}")
     pp = Path(os.path.expanduser(p))

@@ -164,7 +164,8 @@ class FP8Linear(torch.nn.Module):
 
     def cat_gelu(self, prefix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """This layer of ``cat([prefix, gelu_tanh(x)], -1)`` (prefix [..., K0], x [..., K - K0]): a single
-        block's ``proj_out`` (Flux, HunyuanVideo) of the attention output and the MLP's pre-GELU tensor. In eager FP8 calls the
+        block's ``proj_out`` (Flux, HunyuanVideo) of the attention output and the MLP's pre-GELU tensor. \
+In eager FP8 calls the
         quantization kernel reads both and computes the GELU (no GELU output, no concatenated copy); every
         other case (few rows, a split outlier layer, calibration, compile) runs the layer on the
         concatenation itself, with the same values."""

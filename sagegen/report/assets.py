@@ -3,7 +3,8 @@
 CSS = r"""
 :root{--bg:#fafafa;--fg:#1d1d1f;--muted:#666;--card:#fff;--line:#ddd;--good:#1a7f37;--bad:#c62828}
 *{box-sizing:border-box}
-body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;background:var(--bg);color:var(--fg)}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;""" \
+r"""background:var(--bg);color:var(--fg)}
 header{padding:18px 24px;background:#15171a;color:#f3f3f3}
 header h1{margin:0 0 4px;font-size:20px}
 header .sub{color:#b8b8b8;font-size:13px;word-break:break-all}
@@ -18,7 +19,8 @@ th{background:#f4f4f6;font-weight:600}
 .kv td{text-align:left}
 .kv td:first-child{color:var(--muted);white-space:nowrap}
 .good{color:var(--good)}.bad{color:var(--bad)}.muted{color:var(--muted)}
-.warn{color:#8a5a00;background:#fff8e1;border:1px solid #f3d37a;border-radius:4px;padding:4px 8px;margin:4px 0;font-size:13px}
+.warn{color:#8a5a00;background:#fff8e1;border:1px solid #f3d37a;border-radius:4px;""" \
+r"""padding:4px 8px;margin:4px 0;font-size:13px}
 .grid{display:flex;flex-wrap:wrap;gap:16px}
 .row-head{display:flex;justify-content:space-between;gap:12px;align-items:baseline;flex-wrap:wrap}
 .prompt{font-weight:600}
@@ -27,7 +29,8 @@ th{background:#f4f4f6;font-weight:600}
 .view .lbl{font-size:12px;color:var(--muted);margin-bottom:3px}
 .view canvas,.view img{background:#111;border-radius:4px;max-width:100%;image-rendering:auto}
 .controls{display:flex;align-items:center;gap:10px;margin:4px 0 8px}
-.controls button{font:inherit;padding:3px 12px;border:1px solid #bbb;border-radius:4px;background:#f6f6f6;cursor:pointer;min-width:70px}
+.controls button{font:inherit;padding:3px 12px;border:1px solid #bbb;border-radius:4px;""" \
+r"""background:#f6f6f6;cursor:pointer;min-width:70px}
 .controls input[type=range]{flex:1;max-width:520px}
 .controls .fc{font-variant-numeric:tabular-nums;color:var(--muted);min-width:90px}
 .plot{margin-top:4px}
@@ -49,7 +52,8 @@ JS = r"""
     self.id = spec.id; self.n = spec.n; self.fps = spec.fps; self.frame = 0; self.playing = false;
     self.step = spec.step || 1; self.total = spec.total || spec.n;  // players may show every step-th frame
     self.canvases = Array.prototype.slice.call(root.querySelectorAll("canvas.sg-view"));
-    self.images = spec.views.map(function(v){ return v.map(function(uri){ var im = new Image(); im.src = uri; return im; }); });
+    self.images = spec.views.map(function(v){ return v.map(function(uri){ """ \
+r"""var im = new Image(); im.src = uri; return im; }); });
     self.btn = root.querySelector("button.sg-play");
     self.slider = root.querySelector("input.sg-seek");
     self.counter = root.querySelector(".fc");
@@ -60,7 +64,8 @@ JS = r"""
     self.gainVal = root.querySelector(".sg-gain-val");
     if (self.gain) self.gain.addEventListener("input", function(){
       var k = parseInt(self.gain.value, 10) || 1;
-      root.querySelectorAll("canvas.sg-diff").forEach(function(c){ c.style.filter = k > 1 ? "brightness(" + k + ")" : ""; });
+      root.querySelectorAll("canvas.sg-diff").forEach(function(c){ """ \
+r"""c.style.filter = k > 1 ? "brightness(" + k + ")" : ""; });
       self.gainVal.textContent = "\u00d7" + k;
     });
     self.btn.addEventListener("click", function(){ self.playing ? self.pause() : self.play(); });

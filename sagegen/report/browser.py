@@ -82,7 +82,8 @@ class Browser:
         self._stderr: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         target = self.send("Target.createTarget", {"url": "about:blank"}, session=False)["targetId"]
-        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True}, session=False)["sessionId"]
+        self.session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True},
+                                 session=False)["sessionId"]
         for dom in ("Page.enable", "Runtime.enable", "Log.enable"):
             self.send(dom)
         self.send("Emulation.setDeviceMetricsOverride",
@@ -139,7 +140,8 @@ class Browser:
         try:
             reply = q.get(timeout=timeout or self.timeout)
         except queue.Empty as e:
-            raise CDPError(f"{method}: no reply in {timeout or self.timeout}s; chromium said: {''.join(self._stderr)[-800:]}") from e
+            raise CDPError(f"{method}: no reply in {timeout or self.timeout}s; chromium said: "
+                           f"{''.join(self._stderr)[-800:]}") from e
         finally:
             self._pending.pop(mid, None)
         if "error" in reply:
@@ -161,7 +163,9 @@ class Browser:
         r = self.send("Runtime.evaluate", {"expression": expression, "awaitPromise": await_promise,
                                            "returnByValue": True})
         if "exceptionDetails" in r:
-            raise CDPError(f"JS error in {expression[:80]!r}: {r['exceptionDetails'].get('exception', {}).get('description') or r['exceptionDetails']}")
+            raise CDPError(
+                f"JS error in {expression[:80]!r}: "
+                f"{r['exceptionDetails'].get('exception', {}).get('description') or r['exceptionDetails']}")
         return r.get("result", {}).get("value")
 
     def screenshot(self, full_page: bool = False) -> bytes:
@@ -179,7 +183,8 @@ class Browser:
         for ev in self.events:
             m, p = ev.get("method"), ev.get("params", {})
             if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert", "warning"):
-                out.append(f"console.{p['type']}: " + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
+                out.append(f"console.{p['type']}: "
+                           + " ".join(str(a.get("value", a.get("description", ""))) for a in p.get("args", [])))
             elif m == "Runtime.exceptionThrown":
                 d = p.get("exceptionDetails", {})
                 out.append(f"exception: {d.get('exception', {}).get('description') or d.get('text')}")

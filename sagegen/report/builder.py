@@ -133,8 +133,10 @@ def build_report(
     model = m.get("model") or {}
     doc = {
         "title": f"sagegen report — {model.get('name', run.path.name)}",
-        "subtitle": f"{run.path.resolve()} · {run.kind} · {len(run.samples)} sample(s) · created {m.get('created', '?')}",
-        "kind": run.kind, "gain": opts.gain, "quality": opts.quality, "rows": rows, "warnings": warnings, "links": links,
+        "subtitle": f"{run.path.resolve()} · {run.kind} · {len(run.samples)} sample(s) · "
+                    f"created {m.get('created', '?')}",
+        "kind": run.kind, "gain": opts.gain, "quality": opts.quality, "rows": rows, "warnings": warnings,
+        "links": links,
         "metrics_html": metrics_html,
         "timings_html": (H.table(thead, trows) + _cpu_timing_note(m)) if timings
         else '<p class="muted">No timings in the manifest.</p>',

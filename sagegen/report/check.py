@@ -13,7 +13,8 @@ import numpy as np
 from .browser import Browser
 
 _STATE = """(function(){return window.sagegenPlayers.map(function(p){return {id:p.id,n:p.n,frame:p.frame,
-playing:p.playing,views:p.canvases.map(function(c){return c.dataset.frame===undefined?null:+c.dataset.frame;})};});})()"""
+playing:p.playing,views:p.canvases.map(function(c){\
+return c.dataset.frame===undefined?null:+c.dataset.frame;})};});})()"""
 
 
 def screenshot_stats(png: bytes) -> dict:
@@ -44,14 +45,17 @@ def check_report(html: str | Path, screenshot: str | Path | None = None, play_s:
             b.eval("window.sagegenPlayers.forEach(function(p){p.seek(Math.floor(p.n/2));})")
             seeked = b.eval(_STATE)
             out.update(before=before, during=during, paused=after_pause, still=still, seeked=seeked)
-            out["played"] = all(d["playing"] and (d["frame"] != s["frame"] or d["n"] == 1) for d, s in zip(during, before))
-            out["paused_ok"] = all(not p["playing"] for p in still) and [p["frame"] for p in still] == [p["frame"] for p in after_pause]
+            out["played"] = all(d["playing"] and (d["frame"] != s["frame"] or d["n"] == 1)
+                                for d, s in zip(during, before))
+            out["paused_ok"] = (all(not p["playing"] for p in still)
+                                and [p["frame"] for p in still] == [p["frame"] for p in after_pause])
             out["in_sync"] = all(len(set(p["views"])) == 1 and p["views"][0] == p["frame"]
                                  for st in (during, still, seeked) for p in st)
             out["seek_ok"] = all(p["frame"] == p["n"] // 2 for p in seeked)
             out["gain_ok"] = b.eval("""(function(){var g=document.querySelector('input.sg-gain'); g.value='4';
                 g.dispatchEvent(new Event('input'));
-                var c=g.closest('.player').querySelector('canvas.sg-diff'); return c.style.filter === 'brightness(4)';})()""")
+                var c=g.closest('.player').querySelector('canvas.sg-diff'); \
+return c.style.filter === 'brightness(4)';})()""")
         png = b.screenshot()
         out["problems"] = b.console_problems()
     out["screenshot"] = screenshot_stats(png)

@@ -82,16 +82,19 @@ def psnr_svg(series: dict[str, list[float]], sid: str, step: int = 1, width: int
         y = mt + ph * (1 - frac)
         parts.append(f'<line x1="{ml}" x2="{ml + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e3e3e3"/>')
         dd = 1 if hi - lo > 3 else 2 if hi - lo > 0.3 else 3
-        parts.append(f'<text x="{ml - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{v:.{dd}f}</text>')
+        parts.append(f'<text x="{ml - 4}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#666">'
+                     f'{v:.{dd}f}</text>')
     parts.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 6}" font-size="10" text-anchor="middle" fill="#666">'
                  f'frame (1–{n}) · PSNR dB vs baseline</text>')
     for k, (name, s) in enumerate(series.items()):
         pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(i, v) for i, v in enumerate(s) if v is not None))
         c = colors[k % len(colors)]
-        parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.6" points="{pts}"><title>{e(name)}</title></polyline>')
+        parts.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.6" points="{pts}">'
+                     f'<title>{e(name)}</title></polyline>')
         for i, v in enumerate(s):
             x, y = xy(i, v)
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{c}"><title>frame {i + 1}: {v:.2f} dB</title></circle>')
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{c}">'
+                         f'<title>frame {i + 1}: {v:.2f} dB</title></circle>')
     parts.append(f'<line class="sg-cursor" data-id="{e(sid)}" data-x0="{ml}" data-dx="{dx:.4f}" data-step="{step}" '
                  f'x1="{ml}" x2="{ml}" '
                  f'y1="{mt}" y2="{mt + ph}" stroke="#888" stroke-dasharray="3,3"/>')
@@ -129,7 +132,8 @@ def player_html(row: dict) -> str:
 def still_html(row: dict) -> str:
     views = "".join(
         f'<div class="view"><div class="lbl">{e(v["label"])}</div>'
-        f'<img src="{v["frames"][0]}" width="{row["w"]}" height="{row["h"]}" {_css_size(row)} alt="{e(v["label"])}"></div>'
+        f'<img src="{v["frames"][0]}" width="{row["w"]}" height="{row["h"]}" {_css_size(row)} '
+        f'alt="{e(v["label"])}"></div>'
         for v in row["views"]
     )
     return f'<div class="views">{views}</div>'
@@ -151,7 +155,8 @@ def row_html(row: dict, video: bool) -> str:
     if row.get("timings"):
         parts.append("<div><h3>Timings</h3>" + table(row["timings_head"], row["timings"]) + "</div>")
     if video and row.get("psnr"):
-        parts.append('<div class="plot"><h3>PSNR per frame</h3>' + psnr_svg(row["psnr"], row["id"], row.get("step", 1)) + "</div>")
+        parts.append('<div class="plot"><h3>PSNR per frame</h3>' + psnr_svg(row["psnr"], row["id"], row.get("step", 1))
+                     + "</div>")
     parts.append("</div></section>")
     return "".join(parts)
 
@@ -183,11 +188,12 @@ def render(doc: dict) -> str:
     if video and shown:
         body.append('<p><button id="sg-play-all" type="button">Play all</button> '
                     f'<span class="muted">Players: {" | ".join(e(v["label"]) for v in shown[0]["views"])}; '
-                    f'the difference view is |sagegen − baseline| × {doc["gain"]:g} on the lossless frames, embedded '
-                    f'losslessly (PNG); the other views are PNG, or JPEG quality {doc.get("quality", 95)} with full '
-                    'chroma where PNG would be much larger.</span></p>')
+                    f'the difference view is |sagegen − baseline| × {doc["gain"]:g} on the lossless frames, '
+                    f'embedded losslessly (PNG); the other views are PNG, or JPEG quality {doc.get("quality", 95)} '
+                    'with full chroma where PNG would be much larger.</span></p>')
     else:
-        body.append(f'<p class="muted">Difference view: |sagegen − baseline| × {doc["gain"]:g} on the lossless images.</p>')
+        body.append(f'<p class="muted">Difference view: |sagegen − baseline| × {doc["gain"]:g} on the lossless '
+                    'images.</p>')
     body.extend(row_html(r, video) for r in doc["rows"])
     body.append(doc.get("sparse_html", ""))  # block-sparse density per step and layer, when the run used it
     body.append('<section><h2>Run settings</h2><div class="grid">'
@@ -196,5 +202,6 @@ def render(doc: dict) -> str:
                 f'<div><h3>Attention</h3>{kv_table(doc["attention"])}</div>'
                 f'<div><h3>Environment</h3>{kv_table(doc["environment"])}</div></div>'
                 f'<details><summary>command</summary><pre>{e(doc["command"])}</pre></details></section>')
-    body.append(f'</main><script type="application/json" id="sg-data">{data}</script><script>{JS}</script></body></html>')
+    body.append(f'</main><script type="application/json" id="sg-data">{data}</script>'
+                f'<script>{JS}</script></body></html>')
     return "\n".join(body)

@@ -18,8 +18,8 @@ from . import html as H
 
 DIGITS = {"psnr": 2, "clipscore": 2, "fid": 3, "kid": 5}
 EXPLAIN = ('<p class="muted">Per-sample metrics: mean over samples, with a Student-t confidence interval '
-           "(samples that share a prompt count as one unit). FID and KID: one value for the whole set of frames, so no interval (KID ± its std over "
-           "random subsets, where there is more than one subset).</p>")
+           "(samples that share a prompt count as one unit). FID and KID: one value for the whole set of frames, "
+           "so no interval (KID ± its std over random subsets, where there is more than one subset).</p>")
 
 
 def _interval_note(ent: dict) -> str:
@@ -118,6 +118,7 @@ def sample_metric_rows(run: Run, mdoc: dict | None, sid: str, psnr: dict[str, li
             row = [name, H._fmt(b, d)]
             for c in run.candidates:
                 v = (per.get(c) or {}).get(sid, {}).get("value")
-                row += [H._fmt(v, d), H.signed(v - b, d, ent.get("higher_is_better")) if v is not None and b is not None else "—"]
+                row += [H._fmt(v, d),
+                        H.signed(v - b, d, ent.get("higher_is_better")) if v is not None and b is not None else "—"]
         rows.append(row)
     return rows
