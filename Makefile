@@ -19,11 +19,15 @@ $(STAMP): pyproject.toml
 	touch $@
 
 # The whole suite; on a machine without CUDA the Triton kernels run under TRITON_INTERPRET=1 (conftest.py).
+# JOBS pytest-xdist workers (the interpreter runs on one core each; `make test JOBS=0` runs in one process), and
+# the slowest tests listed at the end, so a CI log shows where the time goes.
+JOBS ?= 2
+XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
 
 # Kernel accuracy on this machine, then compare -> eval -> report on the tiny random-weight CogVideoX.
 demo: $(STAMP)

@@ -31,7 +31,8 @@ PyTorch SDPA for calls below its measured crossover (batch·heads·Nq·Nk; count
 HunyuanVideo's 256-token text refiner; ``--backend triton`` forces the kernel everywhere.
 
 --tiny: the same code path on the CPU with the architecture shrunk to one layer of each kind and two heads
-(`arch.smoke_overrides`, same input interface) at 64x64 (9 or 13 frames); sagegen runs its PyTorch emulation.
+(`arch.smoke_overrides`, same input interface) at 64x64 (9 or 13 frames) with the text cut to
+`arch.smoke_text_tokens`; sagegen runs its PyTorch emulation (the Triton kernels under TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -196,7 +197,8 @@ def main(argv=None) -> dict:
         device = torch.device("cpu")
         overrides = archs.smoke_overrides(args.model)
         size = dict(height=args.height or 64, width=args.width or 64,
-                    frames=(args.frames or (13 if arch.family == "mochi" else 9)) if arch.frames else None)
+                    frames=(args.frames or (13 if arch.family == "mochi" else 9)) if arch.frames else None,
+                    text_tokens=archs.smoke_text_tokens(args.model))
     else:
         if not torch.cuda.is_available():
             raise SystemExit("bench_model_step.py needs a CUDA GPU (or --tiny for the CPU smoke mode)")

@@ -11,6 +11,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist the workers share the cores: PyTorch's CPU ops take each worker's share of them, instead of
+# every worker starting a thread per core.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 
 def _interpreter_rounds_fma_once() -> bool:
     """tl.fma on the interpreter, at values where one rounding (x * y + z exact: 2^-11 + 2^-24) and two

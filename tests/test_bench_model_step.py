@@ -208,11 +208,11 @@ def test_sagegen_bench_command(tmp_path, monkeypatch):
 
     runner = CliRunner()
     out = tmp_path / "b.json"
-    r = runner.invoke(app, ["bench", "cogvideox-2b", "--random-weights", "--tiny", "--warmup", "0", "--repeats",
+    r = runner.invoke(app, ["bench", "cogvideox-5b", "--random-weights", "--tiny", "--warmup", "0", "--repeats",
                             "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
-    assert report["model"] == "cogvideox-2b" and report["results"]["sagegen"]["median_s"] > 0
+    assert report["model"] == "cogvideox-5b" and report["results"]["sagegen"]["median_s"] > 0
     monkeypatch.setenv("SAGEGEN_RUNS", str(tmp_path / "runs"))
     r = runner.invoke(app, ["bench", "not-a-model"])
     assert r.exit_code == 2 and "unknown model 'not-a-model'" in r.output

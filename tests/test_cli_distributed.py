@@ -45,7 +45,7 @@ def test_compare_under_torchrun_with_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "sagegen.cli.app", "compare", "tiny-flux", "--prompts", "smoke", "--seed", "0-1", "--steps", "2",
            "--warmup", "0", "--quiet", "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rd = RunDir(out)
     m = json.loads(rd.manifest_path.read_text())

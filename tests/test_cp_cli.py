@@ -62,7 +62,7 @@ def _torchrun(tmp_path, *args: str, env: dict | None = None) -> tuple:
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "sagegen.cli.app", *args, "--out", str(out)]
-    proc = subprocess.run(cmd, env=env or _env(tmp_path), capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(cmd, env=env or _env(tmp_path), capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rd = RunDir(out)
     return json.loads(rd.manifest_path.read_text()), rd
@@ -193,7 +193,7 @@ def test_bench_cp_smoke_reuses_its_one_gpu_baselines(tmp_path):
                "--cpu-smoke", "--model", "hunyuanvideo", "--cp", cp, "--repeats", "1",
                "--baseline-dir", str(tmp_path / "base"), "--out", str(out)]
         cmd += ["--patched", "attention"] if cp == "ulysses=2" else []
-        proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=400)
+        proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=1200)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         reports[cp] = json.loads(out.read_text())["models"]["hunyuanvideo"]
     first, second = reports["ulysses=2"], reports["ring=2"]

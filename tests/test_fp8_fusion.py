@@ -112,7 +112,8 @@ def test_patcher_fuses_feedforward_gelu_exactly_and_unfuses(name):
                                     config_overrides=archs.smoke_overrides(name))
     arch = archs.get_arch(name)
     size = dict(height=64, width=64, **({"frames": 9} if arch.frames else {}))
-    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, **size)
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, **size,
+                                  text_tokens=archs.smoke_text_tokens(name))
     gelus = {n: m for n, m in model.named_modules() if type(m).__name__ == "GELU"}
     with torch.inference_mode():
         sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1,

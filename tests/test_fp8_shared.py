@@ -89,7 +89,8 @@ def test_patched_model_output_is_unchanged_by_sharing(monkeypatch, name):
     sharing, the same bits; fewer quantizations with it (Q/K/V of the image and text streams)."""
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
-    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64)
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64,
+                                  text_tokens=archs.smoke_text_tokens(name))
     sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
     calls = _counting(monkeypatch)
     with torch.inference_mode():

@@ -21,7 +21,7 @@ def _tiny(seed=0, double=2, single=2):
     model = archs.build_transformer("flux.1-dev", dtype=torch.bfloat16, device=DEVICE, seed=seed,
                                     config_overrides=overrides)
     inputs = archs.example_inputs("flux.1-dev", batch=1, dtype=torch.bfloat16, device=DEVICE, seed=seed + 1,
-                                  height=64, width=64)
+                                  height=64, width=64, text_tokens=archs.smoke_text_tokens("flux.1-dev"))
     return model, inputs
 
 

@@ -23,7 +23,7 @@ def _tiny(name="sd3.5-large", layers=3, seed=0):
     overrides = dict(archs.smoke_overrides(name), num_layers=layers)
     model = archs.build_transformer(name, dtype=torch.bfloat16, device=DEVICE, seed=seed, config_overrides=overrides)
     inputs = archs.example_inputs(name, batch=2, dtype=torch.bfloat16, device=DEVICE, seed=seed + 1, height=64,
-                                  width=64)
+                                  width=64, text_tokens=archs.smoke_text_tokens(name))
     return model, inputs
 
 

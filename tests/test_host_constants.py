@@ -95,7 +95,8 @@ def test_qwen_image_forward_copies_its_text_length_and_the_mode_answers_it():
     name = "qwen-image"
     model = archs.build_transformer(name, dtype=torch.float32, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
-    x = archs.example_inputs(name, batch=1, dtype=torch.float32, device="cpu", seed=1, height=128, width=128)
+    x = archs.example_inputs(name, batch=1, dtype=torch.float32, device="cpu", seed=1, height=128, width=128,
+                             text_tokens=archs.smoke_text_tokens(name))
     x["encoder_hidden_states_mask"] = torch.ones(x["encoder_hidden_states"].shape[:2], dtype=torch.long)
     with torch.inference_mode():
         want = model(**x)[0]

@@ -27,7 +27,8 @@ def _tiny(name: str):
     size = dict(height=64, width=64)
     if arch.frames:
         size["frames"] = 9
-    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, **size)
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, **size,
+                                  text_tokens=archs.smoke_text_tokens(name))
     return model, inputs
 
 
@@ -158,7 +159,8 @@ def test_mochi_under_compile_compiles_its_attention_wrapper_once():
     model = archs.build_transformer("mochi-1", dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=overrides)
     inputs = archs.example_inputs("mochi-1", batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64,
-                                  width=64, frames=arch.frames and 7)
+                                  width=64, frames=arch.frames and 7,
+                                  text_tokens=archs.smoke_text_tokens("mochi-1"))
     sagegen.patch(model, backend="reference")
     with torch.no_grad():
         eager = model(**inputs)[0]

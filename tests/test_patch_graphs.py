@@ -211,7 +211,8 @@ def test_max_graphs_must_be_positive():
 def _tiny(name="flux.1-dev"):
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
-    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64)
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64,
+                                  text_tokens=archs.smoke_text_tokens(name))
     return model, inputs
 
 

@@ -26,7 +26,8 @@ def _tiny(name: str):
     size = dict(height=64, width=64)
     if arch.frames:
         size["frames"] = 13 if arch.family == "mochi" else 9
-    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, **size)
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, **size,
+                                  text_tokens=archs.smoke_text_tokens(name))
     return model, inputs
 
 

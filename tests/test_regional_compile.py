@@ -21,7 +21,8 @@ def _model(name):
     overrides = {**archs.smoke_overrides(name), **BLOCKS[name]}
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0, config_overrides=overrides)
     inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64,
-                                  frames=5 if archs.get_arch(name).frames else None)
+                                  frames=5 if archs.get_arch(name).frames else None,
+                                  text_tokens=archs.smoke_text_tokens(name))
     return model, inputs
 
 

@@ -176,7 +176,7 @@ def test_compiled_patched_model_with_sparse_runs_the_sparse_ops_once():
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
     inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64,
-                                  frames=9)
+                                  frames=9, text_tokens=archs.smoke_text_tokens(name))
     sagegen.patch(model, backend="reference", fuse_prologue=False,
                   sparse=SparseConfig(value=0.5, min_tokens=0, dense_steps=0.0))
     graphs = []

@@ -195,15 +195,28 @@ def smoke_overrides(name: str) -> dict:
     return overrides
 
 
+SMOKE_TEXT_TOKENS = 32
+
+
+def smoke_text_tokens(name: str) -> int:
+    """A short padded text length for CPU smoke runs (the presets' 226-512 text tokens dominate a 64x64 input).
+    CogVideoX without rotary embeddings adds position embeddings sized for its full text, so it keeps it."""
+    arch = get_arch(name)
+    if arch.family == "cogvideox" and not arch.config.get("use_rotary_positional_embeddings"):
+        return arch.text_tokens
+    return min(arch.text_tokens, SMOKE_TEXT_TOKENS) or arch.text_tokens
+
+
 def tokens_per_sample(name: str, *, height: int | None = None, width: int | None = None,
-                      frames: int | None = None) -> int:
+                      frames: int | None = None, text_tokens: int | None = None) -> int:
     """Sequence length of the transformer's attention (image/video tokens + padded text tokens).
 
     Mochi attends over its latent tokens and only the valid text tokens of each sample, so its real length is
     this minus the padding (the anchors' "~44,550" for a typical prompt)."""
     arch = get_arch(name)
     h, w, f = height or arch.height, width or arch.width, frames or arch.frames
-    text = 0 if arch.family in arch_video.CROSS_ATTENTION_TEXT else arch.text_tokens  # (cross-attention: apart)
+    # cross-attention text attends apart
+    text = 0 if arch.family in arch_video.CROSS_ATTENTION_TEXT else (text_tokens or arch.text_tokens)
     if arch.family == "hunyuanvideo15":
         text += arch_video._HV15_EXTRA_TEXT
     return _latent_tokens(arch.family, arch.config, h, w, f) + text
