@@ -204,7 +204,7 @@ def smoke_text_tokens(name: str) -> int:
     arch = get_arch(name)
     if arch.family == "cogvideox" and not arch.config.get("use_rotary_positional_embeddings"):
         return arch.text_tokens
-    return min(arch.text_tokens, SMOKE_TEXT_TOKENS) or arch.text_tokens
+    return min(arch.text_tokens, SMOKE_TEXT_TOKENS)
 
 
 def tokens_per_sample(name: str, *, height: int | None = None, width: int | None = None,
