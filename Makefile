@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # The stamp names a hash of pyproject.toml: editing the dependencies rebuilds the environment.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: venv test test-fast demo bench lint clean
+.PHONY: venv test test-fast test-diffusers demo bench lint clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,12 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
 
+# sagegen against other diffusers versions (tests/diffusers_versions.py; each installed under .diffusers/, beside
+# .venv): routes, output vs stock and exact unpatch for the tiny pipelines and models, and the backend's status.
+DIFFUSERS_VERSIONS ?=
+test-diffusers: $(STAMP)
+	$(PY) tests/diffusers_versions.py $(DIFFUSERS_VERSIONS)
+
 # Kernel accuracy on this machine, then compare -> eval -> report on the tiny random-weight CogVideoX.
 demo: $(STAMP)
 	$(PY) -m sagegen.demo
@@ -45,4 +51,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check --no-cache --select F,E501 sagegen tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .diffusers

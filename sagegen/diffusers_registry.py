@@ -42,7 +42,18 @@ def register_diffusers_backend():
     registry lacks what it needs, ImportError without diffusers."""
     import importlib
 
-    module = importlib.import_module(TARGET)
+    import diffusers  # ImportError without diffusers, as documented
+
+    try:
+        module = importlib.import_module(TARGET)
+    except ModuleNotFoundError as e:
+        if e.name != TARGET:
+            raise  # something the dispatcher itself imports is missing: not a version question
+        raise DiffusersBackendUnavailable(
+            f"sagegen cannot register its 'sagegen' attention backend in diffusers {diffusers.__version__}: this "
+            f"version has no attention dispatcher ({TARGET}, which set_attention_backend needs). Upgrade diffusers "
+            f"(sagegen's backend is tested with diffusers {', '.join(TESTED_DIFFUSERS)}); sagegen.patch(pipe) "
+            f"still routes these models' SDPA calls.") from None
     return _register(module)
 
 
@@ -76,8 +87,9 @@ def _detect(module):
     if registry is None:
         missing.append("attention_dispatch._AttentionBackendRegistry")
     else:
+        # (no set_active_backend before diffusers 0.37: `set_global_backend` assigns _active_backend there)
         for attr in ("register", "_backends", "_constraints", "_supported_arg_names",
-                     "_supports_context_parallel", "get_active_backend", "set_active_backend"):
+                     "_supports_context_parallel", "get_active_backend", "_active_backend"):
             if not hasattr(registry, attr):
                 missing.append(f"_AttentionBackendRegistry.{attr}")
     if not callable(getattr(module, "dispatch_attention_fn", None)):
@@ -117,6 +129,15 @@ def _check_device_and_dtype(query=None, key=None, value=None, attn_mask=None, **
     if attn_mask is not None and attn_mask.shape[-1] != key.shape[1]:
         raise ValueError(f"sagegen backend: attn_mask's last dim ({attn_mask.shape[-1]}) must be the key "
                          f"length ({key.shape[1]})")
+
+
+def set_global_backend(registry, backend) -> None:
+    """Make ``backend`` diffusers' process-global default again (its own setter where it has one)."""
+    setter = getattr(registry, "set_active_backend", None)
+    if setter is not None:
+        setter(backend)
+    else:
+        registry._active_backend = backend
 
 
 def _diffusers_version() -> str:

@@ -256,6 +256,7 @@ def segments_worker(rank: int, world: int, ulysses: int, ring: int, init_file: s
                 one_out, one_lse = local(q, k, v, mask, scale, True)
                 results[name] = {"nan": int(cp_out.isnan().sum()), "equal": bool(torch.equal(cp_out, one_out)),
                                  "lse_equal": bool(torch.equal(cp_lse, one_lse)),
+                                 "lse_max_diff": float((cp_lse - one_lse).abs().nan_to_num(0.0).max()),
                                  "rel_l1_vs_single": rel_l1(cp_out, one_out),
                                  "rel_l1_cp_vs_exact": rel_l1(cp_out, exact_attention(q, k, v, mask, scale)),
                                  "rel_l1_single_vs_exact": rel_l1(one_out, exact_attention(q, k, v, mask, scale))}

@@ -72,7 +72,7 @@ def test_ring_in_order_attends_each_segment_over_one_process_keys(tmp_path, seed
                 if part_calls else [(None, rows, True, None)])
         assert seen == [list(c) for c in want], (g, seen)
     for name, r in res.items():
-        assert r["nan"] == 0 and r["equal"] and r["lse_equal"], (name, r)
+        assert r["nan"] == 0 and r["equal"] and r["lse_equal"], (name, r["lse_max_diff"], r)
 
 
 def test_ulysses_2(tmp_path, seed):

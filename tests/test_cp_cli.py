@@ -40,6 +40,33 @@ def test_checks_before_loading():
         check_cp("ring=4", resolve("flux.1-dev"), offload="model", environ=env)
 
 
+def test_what_an_older_diffusers_lacks_is_a_usage_error(monkeypatch):
+    """diffusers < 0.36 has no context parallelism, and 0.36 refuses Ulysses with Ring (its own ValueError): both
+    are said before loading, naming the diffusers version (simulated on the installed one)."""
+    import dataclasses
+
+    import diffusers
+
+    env = dict(TORCHRUN)
+    monkeypatch.setattr(diffusers, "__version__", "0.36.0")
+    real = diffusers.ContextParallelConfig
+
+    @dataclasses.dataclass
+    class Refusing(real):
+        def __post_init__(self):
+            if (self.ulysses_degree or 1) > 1 and (self.ring_degree or 1) > 1:
+                raise ValueError("Unified Ulysses-Ring attention is not yet supported.")
+            super().__post_init__()
+
+    monkeypatch.setattr(diffusers, "ContextParallelConfig", Refusing)
+    with pytest.raises(UsageProblem, match=r"diffusers 0\.36\.0 refuses ulysses=2, ring=2.*Unified"):
+        check_cp("ulysses=2,ring=2", resolve("hunyuanvideo"), environ=env)
+    assert check_cp("ring=4", resolve("flux.1-dev"), environ=env) == CpSpec(1, 4)
+    monkeypatch.delattr(diffusers.ModelMixin, "enable_parallelism")  # (the lazy module would re-import a name)
+    with pytest.raises(UsageProblem, match=r"diffusers 0\.36\.0 has no context parallelism.*prompt sharding"):
+        check_cp("ring=4", resolve("flux.1-dev"), environ=env)
+
+
 def _env(tmp_path):
     import os
 

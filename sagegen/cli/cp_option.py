@@ -116,8 +116,12 @@ def check_model(spec: CpSpec, preset) -> None:
     import diffusers
 
     from ..parallel.enable import check_heads
-    from ..parallel.plans import ContextParallelUnsupported, check_cp_support
+    from ..parallel.plans import ContextParallelUnsupported, check_cp_config, check_cp_support
 
+    try:
+        check_cp_config(spec.ulysses, spec.ring)
+    except ContextParallelUnsupported as e:
+        raise UsageProblem(str(e), OPTION) from None
     cls_name, heads = preset_transformer(preset)
     if cls_name is None:
         return  # checked again when the model is built (enable_context_parallel)

@@ -10,7 +10,7 @@
 from .attention import context_parallel_attention
 from .enable import enable_context_parallel
 from .local import sagegen_local_attention
-from .plans import ContextParallelUnsupported, check_cp_support, cp_plan_for
+from .plans import ContextParallelUnsupported, check_cp_config, check_cp_support, cp_plan_for
 
 __all__ = ["context_parallel_attention", "sagegen_local_attention", "enable_context_parallel",
-           "check_cp_support", "cp_plan_for", "ContextParallelUnsupported"]
+           "check_cp_config", "check_cp_support", "cp_plan_for", "ContextParallelUnsupported"]

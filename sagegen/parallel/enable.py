@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .plans import check_cp_support, cp_plan_for, install_model_hooks
+from .plans import check_cp_config, check_cp_support, cp_plan_for, install_model_hooks
 
 
 def check_heads(num_heads: int | None, ulysses: int) -> None:
@@ -21,11 +21,13 @@ def keeping_global_backend():
     parallelised model's processors keep theirs)."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
+    from ..diffusers_registry import set_global_backend
+
     previous = _AttentionBackendRegistry._active_backend
     try:
         yield
     finally:
-        _AttentionBackendRegistry.set_active_backend(previous)
+        set_global_backend(_AttentionBackendRegistry, previous)
 
 
 def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, backend: str | None = "sagegen"):
@@ -34,6 +36,7 @@ def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, bac
     torch.distributed initialised with ulysses * ring ranks. Returns the transformer."""
     from diffusers import ContextParallelConfig
 
+    check_cp_config(ulysses, ring)
     check_cp_support(transformer)
     check_heads(getattr(transformer.config, "num_attention_heads", None), ulysses)
     if backend == "sagegen":

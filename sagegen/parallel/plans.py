@@ -80,6 +80,23 @@ def check_cp_support(model_cls) -> str:
         f"{name} has no context-parallel plan (_cp_plan) in this diffusers version and sagegen supplies none")
 
 
+def check_cp_config(ulysses: int, ring: int) -> None:
+    """That this diffusers has context parallelism and takes this topology (diffusers 0.36 refuses Ulysses and
+    Ring together), checked with no weights or processes; else ContextParallelUnsupported saying why."""
+    import diffusers
+
+    version = getattr(diffusers, "__version__", "(unknown version)")
+    if not (hasattr(diffusers, "ContextParallelConfig") and hasattr(diffusers.ModelMixin, "enable_parallelism")):
+        raise ContextParallelUnsupported(
+            f"diffusers {version} has no context parallelism (ContextParallelConfig and enable_parallelism came in "
+            "0.36); upgrade diffusers, or use prompt sharding (plain torchrun without --cp)")
+    try:
+        diffusers.ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring)
+    except ValueError as e:
+        raise ContextParallelUnsupported(
+            f"diffusers {version} refuses ulysses={ulysses}, ring={ring}: {e} (newer diffusers take both)") from None
+
+
 def cp_plan_for(model) -> dict:
     """The plan to pass to ``enable_parallelism(cp_plan=...)``."""
     if check_cp_support(model) == "diffusers":
