@@ -98,7 +98,20 @@ def init(dist: DistInfo, *, gpu_collectives: bool = False) -> bool:
         timeout = datetime.timedelta(seconds=_int_env(TIMEOUT_ENV, 24 * 3600))
         backend = "cpu:gloo,cuda:nccl" if gpu_collectives else "cpu:gloo"
         td.init_process_group(backend, rank=dist.rank, world_size=dist.world_size, timeout=timeout)
+    elif gpu_collectives and td.is_initialized() and "cuda" not in _device_backends(td):
+        raise RuntimeError("context parallelism on GPUs needs a process group with NCCL for CUDA tensors, but one "
+                           f"without it is already initialized ({td.get_backend()}); initialize it with "
+                           "'cpu:gloo,cuda:nccl' (or nccl), or let sagegen initialize it")
     return td.is_initialized()
+
+
+def _device_backends(td) -> set[str]:
+    """The device types the default group has a backend for ('cpu', 'cuda')."""
+    group = td.distributed_c10d._get_default_group()
+    types = getattr(group, "_device_types", None)
+    if types is not None:
+        return {str(t.type if hasattr(t, "type") else t) for t in types}
+    return {"cuda"} if "nccl" in str(td.get_backend()) else {"cpu"}
 
 
 def barrier(dist: DistInfo) -> None:

@@ -36,6 +36,41 @@ def test_shard_is_round_robin_and_complete():
     assert sorted(sum(shares, [])) == items
 
 
+def test_a_cp_job_on_cuda_gets_one_group_with_nccl(monkeypatch, tmp_path):
+    """`execute` initializes the process group once, with NCCL for CUDA tensors when a --cp job runs on the GPU
+    (a gloo-only group initialized first used to stay, and every CP collective on CUDA failed), and `init` refuses
+    a group without a CUDA backend for such a job instead of letting the first collective fail."""
+    import types
+
+    import torch.distributed as td
+
+    from sagegen.cli import jobs
+
+    calls = []
+    monkeypatch.setattr(distributed, "init", lambda dist, **kw: calls.append(kw) or False)
+    monkeypatch.setattr(distributed, "info", lambda: distributed.DistInfo(rank=0, world_size=2, local_rank=0))
+    monkeypatch.setattr(jobs, "_cuda_job", lambda job: True)
+    monkeypatch.setattr("sagegen.generate.run_job", lambda job, reporter, dist: "done")
+    settings = {"cp": "ulysses=2", "width": 64, "height": 64, "frames": 0, "steps": 1, "guidance": 1.0,
+                "dtype": "bf16"}
+    job = types.SimpleNamespace(settings=settings, preset=types.SimpleNamespace(name="tiny-flux"), samples=[1],
+                                variants=["sagegen"], command="run", resolve_out=lambda: tmp_path / "out")
+    assert jobs.execute(job, quiet=True, title="run") == "done"
+    assert calls == [{"gpu_collectives": True}]
+
+    monkeypatch.undo()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29541")
+    one = distributed.DistInfo(rank=0, world_size=1, local_rank=0)
+    monkeypatch.setattr(distributed.DistInfo, "enabled", property(lambda self: True))
+    assert distributed.init(one)  # gloo only
+    try:
+        with pytest.raises(RuntimeError, match="needs a process group with NCCL"):
+            distributed.init(one, gpu_collectives=True)
+    finally:
+        td.destroy_process_group()
+
+
 @pytest.mark.slow
 def test_compare_under_torchrun_with_two_processes(tmp_path):
     out = tmp_path / "run"

@@ -263,7 +263,7 @@ def execute(job, *, quiet: bool, title: str):
         err.print(f"[bold]{title}[/] {job.preset.name}: {len(job.samples)} sample(s) x {'+'.join(job.variants)}, "
                   f"{size}, {s['steps']} steps, guidance {s['guidance']}, {s['dtype']} -> {run_dir}")
     lock = runlock.hold(run_dir, job.command) if dist.is_main else contextlib.nullcontext()
-    distributed.init(dist)
+    # one init: a first gloo-only group would stay, and CP's collectives on CUDA tensors would then fail
     distributed.init(dist, gpu_collectives=bool(job.settings.get("cp")) and _cuda_job(job))
     finished = False
     try:
