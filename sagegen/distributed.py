@@ -106,12 +106,14 @@ def init(dist: DistInfo, *, gpu_collectives: bool = False) -> bool:
 
 
 def _device_backends(td) -> set[str]:
-    """The device types the default group has a backend for ('cpu', 'cuda')."""
-    group = td.distributed_c10d._get_default_group()
-    types = getattr(group, "_device_types", None)
-    if types is not None:
-        return {str(t.type if hasattr(t, "type") else t) for t in types}
-    return {"cuda"} if "nccl" in str(td.get_backend()) else {"cpu"}
+    """The device types the default group has a backend for ('cpu', 'cuda'), from what torch exposes."""
+    try:
+        types = getattr(td.distributed_c10d._get_default_group(), "_device_types", None)
+        if types is not None:
+            return {str(t.type if hasattr(t, "type") else t) for t in types}
+        return {"cpu", "cuda"} if "nccl" in str(td.get_backend()) else {"cpu"}
+    except Exception:  # noqa: BLE001 - a private API: unknown means "no CUDA backend known"
+        return {"cpu"}
 
 
 def barrier(dist: DistInfo) -> None:
@@ -135,4 +137,21 @@ def shutdown(dist: DistInfo, *, wait_for_peers: bool = True) -> None:
             if wait_for_peers:
                 td.barrier()  # no rank tears down while a peer still works (gloo can abort on that)
         finally:
-            td.destroy_process_group()
+            if not wait_for_peers and "cuda" in _device_backends(td):
+                _abort(td)
+            else:
+                td.destroy_process_group()
+
+
+def _abort(td) -> None:
+    """After an error under NCCL: a peer may sit in a collective this rank will never join, and destroying the
+    group waits for it forever (seen on 2 H200s: rank 0 failed saving a sample, rank 1 was in the next
+    denoising step). Abort the communicators instead; this rank then exits with its error and torchrun ends
+    the peers."""
+    abort = getattr(td.distributed_c10d, "_abort_process_group", None)
+    if abort is None:
+        return  # older torch: leave the group to the process's exit
+    try:
+        abort()
+    except Exception:  # noqa: BLE001 - the error being reported matters more than the teardown
+        pass

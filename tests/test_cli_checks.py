@@ -119,3 +119,22 @@ def test_out_not_writable_as_seen_by_access(fake_model, monkeypatch, tmp_path): 
     r = runner.invoke(app, [*BASE, "--out", str(ro / "a" / "run")])
     assert r.exit_code == 2 and f"cannot be created: {ro} is not writable" in _error(r)
     assert fake_model.loads == [] and list(ro.iterdir()) == []
+
+
+def test_a_missing_video_encoder_is_said_before_loading(fake_model, monkeypatch, tmp_path):  # noqa: F811
+    """Video presets need imageio-ffmpeg's ffmpeg to save their MP4s: without it the run stops before loading
+    (exit 2), instead of after generating a sample whose frames a failed save would discard. Image presets
+    need no ffmpeg."""
+    import sagegen.encode
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'imageio_ffmpeg'", name="imageio_ffmpeg")
+
+    monkeypatch.setattr(sagegen.encode, "ffmpeg_exe", missing)
+    r = runner.invoke(app, ["run", "tiny-cogvideox", "-p", "x", "--steps", "1", "--warmup", "0", "-q",
+                            "--out", str(tmp_path / "v")])
+    assert r.exit_code == 2, r.output
+    assert "imageio-ffmpeg" in _error(r) and "pip install imageio-ffmpeg" in _error(r)
+    assert fake_model.loads == [] and not (tmp_path / "v").exists()
+    r = runner.invoke(app, [*BASE, "--out", str(tmp_path / "i")])
+    assert r.exit_code == 0, r.output

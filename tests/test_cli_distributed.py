@@ -92,3 +92,26 @@ def test_compare_under_torchrun_with_two_processes(tmp_path):
         assert sorted(m["setup"][v]) == ["rank0", "rank1"]
     assert proc.stdout.count("sdpa vs sage") == 1  # only rank 0 prints the summary
     assert "[rank 1]" in proc.stderr  # the other rank reports its samples line by line (on stderr)
+
+
+def test_an_error_aborts_a_gpu_group_instead_of_waiting_for_peers(monkeypatch):
+    """After an error, a rank whose group has NCCL aborts it (destroying would wait for a peer stuck in a
+    collective); a CPU-only group is destroyed as before, and a clean end still waits at the barrier."""
+    import torch.distributed as td
+
+    events = []
+    one = distributed.DistInfo(rank=0, world_size=2, local_rank=0)
+    monkeypatch.setattr(td, "is_initialized", lambda: True)
+    monkeypatch.setattr(td, "barrier", lambda: events.append("barrier"))
+    monkeypatch.setattr(td, "destroy_process_group", lambda: events.append("destroy"))
+    monkeypatch.setattr(td.distributed_c10d, "_abort_process_group", lambda: events.append("abort"))
+    monkeypatch.setattr(distributed, "_device_backends", lambda td: {"cpu", "cuda"})
+    distributed.shutdown(one, wait_for_peers=False)
+    assert events == ["abort"]
+    events.clear()
+    distributed.shutdown(one, wait_for_peers=True)
+    assert events == ["barrier", "destroy"]
+    events.clear()
+    monkeypatch.setattr(distributed, "_device_backends", lambda td: {"cpu"})
+    distributed.shutdown(one, wait_for_peers=False)
+    assert events == ["destroy"]

@@ -50,6 +50,22 @@ def check_out_dir(path: Path, option: str = "--out") -> None:
         raise UsageProblem(f"{path} {what}; choose another folder (or fix its permissions)", option)
 
 
+def check_video_encoder(preset) -> None:
+    """Video presets save MP4s through the ffmpeg that imageio-ffmpeg ships: find it before any weights load,
+    not after the first sample was generated (whose frames would then be thrown away)."""
+    if not preset.is_video:
+        return
+    from ..encode import ffmpeg_exe
+
+    try:
+        ffmpeg_exe()
+    except (ImportError, RuntimeError, OSError) as e:
+        raise UsageProblem(f"{preset.name} writes MP4 videos through imageio-ffmpeg's ffmpeg, which is not usable "
+                           f"here ({type(e).__name__}: {e}); install it with `pip install imageio-ffmpeg` (a "
+                           "sagegen dependency), or, where it is installed but has no binary, set "
+                           "IMAGEIO_FFMPEG_EXE to an ffmpeg executable") from None
+
+
 def check_policy_blocks(preset, blocks, *, model_path) -> None:
     """Integer --fp-blocks entries against the preset's block count, where that is known without loading.
 

@@ -180,6 +180,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               command=command_line(), linear=linear, sparse=sparse_cfg, cuda_graphs=cuda_graphs)
     checks.check_out_dir(job.resolve_out(),
                          "--out" if out is not None else "--out (default: under $SAGEGEN_RUNS or runs/)")
+    checks.check_video_encoder(preset)
     return job, warnings
 
 
