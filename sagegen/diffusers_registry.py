@@ -7,7 +7,7 @@ diffusers' registry is private API: ``AttentionBackendName`` is a closed ``(str,
 a member. So registering adds a ``SAGEGEN = "sagegen"`` member to the Enum at run time (in its member maps,
 as the Enum machinery itself would) and registers `diffusers_backend.sagegen_attention` under it, with context
 parallelism advertised. Every piece is feature-detected first; a diffusers without them gets
-`DiffusersBackendUnavailable`, naming its version and what is missing (tested: diffusers 0.42.1).
+`DiffusersBackendUnavailable`, naming its version and what is missing (tested: diffusers 0.36.0 to 0.42.1).
 
 ``import sagegen`` must not import diffusers (slow) and must work in either order, so `install` registers at
 once when ``diffusers.models.attention_dispatch`` is already imported, and otherwise puts a one-shot finder on
@@ -28,7 +28,7 @@ import warnings
 
 TARGET = "diffusers.models.attention_dispatch"
 MEMBER_NAME = "SAGEGEN"
-TESTED_DIFFUSERS = ("0.42.1",)
+TESTED_DIFFUSERS = "0.36.0 to 0.42.1"  # tests/diffusers_versions.py
 _lock = threading.RLock()
 
 
@@ -52,7 +52,7 @@ def register_diffusers_backend():
         raise DiffusersBackendUnavailable(
             f"sagegen cannot register its 'sagegen' attention backend in diffusers {diffusers.__version__}: this "
             f"version has no attention dispatcher ({TARGET}, which set_attention_backend needs). Upgrade diffusers "
-            f"(sagegen's backend is tested with diffusers {', '.join(TESTED_DIFFUSERS)}); sagegen.patch(pipe) "
+            f"(sagegen's backend is tested with diffusers {TESTED_DIFFUSERS}); sagegen.patch(pipe) "
             f"still routes these models' SDPA calls.") from None
     return _register(module)
 
@@ -98,7 +98,7 @@ def _detect(module):
         raise DiffusersBackendUnavailable(
             f"sagegen cannot register its 'sagegen' attention backend in diffusers {_diffusers_version()}: its "
             f"private attention registry lacks {', '.join(missing)} (sagegen's backend is tested with diffusers "
-            f"{', '.join(TESTED_DIFFUSERS)}). sagegen.patch(pipe) still routes these models' SDPA calls.")
+            f"{TESTED_DIFFUSERS}). sagegen.patch(pipe) still routes these models' SDPA calls.")
     return enum_cls, registry
 
 

@@ -3,6 +3,7 @@
 import json
 import time
 
+import diffusers
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -219,8 +220,31 @@ def test_env_reports_versions_and_kernel_choice():
     assert info["huggingface"]["offline"] is True
     for gpu in info["gpus"]:
         assert gpu["kernel"]["variant"] in ("triton", "sdpa", "reference", "error") and gpu["kernel"]["why"]
+    support = info["integrations"]
+    assert support["attention_backend"]["ok"] and "'sagegen' registered" in support["attention_backend"]["detail"]
+    assert support["context_parallel"] == {"ok": True, "detail": f"diffusers {diffusers.__version__}: Ulysses, "
+                                                                 "Ring, both"}
+    assert support["video_encoder"]["ok"] and "ffmpeg" in support["video_encoder"]["detail"]
     r = runner.invoke(app, ["env"])
-    assert r.exit_code == 0 and "attention kernel" in r.output and "diffusers" in r.output
+    assert r.exit_code == 0 and "attention kernel" in r.output and "diffusers integration" in r.output
+
+
+def test_env_says_what_an_install_lacks(monkeypatch):
+    """No ffmpeg, no CP in diffusers: `sagegen env` says so (and still exits 0)."""
+    import sagegen.encode
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'imageio_ffmpeg'", name="imageio_ffmpeg")
+
+    monkeypatch.setattr(sagegen.encode, "ffmpeg_exe", missing)
+    monkeypatch.delattr(diffusers.ModelMixin, "enable_parallelism")
+    r = runner.invoke(app, ["env", "--json"])
+    assert r.exit_code == 0
+    support = json.loads(r.output)["integrations"]
+    assert not support["video_encoder"]["ok"] and "pip install imageio-ffmpeg" in support["video_encoder"]["detail"]
+    assert not support["context_parallel"]["ok"] and "no context parallelism" in support["context_parallel"]["detail"]
+    r = runner.invoke(app, ["env"])
+    assert r.exit_code == 0 and "imageio_ffmpeg" in r.output
 
 
 def test_env_check_hub_is_quick(monkeypatch):

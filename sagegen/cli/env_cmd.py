@@ -44,6 +44,39 @@ def kernel_choice(device) -> dict:
             "why": why + short, "auto_min_work": AUTO_MIN_WORK}
 
 
+def integrations() -> dict:
+    """What this diffusers and this install support: sagegen's attention backend, context parallelism (`--cp`)
+    and the MP4 encoder that video presets need. Each entry: {"ok": bool, "detail": str}."""
+    out = {}
+    try:
+        import diffusers
+    except ImportError as e:
+        return {"diffusers": {"ok": False, "detail": f"not installed ({e})"}}
+    from ..diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend
+    from ..parallel.plans import ContextParallelUnsupported, check_cp_config
+
+    try:
+        out["attention_backend"] = {"ok": True, "detail": f"'sagegen' registered as {register_diffusers_backend()}"}
+    except DiffusersBackendUnavailable as e:
+        out["attention_backend"] = {"ok": False, "detail": str(e)}
+    try:
+        check_cp_config(2, 1)
+        try:
+            check_cp_config(2, 2)
+            out["context_parallel"] = {"ok": True, "detail": f"diffusers {diffusers.__version__}: Ulysses, Ring, both"}
+        except ContextParallelUnsupported as e:
+            out["context_parallel"] = {"ok": True, "detail": f"Ulysses or Ring, not both ({e})"}
+    except ContextParallelUnsupported as e:
+        out["context_parallel"] = {"ok": False, "detail": str(e)}
+    from ..encode import ffmpeg_exe
+
+    try:
+        out["video_encoder"] = {"ok": True, "detail": ffmpeg_exe()}
+    except (ImportError, RuntimeError, OSError) as e:
+        out["video_encoder"] = {"ok": False, "detail": f"{type(e).__name__}: {e} (pip install imageio-ffmpeg)"}
+    return out
+
+
 def environment() -> dict:
     import torch
 
@@ -66,6 +99,7 @@ def environment() -> dict:
         "huggingface": {"cache": str(hf_cache_dir()), "offline": hf_offline(),
                         "token": bool(os.environ.get("HF_TOKEN"))},
         "distributed": distributed.info().to_dict(),
+        "integrations": integrations(),
     }
 
 
@@ -81,6 +115,7 @@ def env_command(
     """
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     info = environment()
     if check_hub:
@@ -107,6 +142,11 @@ def env_command(
     cpu = info["cpu_kernel"]
     kernels.add_row("cpu", "—", "—", f"{cpu['variant']}: {cpu['detail']}", cpu["why"])
     console.print(kernels)
+    support = Table(title="diffusers integration", title_justify="left", show_header=False)
+    for name, item in info["integrations"].items():
+        support.add_row(name.replace("_", " "), "[green]yes[/]" if item["ok"] else "[red]no[/]",
+                        Text(item["detail"]))
+    console.print(support)
     if not info["gpus"]:
         console.print("No CUDA GPU visible to PyTorch: sagegen runs its PyTorch emulation (correct but slow); "
                       "speed measurements need a GPU.", style="yellow", markup=False)
