@@ -227,7 +227,10 @@ def sage_attention(
         if lse is not None:
             lse_rows = (m + torch.log2(l) - LOG2_FP8_MAX) * LN2
             if config.smooth_k:
-                corr = (qf[:, :, rows] @ _expand_kv(k_mean, group).transpose(-1, -2))[..., 0] * sm_scale
+                # in fp64: BLAS sums in an order that depends on the row count, and an fp32 product could then
+                # differ in its last bit between one call and the same rows split over calls (Ring's parts)
+                km = _expand_kv(k_mean, group).transpose(-1, -2).double()
+                corr = ((qf[:, :, rows].double() @ km)[..., 0] * sm_scale).float()
                 lse_rows = lse_rows + corr
             lse[:, :, rows] = lse_rows
     return out, lse
