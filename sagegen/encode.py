@@ -27,6 +27,14 @@ def ffmpeg_exe() -> str:
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 
+def find_ffmpeg() -> tuple[str | None, str | None]:
+    """(path, None) when imageio-ffmpeg's ffmpeg is usable here, else (None, what went wrong)."""
+    try:
+        return ffmpeg_exe(), None
+    except (ImportError, RuntimeError, OSError) as e:
+        return None, f"{type(e).__name__}: {e}"
+
+
 def count_frames(path: str | os.PathLike) -> int:
     """Frames in a video, counted by decoding it with the same ffmpeg."""
     import imageio_ffmpeg

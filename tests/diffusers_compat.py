@@ -32,10 +32,6 @@ PIPELINE_TOL = 0.06  # rel. L1 of a tiny pipeline's latents vs stock (tests/test
 MODEL_TOL = 0.03  # rel. L1 of a tiny transformer's output vs stock (tests/test_patch_routes.py)
 
 
-def _rel_l1(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().sum() / b.float().abs().sum())
-
-
 def _backend() -> dict:
     import sagegen
 
@@ -70,7 +66,9 @@ def _patched_vs_stock(name: str, model: torch.nn.Module, forward, tol: float) ->
             back = forward()
     except Exception as e:  # noqa: BLE001
         return {**row, "status": "failed", "why": f"{type(e).__name__}: {str(e)[:300]}"}
-    err = _rel_l1(out, ref)
+    from helpers import rel_l1
+
+    err = rel_l1(out, ref)
     ok = 0 < err <= tol and torch.equal(back, ref) and info["stats"].get("routed", 0) > 0
     return {**row, "status": "ok" if ok else "failed", "routes": info["routes"], "rel_l1": round(err, 5),
             "unpatch_exact": bool(torch.equal(back, ref)),

@@ -55,15 +55,14 @@ def check_video_encoder(preset) -> None:
     not after the first sample was generated (whose frames would then be thrown away)."""
     if not preset.is_video:
         return
-    from ..encode import ffmpeg_exe
+    from ..encode import find_ffmpeg
 
-    try:
-        ffmpeg_exe()
-    except (ImportError, RuntimeError, OSError) as e:
+    _, problem = find_ffmpeg()
+    if problem is not None:
         raise UsageProblem(f"{preset.name} writes MP4 videos through imageio-ffmpeg's ffmpeg, which is not usable "
-                           f"here ({type(e).__name__}: {e}); install it with `pip install imageio-ffmpeg` (a "
-                           "sagegen dependency), or, where it is installed but has no binary, set "
-                           "IMAGEIO_FFMPEG_EXE to an ffmpeg executable") from None
+                           f"here ({problem}); install it with `pip install imageio-ffmpeg` (a sagegen "
+                           "dependency), or, where it is installed but has no binary, set IMAGEIO_FFMPEG_EXE to an "
+                           "ffmpeg executable")
 
 
 def check_policy_blocks(preset, blocks, *, model_path) -> None:

@@ -68,12 +68,11 @@ def integrations() -> dict:
             out["context_parallel"] = {"ok": True, "detail": f"Ulysses or Ring, not both ({e})"}
     except ContextParallelUnsupported as e:
         out["context_parallel"] = {"ok": False, "detail": str(e)}
-    from ..encode import ffmpeg_exe
+    from ..encode import find_ffmpeg
 
-    try:
-        out["video_encoder"] = {"ok": True, "detail": ffmpeg_exe()}
-    except (ImportError, RuntimeError, OSError) as e:
-        out["video_encoder"] = {"ok": False, "detail": f"{type(e).__name__}: {e} (pip install imageio-ffmpeg)"}
+    path, problem = find_ffmpeg()
+    out["video_encoder"] = ({"ok": True, "detail": path} if problem is None
+                            else {"ok": False, "detail": f"{problem} (pip install imageio-ffmpeg)"})
     return out
 
 
