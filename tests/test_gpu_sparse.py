@@ -142,3 +142,41 @@ def test_tile_conversion_matches_dense_form_at_real_size(seed):
         for kl in (None, lengths):
             got, want = kernel_tiles(mask, 64, 128, n, n, kl), kernel_tiles_dense(mask, 64, 128, n, n, kl)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("case", ["many-tiles", "few-tiles", "gqa-nhd-kvlen", "head-dim-96", "strided"])
+def test_persistent_kernel_is_bit_identical_to_one_cta_per_tile(seed, monkeypatch, case):
+    """Block-sparse calls run a persistent Gluon kernel (resident CTAs walk the q-tiles, the next tile's K/V
+    loads issued before this tile's stores). Same tiles, same order, same ops: output and LSE equal the
+    one-CTA-per-tile launch bit for bit, with more q-tiles than CTAs and fewer, empty rows, odd lengths, GQA,
+    key lengths, a padded head dim and strided Q."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel is sm90-only")
+    from sagegen.kernels import gluon_attn
+
+    monkeypatch.setenv("SAGEGEN_KERNEL", "gluon")
+    b, hq, hkv, n_q, n_k, d, layout, kw = {
+        "many-tiles": (2, 24, 24, 9000 + 17, 9000 + 77, 64, "HND", {}),
+        "few-tiles": (1, 2, 2, 300, 1000, 128, "HND", {}),
+        "gqa-nhd-kvlen": (2, 8, 2, 5000 + 3, 6000 + 5, 128, "NHD", {"kv_len": (6005, 3100)}),
+        "head-dim-96": (1, 6, 6, 4100, 4100, 96, "HND", {}),
+        "strided": (1, 8, 8, 3000, 3000, 64, "HND", {"contiguous": False}),
+    }[case]
+    q, k, v = qkv(b, hq, hkv, n_q, n_k, d, dtype=torch.bfloat16, device="cuda", layout=layout,
+                  contiguous=kw.get("contiguous", True))
+    mask = None
+    if "kv_len" in kw:
+        mask = torch.arange(n_k, device="cuda") < torch.tensor(kw["kv_len"], device="cuda")[:, None]
+        mask = mask[:, None, None, :]
+    bs = BlockSparse.from_block_dense(blocks(b, hq, -(-n_q // 128), -(-n_k // 128), 0.15), 128, 128)
+    outs = {}
+    for persistent in (True, False):
+        monkeypatch.setattr(gluon_attn, "PERSISTENT_SPARSE", persistent)
+        outs[persistent] = sagegen.sageattn(q, k, v, tensor_layout=layout, backend="triton", block_mask=bs,
+                                            attn_mask=mask, return_lse=True)
+    (o1, l1), (o0, l0) = outs[True], outs[False]
+    assert torch.equal(o1, o0) and torch.equal(l1, l0)
+    assert torch.isneginf(l1).any()  # the empty rows are in it
+    r, _ = sagegen.sageattn(q, k, v, tensor_layout=layout, backend="reference", block_mask=bs, attn_mask=mask,
+                            return_lse=True)
+    assert rel_l1(o1, r) < 4e-3  # and not identically wrong
