@@ -80,7 +80,7 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
                  SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, PAD_D=False, q_layout=q_l,
                  stride_qd=1, stride_od=1,  # unit strides: the JIT's for contiguous tensors
-                 **{"SPARSE": False, "PERSISTENT": False, **(extra_const or {})})
+                 **{"SPARSE": False, **(extra_const or {})})
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}

@@ -42,25 +42,14 @@ _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glo
 
 
 @gluon.jit
-def _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, g, tile, STAGES: gl.constexpr,
+def _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i, tile, STAGES: gl.constexpr,
               BLOCK_N: gl.constexpr):
-    """TMA loads of key tile `tile` (K and the transposed FP8 V) into ring slot g % STAGES, g counting the
-    loads since the ring was set up (a persistent CTA keeps counting across its q-tiles)."""
-    slot = g % STAGES
+    """TMA loads of key tile `tile` (K and the transposed FP8 V), the loop's i-th, into ring slot i % STAGES."""
+    slot = i % STAGES
     bar = bars.index(slot)
     mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [kv_row0 + tile * BLOCK_N, 0], bar, k_smem.index(slot))
     _tma_load(v_desc, [v_row0, tile * BLOCK_N], bar, v_smem.index(slot))
-
-
-@gluon.jit
-def _issue_first(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, g, idx_row, n_blocks,
-                 STAGES: gl.constexpr, BLOCK_N: gl.constexpr, SPARSE: gl.constexpr):
-    """The first STAGES key tiles of a q-tile into the ring (loads g, g + 1, ...)."""
-    for i in gl.static_range(STAGES):
-        if i < n_blocks:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, g + i,
-                      _kv_tile(idx_row, i, n_blocks, SPARSE), STAGES, BLOCK_N)
 
 
 @gluon.jit
@@ -138,107 +127,44 @@ def _p_operand(p, p_layout: gl.constexpr, PERMUTED_V: gl.constexpr):
 
 
 @gluon.jit
-def _attend(q_smem, k_smem, v_smem, bars, k_desc, v_desc, ks_base, kv_row0, v_row0, idx_row, n_blocks, n_keys,
-            q_scale, g, STAGES: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            HEAD_DIM: gl.constexpr, SPARSE: gl.constexpr, PERMUTED_V: gl.constexpr, s_layout: gl.constexpr,
-            o_layout: gl.constexpr, p_layout: gl.constexpr):
-    """One q-tile over its n_blocks key tiles, whose first STAGES loads (ring loads g, g + 1, ...) the caller
-    has issued; Q is in q_smem. Returns acc, l, r with every multiply waited for (the ring and q_smem free)."""
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))  # running row max
-    r_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))  # acc's and l's reference
-    l_i = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, s_layout))
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
-    o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-
-    mbarrier.wait(bars.index(g % STAGES), (g // STAGES) & 1)
-    s_tok = warpgroup_mma(q_smem, k_smem.index(g % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s_tok,))
-    tile = _kv_tile(idx_row, 0, n_blocks, SPARSE)
-    tile_nxt = _kv_tile(idx_row, 1, n_blocks, SPARSE)  # indices are read a step ahead: no load on the path
-    ks = gl.load(ks_base + tile * BLOCK_N)
-
-    # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
-    # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
-    for j in range(0, n_blocks - 1):
-        nxt = g + j + 1
-        # indices first: their loads overlap the wait and the softmax below
-        tile_after = _kv_tile(idx_row, j + 2, n_blocks, SPARSE)
-        tile_far = _kv_tile(idx_row, j + STAGES, n_blocks, SPARSE)
-        mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
-        s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                              is_async=True)
-        ks_next = gl.load(ks_base + tile_nxt * BLOCK_N)
-        p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, tile * BLOCK_N, n_keys, False,
-                                                 s_layout)
-        p8 = _p_operand(p, p_layout, PERMUTED_V)
-        pv_tok = warpgroup_mma(p8, v_smem.index((g + j) % STAGES).permute((1, 0)), o_zero, use_acc=False,
-                               is_async=True)
-        s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
-        if j + STAGES < n_blocks:
-            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, g + j + STAGES, tile_far, STAGES,
-                      BLOCK_N)
-        ks = ks_next
-        tile = tile_nxt
-        tile_nxt = tile_after
-
-    # The last block: the only one that can be partial.
-    last = g + n_blocks - 1
-    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, tile * BLOCK_N, n_keys, True,
-                                             s_layout)
-    p8 = _p_operand(p, p_layout, PERMUTED_V)
-    pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
-                           is_async=True)
-    pv = warpgroup_mma_wait(0, deps=(pv_tok,))
-    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
-    return acc, l_i, r_i
-
-
-@gluon.jit
-def _tile_keys(CNT, IDX, KV_LEN, N_K, b, h, start_m, stride_cb, stride_ch, stride_ib, stride_ih, stride_im,
-               BLOCK_N: gl.constexpr, HAS_KV_LEN: gl.constexpr, SPARSE: gl.constexpr):
-    """A q-tile's keys: (valid key count, its row of listed key tiles, how many it lists, loop length).
-    Block-sparse lists (block_sparse.kernel_tiles) are sorted and stop at the valid keys, so only the last
-    tile can be ragged; an empty q-tile computes tile 0 and discards it in the end."""
-    n_keys = N_K
-    if HAS_KV_LEN:
-        n_keys = gl.load(KV_LEN + b)
-    idx_row = IDX
-    if SPARSE:
-        cnt = gl.load(CNT + b * stride_cb + h * stride_ch + start_m)
-        idx_row = IDX + b.to(gl.int64) * stride_ib + h.to(gl.int64) * stride_ih + start_m * stride_im
-        n_blocks = gl.maximum(cnt, 1)
-    else:
-        cnt = gl.cdiv(n_keys, BLOCK_N)
-        n_blocks = cnt
-    return n_keys, idx_row, cnt, n_blocks
-
-
-@gluon.jit
 def _attn_fwd_sm90(
     q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse, CNT, IDX,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
     stride_cb, stride_ch, stride_ib, stride_ih, stride_im,
-    H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2, N_TILES,
+    H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
-    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPARSE: gl.constexpr, PERSISTENT: gl.constexpr,
-    q_layout: gl.constexpr,
+    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPARSE: gl.constexpr, q_layout: gl.constexpr,
 ):
-    """One CTA per (q-tile, batch·head), or with PERSISTENT a grid of resident CTAs, each walking the q-tiles
-    pid, pid + grid, ... (N_TILES of them, q-tiles fastest): the ring, barriers and Q buffer are set up once,
-    and the next q-tile's first K/V loads fly while this one's epilogue stores (issue 20: a low-density
-    sparse call spends ~16% of its kernel time on each CTA's start and end)."""
     gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
-    gl.static_assert(QUANT_Q or not PERSISTENT, "the persistent kernel quantizes Q itself")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, BLOCK_N, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                       instr_shape=[16, HEAD_DIM, 32])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    start_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    bh_kv = b * (H // GROUP) + h // GROUP
+    n_keys = N_K
+    if HAS_KV_LEN:
+        n_keys = gl.load(KV_LEN + b)
+    idx_row = IDX
+    if SPARSE:
+        # Only the listed key tiles (block_sparse.kernel_tiles: sorted, none past the valid keys, so only the
+        # last can be ragged). An empty q-tile computes tile 0 and discards it in the end.
+        cnt = gl.load(CNT + b * stride_cb + h * stride_ch + start_m)
+        idx_row = IDX + b.to(gl.int64) * stride_ib + h.to(gl.int64) * stride_ih + start_m * stride_im
+        n_blocks = gl.maximum(cnt, 1)
+    else:
+        n_blocks = gl.cdiv(n_keys, BLOCK_N)
+    kv_row0 = bh_kv * NK_PAD
+    v_row0 = bh_kv * HEAD_DIM
+    ks_base = KS + kv_row0
 
     q_smem = gl.allocate_shared_memory(gl.int8, [BLOCK_M, HEAD_DIM], q_layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -249,89 +175,80 @@ def _attn_fwd_sm90(
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
 
-    if PERSISTENT:
-        n_qt = gl.cdiv(N_Q, BLOCK_M)
-        step = gl.num_programs(0)
-        t0 = gl.program_id(0)
-        g = t0 * 0  # ring loads issued so far
-        start_m = t0 % n_qt
-        b = (t0 // n_qt) // H
-        h = (t0 // n_qt) % H
-        bh_kv = b * (H // GROUP) + h // GROUP
-        n_keys, idx_row, cnt, n_blocks = _tile_keys(CNT, IDX, KV_LEN, N_K, b, h, start_m, stride_cb, stride_ch,
-                                                    stride_ib, stride_ih, stride_im, BLOCK_N, HAS_KV_LEN, SPARSE)
-        _issue_first(k_desc, v_desc, k_smem, v_smem, bars, bh_kv * NK_PAD, bh_kv * HEAD_DIM, g, idx_row, n_blocks,
-                     STAGES, BLOCK_N, SPARSE)
-        for t in range(gl.program_id(0), N_TILES, step):
-            # this tile's loads are in flight; its key list was read in the previous turn
-            start_m = t % n_qt
-            b = (t // n_qt) // H
-            h = (t // n_qt) % H
-            bh_kv = b * (H // GROUP) + h // GROUP
-            q_scale = _quantize_q_tile(Q, q_smem, b, h, start_m * BLOCK_M, N_Q, D, stride_qb, stride_qh,
-                                       stride_qm, stride_qd, BLOCK_M, HEAD_DIM, PAD_D, row_s) * sm_scale_log2
-            acc, l_i, r_i = _attend(q_smem, k_smem, v_smem, bars, k_desc, v_desc, KS + bh_kv * NK_PAD,
-                                    bh_kv * NK_PAD, bh_kv * HEAD_DIM, idx_row, n_blocks, n_keys, q_scale, g,
-                                    STAGES, BLOCK_M, BLOCK_N, HEAD_DIM, SPARSE, PERMUTED_V, s_layout, o_layout,
-                                    p_layout)
-            if SPARSE:  # an empty q-tile: zeros and lse = -inf, as a fully masked row
-                l_i = gl.where(cnt > 0, l_i, 0.0)
-                acc = gl.where(cnt > 0, acc, 0.0)
-            g += n_blocks
-            # the next tile's key list and first loads before this tile's stores
-            t_nxt = gl.minimum(t + step, N_TILES - 1)
-            m_nxt = t_nxt % n_qt
-            b_nxt = (t_nxt // n_qt) // H
-            h_nxt = (t_nxt // n_qt) % H
-            kv_nxt = b_nxt * (H // GROUP) + h_nxt // GROUP
-            n_keys_nxt, idx_nxt, cnt_nxt, n_blocks_nxt = _tile_keys(
-                CNT, IDX, KV_LEN, N_K, b_nxt, h_nxt, m_nxt, stride_cb, stride_ch, stride_ib, stride_ih, stride_im,
-                BLOCK_N, HAS_KV_LEN, SPARSE)
-            if t + step < N_TILES:
-                _issue_first(k_desc, v_desc, k_smem, v_smem, bars, kv_nxt * NK_PAD, kv_nxt * HEAD_DIM, g, idx_nxt,
-                             n_blocks_nxt, STAGES, BLOCK_N, SPARSE)
-            _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, bh_kv * HEAD_DIM, start_m * BLOCK_M, N_Q, D,
-                      stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
-                      SMOOTH_V, RETURN_LSE, s_layout, o_layout)
-            n_keys, idx_row, cnt, n_blocks = n_keys_nxt, idx_nxt, cnt_nxt, n_blocks_nxt
-        _invalidate(q_bar, bars, STAGES)
+    if not QUANT_Q:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        _tma_load(q_desc, [pid_bh * NQ_PAD + start_m * BLOCK_M, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        if i < n_blocks:
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i,
+                      _kv_tile(idx_row, i, n_blocks, SPARSE), STAGES, BLOCK_N)
+
+    if QUANT_Q:  # while the first K/V tiles are on their way
+        q_scale = _quantize_q_tile(Q, q_smem, b, h, start_m * BLOCK_M, N_Q, D, stride_qb, stride_qh, stride_qm,
+                                   stride_qd, BLOCK_M, HEAD_DIM, PAD_D, row_s) * sm_scale_log2
     else:
-        start_m = gl.program_id(0)
-        pid_bh = gl.program_id(1)
-        b = pid_bh // H
-        h = pid_bh % H
-        bh_kv = b * (H // GROUP) + h // GROUP
-        n_keys, idx_row, cnt, n_blocks = _tile_keys(CNT, IDX, KV_LEN, N_K, b, h, start_m, stride_cb, stride_ch,
-                                                    stride_ib, stride_ih, stride_im, BLOCK_N, HAS_KV_LEN, SPARSE)
-        if not QUANT_Q:
-            mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-            _tma_load(q_desc, [pid_bh * NQ_PAD + start_m * BLOCK_M, 0], q_bar, q_smem)
-        _issue_first(k_desc, v_desc, k_smem, v_smem, bars, bh_kv * NK_PAD, bh_kv * HEAD_DIM, 0, idx_row, n_blocks,
-                     STAGES, BLOCK_N, SPARSE)
-        if QUANT_Q:  # while the first K/V tiles are on their way
-            q_scale = _quantize_q_tile(Q, q_smem, b, h, start_m * BLOCK_M, N_Q, D, stride_qb, stride_qh,
-                                       stride_qm, stride_qd, BLOCK_M, HEAD_DIM, PAD_D, row_s) * sm_scale_log2
-        else:
-            offs_m = start_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
-            q_scale = gl.load(QS + pid_bh * NQ_PAD + offs_m) * sm_scale_log2
-            mbarrier.wait(q_bar, 0)
-        acc, l_i, r_i = _attend(q_smem, k_smem, v_smem, bars, k_desc, v_desc, KS + bh_kv * NK_PAD, bh_kv * NK_PAD,
-                                bh_kv * HEAD_DIM, idx_row, n_blocks, n_keys, q_scale, 0, STAGES, BLOCK_M, BLOCK_N,
-                                HEAD_DIM, SPARSE, PERMUTED_V, s_layout, o_layout, p_layout)
-        if SPARSE:  # an empty q-tile: zeros and lse = -inf, as a fully masked row
-            l_i = gl.where(cnt > 0, l_i, 0.0)
-            acc = gl.where(cnt > 0, acc, 0.0)
-        _invalidate(q_bar, bars, STAGES)
-        _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, bh_kv * HEAD_DIM, start_m * BLOCK_M, N_Q, D,
-                  stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
-                  SMOOTH_V, RETURN_LSE, s_layout, o_layout)
+        offs_m = start_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=row_s)
+        q_scale = gl.load(QS + pid_bh * NQ_PAD + offs_m) * sm_scale_log2
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)  # running row max of the scores
+    r_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)  # the max that acc and l are relative to
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.int32, s_layout)
+    o_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
 
+    if not QUANT_Q:
+        mbarrier.wait(q_bar, 0)
+    mbarrier.wait(bars.index(0), 0)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s_tok,))
+    tile = _kv_tile(idx_row, 0, n_blocks, SPARSE)
+    tile_nxt = _kv_tile(idx_row, 1, n_blocks, SPARSE)  # indices are read a step ahead: no load on the path
+    ks = gl.load(ks_base + tile * BLOCK_N)
 
-@gluon.jit
-def _invalidate(q_bar, bars, STAGES: gl.constexpr):
+    # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
+    # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
+    for j in range(0, n_blocks - 1):
+        nxt = j + 1
+        # indices first: their loads overlap the wait and the softmax below
+        tile_after = _kv_tile(idx_row, j + 2, n_blocks, SPARSE)
+        tile_far = _kv_tile(idx_row, j + STAGES, n_blocks, SPARSE)
+        mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)
+        ks_next = gl.load(ks_base + tile_nxt * BLOCK_N)
+        p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, tile * BLOCK_N, n_keys, False,
+                                                 s_layout)
+        p8 = _p_operand(p, p_layout, PERMUTED_V)
+        pv_tok = warpgroup_mma(p8, v_smem.index(j % STAGES).permute((1, 0)), o_zero, use_acc=False,
+                               is_async=True)
+        s, pv = warpgroup_mma_wait(0, deps=(s_tok, pv_tok))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
+        if j + STAGES < n_blocks:
+            _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, j + STAGES, tile_far, STAGES, BLOCK_N)
+        ks = ks_next
+        tile = tile_nxt
+        tile_nxt = tile_after
+
+    # The last block: the only one that can be partial.
+    last = n_blocks - 1
+    p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, tile * BLOCK_N, n_keys, True,
+                                             s_layout)
+    p8 = _p_operand(p, p_layout, PERMUTED_V)
+    pv_tok = warpgroup_mma(p8, v_smem.index(last % STAGES).permute((1, 0)), o_zero, use_acc=False,
+                           is_async=True)
+    pv = warpgroup_mma_wait(0, deps=(pv_tok,))
+    acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1) + pv
+    if SPARSE:  # an empty q-tile: zeros and lse = -inf, as a fully masked row
+        l_i = gl.where(cnt > 0, l_i, 0.0)
+        acc = gl.where(cnt > 0, acc, 0.0)
+
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
+
+    _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
+              stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
+              SMOOTH_V, RETURN_LSE, s_layout, o_layout)
 
 
 @gluon.jit
@@ -374,21 +291,8 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 PERMUTE_V = True
 # Q quantized inside the kernel (no separate Q pass); False only to measure the difference.
 QUANT_Q_IN_KERNEL = True
-# Block-sparse calls run the persistent kernel (a grid of resident CTAs); False only to measure the difference.
-PERSISTENT_SPARSE = True
 # (ring slots, register cap) per padded head dim; bench/probes/tune_gluon.py measures the alternatives.
 LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: int) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def resident_ctas(head_dim: int) -> int:
-    """CTAs per SM at the launch settings (registers decide: 254 x 128 threads fit twice, 168 three times)."""
-    stages, maxnreg = launch_settings(head_dim)
-    return 3 if maxnreg is not None and maxnreg <= 168 else 2
 
 
 def launch_settings(head_dim: int) -> tuple[int, int | None]:
@@ -423,22 +327,15 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         q_desc, q_arg, q_strides, qs = k_desc, q, q.stride(), qq.k_scale
     vm = qq.v_mean if qq.v_mean is not None else qq.v_scale
     sparse_ptrs, sparse_strides = sparse_args(tiles, qq.k_scale)
-    n_tiles = cdiv(n_q, block_m) * out.shape[0] * H
-    persistent = tiles is not None and q is not None and PERSISTENT_SPARSE
-    if persistent:
-        device = out.device.index if out.device.index is not None else torch.cuda.current_device()
-        grid = (min(n_tiles, resident_ctas(d_pad) * _sm_count(device)),)
-    else:
-        grid = (cdiv(n_q, block_m), out.shape[0] * H)
+    grid = (cdiv(n_q, block_m), out.shape[0] * H)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     _attn_fwd_sm90[grid](
         q_desc, k_desc, v_desc, q_arg, qs, qq.k_scale, qq.v_scale, vm,
         kv_len if kv_len is not None else qq.k_scale, out, lse if lse is not None else qq.k_scale, *sparse_ptrs,
         *q_strides, *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
         *sparse_strides,
-        H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2, n_tiles,
+        H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
-        PAD_D=d != d_pad, SPARSE=tiles is not None, PERSISTENT=persistent, q_layout=q_l, num_warps=4,
-        enable_fp_fusion=True, **extra,
+        PAD_D=d != d_pad, SPARSE=tiles is not None, q_layout=q_l, num_warps=4, enable_fp_fusion=True, **extra,
     )
