@@ -78,9 +78,9 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
     names = list(inspect.signature(fn.fn).parameters)
     quant_q = gluon_attn.QUANT_Q_IN_KERNEL if quant_q is None else quant_q
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
-                 SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, PAD_D=False, q_layout=q_l,
+                 SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, q_layout=q_l,
                  stride_qd=1, stride_od=1,  # unit strides: the JIT's for contiguous tensors
-                 **{"SPARSE": False, **(extra_const or {})})
+                 **{"SPARSE": False, "PAD_D": False, **(extra_const or {})})
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}
@@ -119,7 +119,8 @@ def summary(kernel) -> dict:
             "shared_bytes": kernel.metadata.shared,
             "matrix_ops": {k: v for k, v in ops.items() if "MMA" in k},
             "mufu": ops.get("MUFU", 0), "ldl/stl": ops.get("LDL", 0) + ops.get("STL", 0),
-            "shfl_idx": len(re.findall(r"SHFL\.IDX", sass)), "ldg128": len(re.findall(r"LDG\.E\.128", sass))}
+            "shfl_idx": len(re.findall(r"SHFL\.IDX", sass)), "ldg128": len(re.findall(r"LDG\.E\.128", sass)),
+            "stg128": len(re.findall(r"STG\.E\.128", sass)), "stg": len(re.findall(r"\bSTG\.", sass))}
 
 
 def main():

@@ -58,7 +58,8 @@ print(json.dumps(summary(compile_gluon(int(sys.argv[1])))))
 @pytest.mark.parametrize("d", [64, 128])
 def test_gluon_kernel_compiles_for_hopper(d):
     """sm90 Gluon kernel: IGMMA and QGMMA, no spills at its register cap, P reaches the FP8 multiply
-    without a shuffle (V's keys are stored in the accumulator's order), and Q is loaded 16 bytes at a time."""
+    without a shuffle (V's keys are stored in the accumulator's order), Q is loaded and O stored 16 bytes at a
+    time."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT, str(d)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -68,3 +69,4 @@ def test_gluon_kernel_compiles_for_hopper(d):
     assert {"IGMMA", "QGMMA"} <= set(report["matrix_ops"]), report
     assert report["shfl_idx"] == 0, report
     assert report["ldg128"] >= 1, report  # Q, quantized in the kernel, is read with 16-byte loads
+    assert report["stg128"] == report["stg"] == d // 16, report  # O: 64 x d bf16, 16 bytes a thread a store

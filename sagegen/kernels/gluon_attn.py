@@ -248,14 +248,14 @@ def _attn_fwd_sm90(
 
     _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
-              SMOOTH_V, RETURN_LSE, s_layout, o_layout)
+              SMOOTH_V, RETURN_LSE, PAD_D, s_layout, o_layout)
 
 
 @gluon.jit
 def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
-              s_layout: gl.constexpr, o_layout: gl.constexpr):
+              PAD_D: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
     """O = acc / l, undo V's FP8 scale (and smoothing), store rows row0.. of head (b, h); the LSE too."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     # acc and l both carry P's factor 448, which cancels here.
@@ -266,12 +266,20 @@ def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
     if SMOOTH_V:
         v_mean = gl.expand_dims(gl.load(VM + v_row0 + offs_d), 0)
         o = gl.where(gl.expand_dims(l_o != 0, 1), o + v_mean, 0.0)
-    offs_mo = row0 + gl.arange(0, BLOCK_M, layout=row_o)
+    # Stored from a layout with 8 consecutive head-dim elements (16 bytes) a thread: the accumulator's layout
+    # gives each thread pairs of columns, and its 4-byte stores cost up to 0.08 ms a call, a fifth of a
+    # one-key-tile call (bench/NOTES.md v7.4). The conversion goes through shared memory the ring has freed.
+    TPW_D: gl.constexpr = HEAD_DIM // 8
+    st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // TPW_D, TPW_D],
+                                               warps_per_cta=[gl.num_warps(), 1], order=[1, 0])
+    o_st = gl.convert_layout(o.to(Out.dtype.element_ty), st_layout)
+    offs_mo = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
+    offs_do = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, st_layout))
     # int64 offsets: outputs past 2^31 elements (large batches of HunyuanVideo 720p) must not wrap
     o_ptrs = (Out + b.to(gl.int64) * stride_ob + h.to(gl.int64) * stride_oh + gl.expand_dims(offs_mo, 1) * stride_om
-              + gl.expand_dims(offs_d, 0) * stride_od)
-    o_mask = gl.expand_dims(offs_mo < N_Q, 1) & gl.expand_dims(offs_d < D, 0)
-    gl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=o_mask)
+              + gl.expand_dims(offs_do, 0) * stride_od)
+    o_mask = gl.expand_dims(offs_mo < N_Q, 1) & gl.expand_dims((offs_do < D) | (not PAD_D), 0)
+    gl.store(o_ptrs, o_st, mask=o_mask)
     if RETURN_LSE:
         offs_m = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
         lse = (r_i + gl.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
