@@ -5,6 +5,9 @@ holding it as ``sagegen_base/``) and of this one, at 4 and 8 warps for the K/V l
 and checks that K, its scales and V come out bit-identical to the older package's. JSON to --out.
 
     python bench/probes/probe_kv_split.py --base DIR --out $OUT/probe-kv-split.json
+
+The split launch it measured on 2026-11-29 was slower and was not committed (bench/NOTES.md v7.4); as it stands
+the probe compares this checkout's launch with the base's.
 """
 
 from __future__ import annotations
