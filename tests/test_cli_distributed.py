@@ -1,4 +1,5 @@
-"""Several processes: launcher detection, and a real 2-process `torchrun` compare on the CPU (gloo)."""
+"""Several processes: launcher detection, a real 2-process `torchrun` compare on the CPU (gloo), and a
+context-parallel run whose rank 0 fails."""
 
 import json
 import os
@@ -7,6 +8,7 @@ import sys
 
 import pytest
 
+import cp_abort_launch
 from sagegen import distributed
 from sagegen.rundir import RunDir
 
@@ -92,6 +94,17 @@ def test_compare_under_torchrun_with_two_processes(tmp_path):
         assert sorted(m["setup"][v]) == ["rank0", "rank1"]
     assert proc.stdout.count("sdpa vs sage") == 1  # only rank 0 prints the summary
     assert "[rank 1]" in proc.stderr  # the other rank reports its samples line by line (on stderr)
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_mid_run_ends_a_cp_run(tmp_path):
+    """Rank 0's sample write fails while rank 1 is in the next sample's collectives: the launch ends with rank
+    0's error instead of hanging (2 gloo processes; tests/test_gpu_cp.py runs the NCCL abort on 2 GPUs)."""
+    proc, seconds = cp_abort_launch.launch(tmp_path, cuda=False)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert cp_abort_launch.INJECTED in proc.stdout + proc.stderr
+    assert seconds < 240
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name or ".partial" in p.name]  # no half-written file
 
 
 def test_an_error_aborts_a_gpu_group_instead_of_waiting_for_peers(monkeypatch):

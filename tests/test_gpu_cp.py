@@ -5,6 +5,7 @@ than 2 GPUs)."""
 import pytest
 import torch
 
+import cp_abort_launch
 import cp_patched_support
 import cp_route_support
 import cp_support
@@ -14,6 +15,17 @@ from test_cp_models import (check_patched_flux, check_patched_hunyuan, check_pat
 
 needs_2_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                   reason="needs 2 CUDA GPUs")
+
+
+@pytest.mark.gpu
+@needs_2_gpus
+def test_a_rank_that_fails_mid_run_ends_a_cp_run_on_two_gpus(tmp_path):
+    """Under NCCL, rank 0's failed sample write while rank 1 sits in the next sample's collectives: the launch
+    must end with the error (the communicators aborted), not wait for rank 1 forever."""
+    proc, seconds = cp_abort_launch.launch(tmp_path, cuda=True)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert cp_abort_launch.INJECTED in proc.stdout + proc.stderr
+    assert seconds < 240
 
 
 @pytest.mark.gpu
