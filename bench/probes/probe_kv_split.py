@@ -29,6 +29,13 @@ from sagegen.kernels import triton_attn, triton_quant  # noqa: E402
 SHAPES = [(2, 48, 17776, 64), (1, 24, 32768, 128), (1, 40, 75600, 128), (2, 38, 4429, 64)]
 
 
+def _bits_equal(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bit equality, also for FP8 tensors (compared as bytes)."""
+    if x.dtype.itemsize == 1:
+        x, y = x.view(torch.uint8), y.view(torch.uint8)
+    return torch.equal(x, y)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -47,11 +54,8 @@ def main():
                 return mod.quantize(q, k, v, cfg, bq, bk, d, None, permute_v_keys=triton_attn.gluon_permutes_v(),
                                     quantize_q=False)
             ref, new = run(base), run(triton_quant)
-            row = {"shape": [b, h, n, d], "equal": all(torch.equal(x.view(torch.uint8) if x.dtype.itemsize == 1
-                                                                   else x, y.view(torch.uint8)
-                                                                   if y.dtype.itemsize == 1 else y)
-                                                       for x, y in ((ref.k8, new.k8), (ref.k_scale, new.k_scale),
-                                                                    (ref.v, new.v), (ref.v_scale, new.v_scale)))}
+            pairs = ((ref.k8, new.k8), (ref.k_scale, new.k_scale), (ref.v, new.v), (ref.v_scale, new.v_scale))
+            row = {"shape": [b, h, n, d], "equal": all(_bits_equal(x, y) for x, y in pairs)}
             variants = {"base": lambda: run(base)}
             for warps in (4, 8):
                 def fn(w=warps):
