@@ -25,7 +25,7 @@ from sagegen.config import SageConfig  # noqa: E402
 from sagegen.kernels import triton_attn  # noqa: E402
 
 PTR = {"QS": "*fp32", "KS": "*fp32", "VS": "*fp32", "VM": "*fp32", "QB": "*fp32", "MSK": "*fp32",
-       "Out": "*bf16", "Lse": "*fp32", "CNT": "*i32", "IDX": "*i32"}
+       "Out": "*bf16", "OS": "*fp32", "Lse": "*fp32", "CNT": "*i32", "IDX": "*i32"}
 
 
 def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int = 0, causal: bool = False,
@@ -36,7 +36,7 @@ def compile_attn(head_dim: int, cfg: SageConfig, arch: int = 90, mask_kind: int 
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, CAUSAL=causal,
                  K_PER_TOKEN=cfg.k_granularity == "per_token", MASK_KIND=mask_kind, SMOOTH_Q=cfg.smooth_q,
                  SMOOTH_V=cfg.smooth_v, PV_FP8=cfg.pv_precision == "fp8", RETURN_LSE=False,
-                 EXACT_FP8_CAST=False, **{"SPLIT_D": head_dim >= 128, "SPARSE": False, **extra})
+                 EXACT_FP8_CAST=False, **{"SPLIT_D": head_dim >= 128, "SPARSE": False, "OUT_FP8": False, **extra})
     chunk = head_dim // 2 if head_dim >= 128 else head_dim
     fp8 = cfg.pv_precision == "fp8"
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}]>", "k_desc": f"tensordesc<i8[{bk}, {head_dim}]>",
@@ -80,7 +80,7 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
     const = dict(BLOCK_M=bq, BLOCK_N=bk, HEAD_DIM=head_dim, STAGES=stages or default_stages, HAS_KV_LEN=False,
                  SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, q_layout=q_l,
                  stride_qd=1, stride_od=1,  # unit strides: the JIT's for contiguous tensors
-                 **{"SPARSE": False, "PAD_D": False, **(extra_const or {})})
+                 **{"SPARSE": False, "PAD_D": False, "OUT_FP8": False, **(extra_const or {})})
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}

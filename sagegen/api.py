@@ -97,6 +97,43 @@ def sageattn(
     return (out, lse) if return_lse else out
 
 
+def sageattn_fp8_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tensor_layout: str = "HND",
+                     is_causal: bool = False, sm_scale: float | None = None, attn_mask: torch.Tensor | None = None,
+                     config: SageConfig | None = None, backend: str = "auto", block_mask=None):
+    """`sageattn` with an FP8 output for an FP8 projection of it (the patch's ``linear="fp8"`` output
+    projections, which then skip their quantization pass). Eager calls only.
+
+    Args: as `sageattn` (``block_mask``: a `BlockSparse` or FlexAttention's `BlockMask`).
+
+    Returns:
+        ``(out, scale)``: out float8_e4m3fn with q's shape and memory layout, scale fp32 [1], so that
+        ``out.float() * scale`` is the attention output. One scale per call, from V's range
+        (kernels/fp8_out.py). None where sagegen's kernels or emulation would not run the call: a fallback to
+        SDPA, fp16 P·V (no FP8 tensor cores), or a call being traced (the caller runs `sageattn`). Calls below
+        ``auto``'s SDPA crossover run the kernel: the FP8 output is what pays there.
+    """
+    config = _check_config(config)
+    _validate(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, False, backend)
+    n_dim = 2 if tensor_layout == "HND" else 1
+    sparse = _block_sparse(block_mask, q, k, n_dim)
+    sparse_args = (None, None) if sparse is None else (sparse.counts, sparse.indices)
+    if not _eager_direct(q, k, v, attn_mask, *sparse_args):
+        return None
+    hnd = (lambda t: t) if tensor_layout == "HND" else (lambda t: t.transpose(1, 2))
+    qh, kh, vh = hnd(q), hnd(k), hnd(v)
+    choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once,
+                                     n_kv=kh.shape[2], sparse=True)
+    if choice not in ("triton", "reference") or config.pv_precision != "fp8":
+        return None
+    scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    out = torch.empty_like(q, dtype=torch.float8_e4m3fn)
+    out_scale = torch.empty(1, dtype=torch.float32, device=q.device)
+    backends.run(choice, qh, kh, vh, hnd(out), sm_scale=scale, is_causal=is_causal,
+                 mask=normalize_mask(attn_mask, qh.shape[0], kh.shape[2]), attn_mask=attn_mask, config=config,
+                 return_lse=False, block_sparse=sparse, out_scale=out_scale)
+    return out, out_scale
+
+
 def _sparse_mask(sparse, block_mask, q, k, layout, attn_mask, scale, config):
     from .sparse.config import SparseConfig
     from .sparse.op import sparse_block_mask

@@ -103,8 +103,11 @@ def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool
 
 def run(choice: str, q, k, v, out, *, sm_scale: float, is_causal: bool, mask: MaskSpec,
         attn_mask: torch.Tensor | None, config: SageConfig, return_lse: bool,
-        block_sparse: BlockSparse | None = None) -> torch.Tensor | None:
-    """Run the chosen backend on [B, H, N, D] views; writes `out` (a view of the caller's output)."""
+        block_sparse: BlockSparse | None = None, out_scale: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Run the chosen backend on [B, H, N, D] views; writes `out` (a view of the caller's output; e4m3, with
+    its scale written into ``out_scale``, when that is given: "triton" and "reference" only)."""
+    if out_scale is not None and choice not in ("triton", "reference"):
+        raise ValueError(f"an FP8 attention output needs sagegen's kernels or emulation, not {choice!r}")
     if block_sparse is not None:
         # the same tiles in every backend (the fallback too), so a mask that runs here runs everywhere alike
         tiles = config.blocks(q.shape[-1], device_capability(q.device) if q.is_cuda else None)
@@ -113,12 +116,14 @@ def run(choice: str, q, k, v, out, *, sm_scale: float, is_causal: bool, mask: Ma
         from . import triton_attn
 
         return triton_attn.sage_attention(q, k, v, out, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
-                                          config=config, return_lse=return_lse, block_sparse=block_sparse)
+                                          config=config, return_lse=return_lse, block_sparse=block_sparse,
+                                          out_scale=out_scale)
     if choice == "reference":
         from . import reference
 
         o, lse = reference.sage_attention(q, k, v, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
-                                          config=config, return_lse=return_lse, block_sparse=block_sparse)
+                                          config=config, return_lse=return_lse, block_sparse=block_sparse,
+                                          out_scale=out_scale)
         out.copy_(o)
         return lse
     if block_sparse is not None:  # the fallback computes every block: fold the block mask into a dense one

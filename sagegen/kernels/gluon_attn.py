@@ -128,13 +128,14 @@ def _p_operand(p, p_layout: gl.constexpr, PERMUTED_V: gl.constexpr):
 
 @gluon.jit
 def _attn_fwd_sm90(
-    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, Lse, CNT, IDX,
+    q_desc, k_desc, v_desc, Q, QS, KS, VS, VM, KV_LEN, Out, OS, Lse, CNT, IDX,
     stride_qb, stride_qh, stride_qm, stride_qd, stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
     stride_cb, stride_ch, stride_ib, stride_ih, stride_im,
     H, GROUP, N_Q, N_K, NQ_PAD, NK_PAD, D, sm_scale_log2,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
-    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPARSE: gl.constexpr, q_layout: gl.constexpr,
+    QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPARSE: gl.constexpr, OUT_FP8: gl.constexpr,
+    q_layout: gl.constexpr,
 ):
     gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -246,17 +247,18 @@ def _attn_fwd_sm90(
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
 
-    _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
+    _epilogue(acc, l_i, r_i, VS, VM, Out, OS, Lse, b, h, v_row0, start_m * BLOCK_M, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, BLOCK_M, HEAD_DIM,
-              SMOOTH_V, RETURN_LSE, PAD_D, s_layout, o_layout)
+              SMOOTH_V, RETURN_LSE, PAD_D, OUT_FP8, s_layout, o_layout)
 
 
 @gluon.jit
-def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
+def _epilogue(acc, l_i, r_i, VS, VM, Out, OS, Lse, b, h, v_row0, row0, N_Q, D,
               stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh,
               BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr,
-              PAD_D: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
-    """O = acc / l, undo V's FP8 scale (and smoothing), store rows row0.. of head (b, h); the LSE too."""
+              PAD_D: gl.constexpr, OUT_FP8: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr):
+    """O = acc / l, undo V's FP8 scale (and smoothing), store rows row0.. of head (b, h) (in e4m3 with the
+    call's scale at OS with OUT_FP8: fp8_out.py); the LSE too."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     # acc and l both carry P's factor 448, which cancels here.
     l_o = gl.convert_layout(l_i, row_o)
@@ -269,8 +271,12 @@ def _epilogue(acc, l_i, r_i, VS, VM, Out, Lse, b, h, v_row0, row0, N_Q, D,
     # Stored from a layout with 8 consecutive head-dim elements (16 bytes) a thread: the accumulator's layout
     # gives each thread pairs of columns, and its 4-byte stores cost up to 0.08 ms a call, a fifth of a
     # one-key-tile call (bench/NOTES.md v7.4). The conversion goes through shared memory the ring has freed.
-    TPW_D: gl.constexpr = HEAD_DIM // 8
-    st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // TPW_D, TPW_D],
+    if OUT_FP8:  # clamped, NaN kept
+        o = o * gl.load(OS)
+        o = gl.where(o != o, o, gl.minimum(gl.maximum(o, -448.0), 448.0))
+    VEC: gl.constexpr = 16 if OUT_FP8 else 8  # 16 bytes a thread
+    TPW_D: gl.constexpr = HEAD_DIM // VEC
+    st_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, VEC], threads_per_warp=[32 // TPW_D, TPW_D],
                                                warps_per_cta=[gl.num_warps(), 1], order=[1, 0])
     o_st = gl.convert_layout(o.to(Out.dtype.element_ty), st_layout)
     offs_mo = row0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, st_layout))
@@ -313,13 +319,15 @@ def launch_settings(head_dim: int) -> tuple[int, int | None]:
 
 def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, n_k: int, d: int,
            block_m: int, block_n: int, smooth_v: bool, sm_scale_log2: float, permuted_v: bool = True,
-           q: torch.Tensor | None = None, tiles: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+           q: torch.Tensor | None = None, tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
+           out_inv_scale: torch.Tensor | None = None) -> None:
     """Run the kernel on quantized buffers from `triton_quant.quantize`.
 
     out: [B, H, Nq, D], any strides; lse: [B, H, Nq] fp32 or None; kv_len: int32 [B] valid-prefix key
     lengths or None; permuted_v: V's keys are in `_p_operand`'s order (`quantize(..., permute_v_keys=True)`);
     q: the unquantized Q [B, H, Nq, D] (any strides) to quantize inside the kernel (per-token scales), when
-    `quantize(..., quantize_q=False)` left qq.q8 empty; tiles: `block_sparse.kernel_tiles` (with kv_len) or None.
+    `quantize(..., quantize_q=False)` left qq.q8 empty; tiles: `block_sparse.kernel_tiles` (with kv_len) or None;
+    out_inv_scale: fp32 [1], for an e4m3 ``out`` (fp8_out.py).
     """
     d_pad = qq.k8.shape[-1]
     nk_pad = qq.k8.shape[2]
@@ -339,11 +347,14 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     _attn_fwd_sm90[grid](
         q_desc, k_desc, v_desc, q_arg, qs, qq.k_scale, qq.v_scale, vm,
-        kv_len if kv_len is not None else qq.k_scale, out, lse if lse is not None else qq.k_scale, *sparse_ptrs,
+        kv_len if kv_len is not None else qq.k_scale, out,
+        out_inv_scale if out_inv_scale is not None else qq.k_scale, lse if lse is not None else qq.k_scale,
+        *sparse_ptrs,
         *q_strides, *out.stride(), lse.stride(0) if lse is not None else 0, lse.stride(1) if lse is not None else 0,
         *sparse_strides,
         H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
-        PAD_D=d != d_pad, SPARSE=tiles is not None, q_layout=q_l, num_warps=4, enable_fp_fusion=True, **extra,
+        PAD_D=d != d_pad, SPARSE=tiles is not None, OUT_FP8=out_inv_scale is not None, q_layout=q_l, num_warps=4,
+        enable_fp_fusion=True, **extra,
     )

@@ -16,8 +16,8 @@ import torch
 
 from ..config import SageConfig
 from .block_sparse import BlockSparse, tile_layout
-from .spec import (EPS, FP8_MAX, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, SAMPLE_TOKENS, MaskSpec,
-                   device_capability)
+from .spec import (EPS, FP8_MAX, FP8_OUT_MARGIN, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, SAMPLE_TOKENS,
+                   MaskSpec, device_capability)
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
 
@@ -125,6 +125,7 @@ def sage_attention(
     config: SageConfig | None = None,
     return_lse: bool = False,
     block_sparse: BlockSparse | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Emulated quantized attention.
 
@@ -139,9 +140,12 @@ def sage_attention(
             computation with the equivalent bool mask, except that an unlisted tile leaves the online-softmax
             state untouched (the kernels never visit it) where a fully masked one would move the reference
             max; the two differ by fp32 rounding only. Quantization statistics stay over all keys.
+        out_scale: an fp32 [1] tensor: the output is e4m3 instead, with one scale from V's range
+            (`fp8_out_scale`), written here (kernels/fp8_out.py). Needs ``pv_precision="fp8"``.
 
     Returns:
-        (out [B, Hq, Nq, D] in q's dtype, lse or None). Fully masked rows give 0 and lse = -inf.
+        (out [B, Hq, Nq, D] in q's dtype (e4m3 with ``out_scale``), lse or None). Fully masked rows give 0 and
+        lse = -inf.
     """
     config = config or SageConfig()
     mask = mask or MaskSpec()
@@ -178,6 +182,13 @@ def sage_attention(
         vq = vs.to(torch.float16).float()
         v_dequant = None
 
+    out_inv = None
+    if out_scale is not None:
+        if config.pv_precision != "fp8":
+            raise ValueError("an FP8 attention output needs pv_precision='fp8' (V's FP8 range sets its scale)")
+        scale, out_inv = fp8_out_scale(v_scale, v_mean)
+        out_scale.copy_(scale)
+
     k8, k_scale, ks_e, vq = (_expand_kv(t, group) for t in (k8, k_scale, ks, vq))
     if v_dequant is not None:
         v_dequant = _expand_kv(v_dequant, group)
@@ -189,7 +200,7 @@ def sage_attention(
     vq_blocks = torch.nn.functional.pad(vq, (0, 0, 0, pad_k)).reshape(B, H, n_blocks, block_k, D)
     q_scale_log2 = q_scale * c
 
-    out = torch.empty(B, H, Nq, D, dtype=q.dtype, device=q.device)
+    out = torch.empty(B, H, Nq, D, dtype=q.dtype if out_inv is None else torch.float8_e4m3fn, device=q.device)
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
     tiles = tile_layout(block_sparse, block_q, block_k, Nq, Nk) if block_sparse is not None else None
     chunk = max(block_q, (_CHUNK_ELEMS // max(1, B * H * Nk)) // block_q * block_q)
@@ -223,7 +234,10 @@ def sage_attention(
             o = o * v_dequant
         if v_mean is not None:
             o = torch.where(l[..., None] != 0, o + v_mean, torch.zeros_like(o))
-        out[:, :, rows] = o.to(q.dtype)
+        if out_inv is not None:  # clamped with NaN kept, as the kernels do
+            o = o * out_inv
+            o = torch.where(o.isnan(), o, o.clamp(-FP8_MAX, FP8_MAX))
+        out[:, :, rows] = o.to(out.dtype)
         if lse is not None:
             lse_rows = (m + torch.log2(l) - LOG2_FP8_MAX) * LN2
             if config.smooth_k:
@@ -234,6 +248,18 @@ def sage_attention(
                 lse_rows = lse_rows + corr
             lse[:, :, rows] = lse_rows
     return out, lse
+
+
+def fp8_out_scale(v_scale: torch.Tensor, v_mean: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, 1 / scale), fp32 [1] each, of an FP8 attention output (kernels/fp8_out.py, op for op): V's bound
+    max |mean| + 448 x scale over every head and channel, with FP8_OUT_MARGIN. v_scale, v_mean: [..., D] (the
+    real channels only)."""
+    bound = v_scale * FP8_MAX
+    if v_mean is not None:
+        bound = bound + v_mean.abs()
+    bound = bound.amax().reshape(1)  # (amax keeps a NaN)
+    scale = bound * torch.tensor(FP8_OUT_MARGIN / FP8_MAX, dtype=torch.float32)
+    return scale, 1.0 / scale
 
 
 def _blockwise_softmax_pv(s, vq_blocks, block_k, pad_k, accum, fp8, active=None):

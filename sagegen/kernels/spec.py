@@ -21,6 +21,9 @@ GELU_AMAX_FLOOR = 0.171875
 INT8_MAX = 127.0
 EPS = 1e-8  # a zero row/block/channel still gets a finite scale
 LOG2_FP8_MAX = math.log2(FP8_MAX)
+# An FP8 attention output's scale is (V's bound) x this / 448 (kernels/fp8_out.py): P·V runs on e4m3 P, each
+# value at most 2^-4 above the exact one, so a row's output can exceed V's range by that much.
+FP8_OUT_MARGIN = 1.0625
 # P is quantized relative to its own key block's row max (the block's largest value lands exactly on 448),
 # as long as that max is within REF_WINDOW (log2 units) of the running max; acc and l follow that reference.
 REF_WINDOW = 8.0

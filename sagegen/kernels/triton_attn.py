@@ -26,7 +26,8 @@ from .key_padding import compact_valid_keys, key_prefix_lengths
 # which kernel a call gets (looked up here per call, so tests and probes patch `triton_attn.gluon_applies`)
 from .kernel_choice import (GLUON_BUILD_ERRORS, KERNEL_ENV, _gluon_failed, gluon_applies, gluon_permutes_v,
                             gluon_quantizes_q)
-from .spec import LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv, device_capability, next_power_of_2
+from .spec import (FP8_MAX, LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv, device_capability,
+                   next_power_of_2)
 from .triton_quant import interpreting, quantize, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
@@ -34,6 +35,7 @@ _MASK_KINDS = {"none": MASK_NONE, "key": MASK_KEY, "bool": MASK_BOOL, "additive"
 # int32 -> fp32 without a conversion instruction: the bits of 1.5·2^23 + i read as fp32 equal 12582912 + i
 # exactly for |i| < 2^22, and |Q·Kᵀ| <= 127²·128 < 2^21 for head dims up to 128.
 _LOG2_FP8_MAX = tl.constexpr(LOG2_FP8_MAX)
+_FP8_MAX = tl.constexpr(FP8_MAX)
 _REF_WINDOW = tl.constexpr(REF_WINDOW)
 
 
@@ -59,14 +61,19 @@ def _exp2_shift(row_scale, r):
 
 
 @triton.jit
-def _store_out(acc, offs_d, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
-               PV_FP8: tl.constexpr, SMOOTH_V: tl.constexpr):
+def _store_out(acc, offs_d, inv_l, l_i, VS, VM, OS, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
+               PV_FP8: tl.constexpr, SMOOTH_V: tl.constexpr, OUT_FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr):
     o = acc * inv_l[:, None]
     if PV_FP8:
         o = o * tl.load(VS + vs_off + offs_d)[None, :]
     if SMOOTH_V:
         v_mean = tl.load(VM + vs_off + offs_d)
         o = tl.where((l_i != 0)[:, None], o + v_mean[None, :], 0.0)
+    if OUT_FP8:  # e4m3 with the call's scale from V's range (fp8_out.py); clamped, NaN kept
+        o = o * tl.load(OS)
+        o = tl.where(o != o, o, tl.minimum(tl.maximum(o, -_FP8_MAX), _FP8_MAX))
+        if EXACT_FP8_CAST:
+            o = round_to_e4m3_grid(o)
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(o_base.dtype.element_ty), mask=(offs_m < N_Q)[:, None] & (offs_d < D)[None, :])
 
@@ -138,7 +145,7 @@ def _attn_block(
 
 @triton.jit
 def _attn_fwd_kernel(
-    q_desc, k_desc, v_desc, QS, KS, VS, VM, QB, MSK, Out, Lse, CNT, IDX,
+    q_desc, k_desc, v_desc, QS, KS, VS, VM, QB, MSK, Out, OS, Lse, CNT, IDX,
     stride_qbm,
     stride_mb, stride_mh, stride_mm, stride_mn,
     stride_ob, stride_oh, stride_om, stride_od,
@@ -147,7 +154,7 @@ def _attn_fwd_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     CAUSAL: tl.constexpr, K_PER_TOKEN: tl.constexpr, MASK_KIND: tl.constexpr,
     SMOOTH_Q: tl.constexpr, SMOOTH_V: tl.constexpr, PV_FP8: tl.constexpr, RETURN_LSE: tl.constexpr,
-    EXACT_FP8_CAST: tl.constexpr, SPLIT_D: tl.constexpr, SPARSE: tl.constexpr,
+    EXACT_FP8_CAST: tl.constexpr, SPLIT_D: tl.constexpr, SPARSE: tl.constexpr, OUT_FP8: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -225,11 +232,11 @@ def _attn_fwd_kernel(
     vs_off = bh_kv * HEAD_DIM
     o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh  # no wrap past 2^31
     offs_d0 = tl.arange(0, CHUNK_D)
-    _store_out(acc0, offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
-               PV_FP8, SMOOTH_V)
+    _store_out(acc0, offs_d0, inv_l, l_i, VS, VM, OS, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
+               PV_FP8, SMOOTH_V, OUT_FP8, EXACT_FP8_CAST)
     if SPLIT_D:
-        _store_out(acc1, CHUNK_D + offs_d0, inv_l, l_i, VS, VM, vs_off, o_base, offs_m, stride_om, stride_od,
-                   N_Q, D, PV_FP8, SMOOTH_V)
+        _store_out(acc1, CHUNK_D + offs_d0, inv_l, l_i, VS, VM, OS, vs_off, o_base, offs_m, stride_om, stride_od,
+                   N_Q, D, PV_FP8, SMOOTH_V, OUT_FP8, EXACT_FP8_CAST)
     if RETURN_LSE:
         lse = (r_i + tl.math.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
@@ -266,6 +273,7 @@ def sage_attention(
     config: SageConfig | None = None,
     return_lse: bool = False,
     block_sparse=None,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Quantized attention with the Triton kernels, written into ``out``.
 
@@ -274,6 +282,8 @@ def sage_attention(
         out: [B, Hq, Nq, D] in q's dtype, any strides; every element is written.
         sm_scale, is_causal, mask, config: as in `sagegen.sageattn` (mask already normalised).
         return_lse: compute the natural-log log-sum-exp.
+        out_scale: fp32 [1]: ``out`` is float8_e4m3fn instead, scaled by the value written here (fp8_out.py;
+            needs ``pv_precision="fp8"``).
 
     Returns:
         lse [B, Hq, Nq] fp32 if return_lse else None.
@@ -313,6 +323,14 @@ def sage_attention(
     qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias,
                   permute_v_keys=use_gluon and gluon_permutes_v(), quantize_q=not q_in_kernel)
     c = sm_scale * LOG2E
+    out_inv = None
+    if out_scale is not None:
+        if config.pv_precision != "fp8" or qq.v_scale is None:
+            raise ValueError("an FP8 attention output needs pv_precision='fp8' (V's FP8 range sets its scale)")
+        from .fp8_out import out_scale as fp8_out_scale
+
+        scale, out_inv = fp8_out_scale(qq.v_scale, qq.v_mean, D)
+        out_scale.copy_(scale)
     if use_gluon:
         from . import gluon_attn
 
@@ -322,14 +340,15 @@ def sage_attention(
                      if block_sparse is not None else None)
             gluon_attn.launch(qq, out, lse, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
                               block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
-                              permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None, tiles=tiles)
+                              permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None, tiles=tiles,
+                              out_inv_scale=out_inv)
             return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
         except GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel
             if choice == "gluon":
                 raise
             _gluon_failed(exc)
             if gluon_permutes_v() or q_in_kernel:
-                qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)
+                qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)  # (same V statistics)
 
     q_bias = qq.q_scale  # placeholder pointer when unused
     if config.smooth_q:
@@ -368,7 +387,8 @@ def sage_attention(
     num_warps, num_stages, *maxnreg = launch_settings(block_q, block_k, d_pad, capability)
     extra = {"maxnreg": maxnreg[0]} if maxnreg else {}
     _attn_fwd_kernel[grid](
-        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out, lse, *sparse_ptrs,
+        q_desc, k_desc, v_desc, qq.q_scale, qq.k_scale, vs, vm, q_bias, m_arg, out,
+        out_inv if out_inv is not None else vs, lse, *sparse_ptrs,
         q_bias.stride(2) if config.smooth_q else 0,
         *m_strides, *out.stride(), lse.stride(0) if return_lse else 0, lse.stride(1) if return_lse else 0,
         *sparse_strides,
@@ -377,6 +397,7 @@ def sage_attention(
         CAUSAL=is_causal, K_PER_TOKEN=config.k_granularity == "per_token", MASK_KIND=kind,
         SMOOTH_Q=config.smooth_q, SMOOTH_V=config.smooth_v, PV_FP8=config.pv_precision == "fp8",
         RETURN_LSE=return_lse, EXACT_FP8_CAST=interpreting(), SPLIT_D=d_pad >= 128, SPARSE=tiles is not None,
+        OUT_FP8=out_inv is not None,
         num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=True, **extra,
     )
     return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None

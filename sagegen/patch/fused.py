@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from . import fp8_out
 from .graphs import value_checks_allowed
 from .fused_common import _arguments, _joint_attention, _kernel_can_run, _rope_pair
 
@@ -71,9 +72,17 @@ def cogvideox_call(original, session, attn, args, kwargs):
     query, key, value = (t.view(batch_size, -1, heads, head_dim).transpose(1, 2) for t in (query, key, value))
     query = layer_norm_rope(query, norm_q, rope, text_len)
     key = layer_norm_rope(key, norm_k, None if attn.is_cross_attention else rope, text_len)
-    hidden_states = session.route((query, key, value), {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
-    hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, heads * head_dim)
-    hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+    fp8 = fp8_out.wanted(attn.to_out[0], batch_size * hidden_states.shape[1])
+    routed = session.route_fp8(query, key, value) if fp8 else None
+    if routed is not None:  # an e4m3 output for the FP8 projection (patch/fp8_out.py)
+        rows = fp8_out.Fp8Rows(routed[0].transpose(1, 2).reshape(batch_size, -1, heads * head_dim), routed[1],
+                               query.dtype)
+        hidden_states = attn.to_out[1](fp8_out.project(attn.to_out[0], rows))
+    else:
+        hidden_states = session.route((query, key, value), {"attn_mask": None, "dropout_p": 0.0,
+                                                            "is_causal": False})
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, heads * head_dim)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
     encoder_hidden_states, hidden_states = hidden_states.split(
         [text_len, hidden_states.size(1) - text_len], dim=1)
     return hidden_states, encoder_hidden_states

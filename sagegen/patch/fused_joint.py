@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..api import triton_interpret
+from . import fp8_out
 from .fused_common import (_HALF, TEXT_LEN, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run,
                            _native_dispatch, _rope_pair)
 
@@ -78,12 +79,14 @@ def sd3_call(original, session, attn, args, kwargs):
     if encoder_hidden_states is not None:
         parts.append(((attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
                        attn.add_v_proj(encoder_hidden_states)), slice(n_img, None), norms[2:], None))
-    out = _joint_attention(session, parts, heads, head_dim, round_before_weight=True)
+    fp8 = fp8_out.wanted(attn.to_out[0], hidden_states.shape[0] * n_img)
+    out = _joint_attention(session, parts, heads, head_dim, round_before_weight=True, fp8_out=fp8)
     if encoder_hidden_states is not None:
-        out, encoder_out = out[:, :n_img], out[:, n_img:]
+        out, encoder_out = fp8_out.tokens(out, slice(0, n_img)), fp8_out.tokens(out, slice(n_img, None))
+        encoder_out = fp8_out.dense(encoder_out)
         if not attn.context_pre_only:
             encoder_out = attn.to_add_out(encoder_out)
-    out = attn.to_out[1](attn.to_out[0](out))
+    out = attn.to_out[1](fp8_out.project(attn.to_out[0], out))
     return (out, encoder_out) if encoder_hidden_states is not None else out
 
 
@@ -143,10 +146,16 @@ def flux_call(original, session, attn, args, kwargs):
     if parallel is not None and not joint_text:  # a single block's [text, image] rows (`fused_blocks_flux`)
         text_len = attn.__dict__.get(TEXT_LEN)
         segments = (text_len, n_img - text_len) if isinstance(text_len, int) and 0 < text_len < n_img else None
+    # (a single block's output goes to its proj_out with the MLP's: bf16)
+    fp8 = joint_text and fp8_out.wanted(attn.to_out[0], hidden_states.shape[0] * n_img)
     out = _joint_attention(session, parts, heads, head_dim, parallel=parallel, segments=segments,
-                           per_channel_rope=True)
+                           per_channel_rope=True, fp8_out=fp8)
     if not joint_text:
         return out
+    if isinstance(out, fp8_out.Fp8Rows):
+        encoder_out = fp8_out.dense(fp8_out.tokens(out, slice(0, n_txt)))
+        out = attn.to_out[1](fp8_out.project(attn.to_out[0], fp8_out.tokens(out, slice(n_txt, None))))
+        return out, attn.to_add_out(encoder_out)
     encoder_out, out = out.split_with_sizes([n_txt, n_img], dim=1)
     out = attn.to_out[1](attn.to_out[0](out.contiguous()))
     return out, attn.to_add_out(encoder_out.contiguous())
@@ -195,11 +204,13 @@ def hunyuan_call(original, session, attn, args, kwargs):
     mask = a.get("attention_mask")
     if parallel is None and isinstance(mask, torch.Tensor) and mask.dim() == 2:
         mask = mask[:, None, None, :]  # [B, S], as the routed dispatcher reads it (the CP dispatcher reads it too)
+    to_out = getattr(attn, "to_out", None)
+    fp8 = to_out is not None and fp8_out.wanted(to_out[0], hidden_states.shape[0] * n_vid)
     out = _joint_attention(session, parts, heads, head_dim, mask, parallel=parallel, round_before_weight=True,
-                           per_channel_rope=True)
-    out, encoder_out = out[:, :n_vid], out[:, n_vid:]
-    if getattr(attn, "to_out", None) is not None:
-        out = attn.to_out[1](attn.to_out[0](out))
+                           per_channel_rope=True, fp8_out=fp8)
+    out, encoder_out = fp8_out.tokens(out, vid), fp8_out.dense(fp8_out.tokens(out, txt))
+    if to_out is not None:
+        out = to_out[1](fp8_out.project(to_out[0], out))
     if getattr(attn, "to_add_out", None) is not None:
         encoder_out = attn.to_add_out(encoder_out)
     return out, encoder_out

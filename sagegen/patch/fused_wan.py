@@ -22,6 +22,7 @@ import importlib
 
 import torch
 
+from . import fp8_out
 from .fused_common import _HALF, _arguments, _cp_dispatch, _kernel_can_run, _native_dispatch
 
 # processor class -> the module whose `_get_qkv_projections` it calls (both run the code `wan_call` mirrors)
@@ -104,6 +105,12 @@ def wan_call(original, session, attn, args, kwargs):
         out = parallel(query, key, value).flatten(2, 3).to(dtype)
     else:
         hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
+        routed = None
+        if fp8_out.wanted(attn.to_out[0], query.shape[0] * query.shape[1]):
+            routed = session.route_fp8(hnd(query), hnd(key), hnd(value))
+        if routed is not None:  # an e4m3 output for the FP8 projection (patch/fp8_out.py)
+            rows = fp8_out.Fp8Rows(routed[0].transpose(1, 2).flatten(2, 3), routed[1], dtype)
+            return attn.to_out[1](fp8_out.project(attn.to_out[0], rows))
         out = session.route((hnd(query), hnd(key), hnd(value)),
                             {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
         out = out.transpose(1, 2).flatten(2, 3).to(dtype)

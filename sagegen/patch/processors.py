@@ -134,6 +134,31 @@ class PatchSession:
         return out if out.dtype == in_dtype else out.to(in_dtype)
 
 
+    def route_fp8(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask=None):
+        """`route` for a fused processor whose output projection takes FP8 (patch/fp8_out.py), with q, k, v
+        [B, H, N, D] fp16/bf16 views: ``(out e4m3 [B, H, N, D], scale fp32 [1])``, or None where the call would
+        not run sagegen's kernel or emulation as it is (then the caller `route`s it)."""
+        if (self.attention_override is not None or _compiling() or q.dtype not in _HALF
+                or q.shape[-1] not in SUPPORTED_HEAD_DIMS or torch.is_grad_enabled()):
+            return None
+        if q.device.type != "cuda":  # (as in `route`: the emulation wants dense tensors)
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        mask, rows = _simplify_mask(attn_mask, q.shape[2]) if value_checks_allowed() else (attn_mask, None)
+        if rows is not None:  # rows with no key are zeroed after the call, which an FP8 output does not take
+            return None
+        block_mask = None
+        if self.sparse is not None:
+            from .sparse_policy import block_mask_for
+
+            block_mask = block_mask_for(self, q, k, mask, None)
+        result = _api.sageattn_fp8_out(q, k, v, attn_mask=mask, config=self.config, backend=self.backend,
+                                       block_mask=block_mask)
+        if result is not None:
+            self.count("routed")
+            self.count("routed_fp8_out")
+        return result
+
+
 def _compiling() -> bool:
     """Whether dynamo is tracing this code (a constant True to dynamo, False when run eagerly)."""
     return torch.compiler.is_compiling()

@@ -1,0 +1,50 @@
+"""Attention outputs handed to FP8 output projections in FP8 (``sagegen.patch(..., linear="fp8")``).
+
+When a fused processor's output projection (``attn.to_out[0]``) is an `FP8Linear` that takes FP8 input, the
+attention kernel writes its output in e4m3 with one scale from V's range (kernels/fp8_out.py) and the projection
+runs its GEMM on that directly: no bf16 output and no quantization pass (~15-22 us a layer at 4-9k tokens, a
+fifth of the FP8 projection; bench/NOTES.md v6.1). Rows that another layer reads in bf16 (the text stream of a
+joint call, whose few rows stay bf16) are dequantized. Everything else (a fallback, context parallelism,
+outlier handling, torch.compile) keeps the bf16 output and the projection's own quantization.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..linear.module import FP8Linear
+
+
+class Fp8Rows(NamedTuple):
+    """An attention output in e4m3: ``data.float() * scale`` in the activations' ``dtype``."""
+
+    data: torch.Tensor  # [B, N, C] float8_e4m3fn
+    scale: torch.Tensor  # fp32 [1]
+    dtype: torch.dtype
+
+    def dense(self) -> torch.Tensor:
+        return (self.data.float() * self.scale).to(self.dtype)
+
+
+def wanted(linear, rows: int) -> bool:
+    """Whether ``linear`` (an attention's output projection) would take an FP8 input of ``rows`` tokens."""
+    return isinstance(linear, FP8Linear) and linear.takes_fp8_input(rows)
+
+
+def tokens(x, rows: slice):
+    """Token rows ``rows`` of an attention output [B, N, C], bf16 or `Fp8Rows`."""
+    return x._replace(data=x.data[:, rows]) if isinstance(x, Fp8Rows) else x[:, rows]
+
+
+def dense(x) -> torch.Tensor:
+    """The attention output in the activations' dtype (`Fp8Rows` dequantized)."""
+    return x.dense() if isinstance(x, Fp8Rows) else x
+
+
+def project(linear, x) -> torch.Tensor:
+    """``linear(x)`` for a bf16 output, the GEMM alone for an `Fp8Rows` one."""
+    if isinstance(x, Fp8Rows):
+        return linear.forward_fp8(x.data, x.scale, x.dtype)
+    return linear(x)
