@@ -32,6 +32,9 @@ def main():
                                  "and False (B)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--linear", default=None, choices=[None, "fp8"], help="patch with linear=... as well")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="patch with cuda_graphs=True: each round patches, captures and times A, then B, anew (a "
+                         "captured graph keeps the switch it was captured with)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     module_name, _, name = args.flag.rpartition(".")
@@ -45,19 +48,30 @@ def main():
     with torch.inference_mode():
         step()
         ms["stock"].append(event_ms(step))
-        sagegen.patch(model, linear=args.linear)
+        if not args.cuda_graphs:
+            sagegen.patch(model, linear=args.linear)
         for label, value in (("A", True), ("B", False)):
             setattr(module, name, value)
-            outputs[label] = step()  # warm-up (compiles)
+            if args.cuda_graphs:
+                sagegen.patch(model, linear=args.linear, cuda_graphs=True)
+            outputs[label] = step().clone()  # warm-up (compiles; captures)
+            if args.cuda_graphs:
+                sagegen.unpatch(model)
         for _ in range(args.rounds):
             for label, value in (("A", True), ("B", False)):
                 setattr(module, name, value)
+                if args.cuda_graphs:
+                    sagegen.patch(model, linear=args.linear, cuda_graphs=True)
+                    step(), step()  # capture, then one replay
                 ms[label].append(event_ms(step))
+                if args.cuda_graphs:
+                    sagegen.unpatch(model)
                 print(label, f"{ms[label][-1]:.1f} ms", flush=True)
     setattr(module, name, original)
     med = {k: statistics.median(v) for k, v in ms.items()}
     a, b = outputs["A"].float(), outputs["B"].float()
-    result = {"model": args.model, "flag": args.flag, "linear": args.linear, "ms": ms, "median_ms": med,
+    result = {"model": args.model, "flag": args.flag, "linear": args.linear, "cuda_graphs": args.cuda_graphs,
+              "ms": ms, "median_ms": med,
               "outputs_identical": bool(torch.equal(a, b)),
               "rel_l1_A_vs_B": ((a - b).abs().sum() / b.abs().sum()).item(),
               "speedup_A": med["stock"] / med["A"], "speedup_B": med["stock"] / med["B"],

@@ -1,0 +1,126 @@
+"""The FP8 attention output on the GPU (kernels/fp8_out.py): the Hopper kernel and the portable Triton kernel
+against the emulation's FP8 output (scale bit for bit, codes within one e4m3 step), the dequantized output
+against fp64 exact attention (no worse than quantizing sagegen's bf16 output per token), NaN propagation, and
+the patched output projections (FP8 output + FP8 GEMM) against the bf16-output path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sagegen
+from conftest import gpu
+from helpers import rel_l1
+from sagegen.api import sageattn_fp8_out
+from sagegen.kernels.spec import FP8_MAX
+from sagegen.linear import LinearPolicy, fp8_capable
+from sagegen.linear.numerics import dequantize_activations, quantize_activations
+from sagegen.models import arch as archs
+from sagegen.patch import fp8_out, patch_info
+
+pytestmark = gpu
+
+CFG = sagegen.DIFFUSION_CONFIG
+
+
+def _need_fp8():
+    ok, why = fp8_capable(torch.device("cuda"))
+    if not ok:
+        pytest.skip(why)
+
+
+def _exact(q, k, v, mask=None, layout="HND"):
+    hnd = (lambda t: t) if layout == "HND" else (lambda t: t.transpose(1, 2))
+    qh, kh, vh = (hnd(t).double() for t in (q, k, v))
+    if kh.shape[1] != qh.shape[1]:
+        kh, vh = (t.repeat_interleave(qh.shape[1] // t.shape[1], dim=1) for t in (kh, vh))
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+    return hnd(out)
+
+
+CASES = [  # (B, Hq, Hkv, Nq, Nk, D, layout, key-padding, smooth_v)
+    (2, 4, 4, 4608, 4608, 128, "NHD", None, True),
+    (2, 6, 6, 1000, 777, 64, "HND", None, True),
+    (1, 8, 2, 513, 1030, 128, "NHD", "prefix", True),
+    (2, 4, 4, 700, 900, 96, "HND", "middle", False),
+    (1, 3, 3, 333, 257, 32, "NHD", None, False),
+]
+
+
+@pytest.mark.parametrize("kernel", ["auto", "triton"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_fp8_output_matches_the_emulation_and_exact_attention(seed, monkeypatch, kernel, case):
+    _need_fp8()
+    monkeypatch.setenv("SAGEGEN_KERNEL", kernel)
+    B, Hq, Hkv, Nq, Nk, D, layout, pad, smooth_v = case
+    cfg = CFG.replace(smooth_v=smooth_v)
+    shape = (lambda h, n: (B, h, n, D)) if layout == "HND" else (lambda h, n: (B, n, h, D))
+    q = torch.randn(*shape(Hq, Nq), device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(*shape(Hkv, Nk), device="cuda", dtype=torch.bfloat16)
+    v = (torch.randn(*shape(Hkv, Nk), device="cuda") * torch.logspace(-1, 1, D, device="cuda") + 0.5).to(torch.bfloat16)
+    mask = None
+    if pad is not None:
+        keep = torch.ones(B, Nk, dtype=torch.bool, device="cuda")
+        if pad == "prefix":
+            keep[:, Nk - 200:] = False
+        else:
+            keep[:, Nk // 3:Nk // 2] = False
+        mask = keep[:, None, None, :]
+    got, scale = sageattn_fp8_out(q, k, v, tensor_layout=layout, attn_mask=mask, config=cfg)
+    want, want_scale = sageattn_fp8_out(q, k, v, tensor_layout=layout, attn_mask=mask, config=cfg,
+                                        backend="reference")
+    assert got.dtype == torch.float8_e4m3fn and got.shape == q.shape and got.stride() == q.stride()
+    # the same bound, from statistics summed in another order (V's sampled mean)
+    assert torch.allclose(scale, want_scale, rtol=1e-5, atol=0)
+    g, w = got.float(), want.float()
+    # The kernels and the emulation sum in other orders: a value near a rounding boundary lands one step
+    # apart, never more.
+    step = torch.maximum(w.abs() * 2.0 ** -3, torch.full_like(w, 2.0 ** -9))
+    assert ((g - w).abs() <= step * 1.001).all()
+    flips = (g != w).float().mean().item()
+    print(f"codes one step apart from the emulation's: {flips:.2e}")
+    assert flips < 0.05
+    # against fp64: no worse than sagegen's bf16 output quantized per token (what the FP8 projection took)
+    exact = _exact(q, k, v, mask, layout)
+    bf16 = sagegen.sageattn(q, k, v, tensor_layout=layout, attn_mask=mask, config=cfg, backend="triton")
+    c = bf16.shape[-1]
+    per_token = dequantize_activations(*quantize_activations(bf16.reshape(-1, c), "per_token")).reshape(bf16.shape)
+    err_fp8, err_token = rel_l1(g * scale, exact), rel_l1(per_token, exact)
+    print(f"rel. L1 vs fp64: FP8 output {err_fp8:.4f}, bf16 output per-token FP8 {err_token:.4f}, "
+          f"bf16 output {rel_l1(bf16, exact):.4f}")
+    assert err_fp8 <= err_token * 1.1 + 1e-4
+    assert g.abs().max() <= FP8_MAX
+
+
+def test_nan_in_v_gives_nan_as_the_bf16_output_does():
+    _need_fp8()
+    q, k, v = (torch.randn(1, 2, 300, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    v[0, 1, 7, 3] = float("nan")
+    out, scale = sageattn_fp8_out(q, k, v, config=CFG)
+    # one scale for the call: V's NaN makes it NaN, so the whole output is (the bf16 one: that head's)
+    assert scale.isnan().all() and (out.float() * scale)[0, 1].isnan().all()
+
+
+@pytest.mark.parametrize("name", ["flux.1-dev", "sd3.5-medium", "wan2.1-t2v-1.3b", "cogvideox-2b"])
+def test_patched_output_projections_take_the_fp8_output(name):
+    _need_fp8()
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,
+                                    config_overrides=archs.smoke_overrides(name))
+    inputs = archs.example_inputs(name, batch=2, dtype=torch.bfloat16, device="cuda", seed=1, height=128,
+                                  width=128, text_tokens=archs.smoke_text_tokens(name))
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+        # backend "triton": both runs take the kernel (auto would give the bf16 run's tiny calls to SDPA)
+        sagegen.patch(model, backend="triton", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        fused = model(**inputs)[0]
+        routed = patch_info(model)["stats"].get("routed_fp8_out", 0)
+        fp8_out.ENABLED = False
+        try:
+            plain = model(**inputs)[0]
+        finally:
+            fp8_out.ENABLED = True
+        sagegen.unpatch(model)
+    assert routed > 0
+    err_fused, err_plain = rel_l1(fused, stock), rel_l1(plain, stock)
+    print(f"{name}: vs stock, FP8 attention output {err_fused:.4f}, bf16 output {err_plain:.4f}")
+    assert err_fused <= err_plain * 1.15 + 1e-3
