@@ -120,7 +120,9 @@ def summary(kernel) -> dict:
             "matrix_ops": {k: v for k, v in ops.items() if "MMA" in k},
             "mufu": ops.get("MUFU", 0), "ldl/stl": ops.get("LDL", 0) + ops.get("STL", 0),
             "shfl_idx": len(re.findall(r"SHFL\.IDX", sass)), "ldg128": len(re.findall(r"LDG\.E\.128", sass)),
-            "stg128": len(re.findall(r"STG\.E\.128", sass)), "stg": len(re.findall(r"\bSTG\.", sass))}
+            "stg128": len(re.findall(r"STG\.E\.128", sass)), "stg": len(re.findall(r"\bSTG\.", sass)),
+            "e4m3_cvt": len(re.findall(r"F2FP\.[A-Z0-9_.]*E4M3", sass)),
+            "e4m3_satfinite": len(re.findall(r"F2FP\.SATFINITE\.E4M3", sass))}
 
 
 def main():

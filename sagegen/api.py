@@ -106,11 +106,13 @@ def sageattn_fp8_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tenso
     Args: as `sageattn` (``block_mask``: a `BlockSparse` or FlexAttention's `BlockMask`).
 
     Returns:
-        ``(out, scale)``: out float8_e4m3fn with q's shape and memory layout, scale fp32 [1], so that
-        ``out.float() * scale`` is the attention output. One scale per call, from V's range
-        (kernels/fp8_out.py). None where sagegen's kernels or emulation would not run the call: a fallback to
-        SDPA, fp16 P·V (no FP8 tensor cores), or a call being traced (the caller runs `sageattn`). Calls below
-        ``auto``'s SDPA crossover run the kernel: the FP8 output is what pays there.
+        ``(out, row_scale)``: out float8_e4m3fn with q's shape and memory layout; row_scale fp32
+        [B·Nq, 1], one call-wide scale from V's range (kernels/fp8_out.py) repeated for each token row, as a
+        row-wise FP8 GEMM reads it (any M <= B·Nq rows of the output take ``row_scale[:M]``):
+        ``out.float() * row_scale[0]`` is the attention output. None where sagegen's kernels or emulation
+        would not run the call: a fallback to SDPA, fp16 P·V (no FP8 tensor cores), or a call being traced (the
+        caller runs `sageattn`). Calls below ``auto``'s SDPA crossover run the kernel: the FP8 output is what
+        pays there.
     """
     config = _check_config(config)
     _validate(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, False, backend)
@@ -127,11 +129,12 @@ def sageattn_fp8_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tenso
         return None
     scale = float(sm_scale) if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out = torch.empty_like(q, dtype=torch.float8_e4m3fn)
-    out_scale = torch.empty(1, dtype=torch.float32, device=q.device)
+    rows = qh.shape[0] * qh.shape[2]
+    scales = torch.empty(rows + 1, dtype=torch.float32, device=q.device)  # the row scales, then the inverse
     backends.run(choice, qh, kh, vh, hnd(out), sm_scale=scale, is_causal=is_causal,
                  mask=normalize_mask(attn_mask, qh.shape[0], kh.shape[2]), attn_mask=attn_mask, config=config,
-                 return_lse=False, block_sparse=sparse, out_scale=out_scale)
-    return out, out_scale
+                 return_lse=False, block_sparse=sparse, out_scale=scales)
+    return out, scales[:rows].view(rows, 1)
 
 
 def _sparse_mask(sparse, block_mask, q, k, layout, attn_mask, scale, config):

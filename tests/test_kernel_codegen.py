@@ -51,17 +51,20 @@ GLUON_SCRIPT = """
 import json, sys
 sys.path.insert(0, "bench")
 from compile_check import compile_gluon, summary
-print(json.dumps(summary(compile_gluon(int(sys.argv[1])))))
+fp8 = sys.argv[2] == "fp8"
+kernel = compile_gluon(int(sys.argv[1]), extra_const={"OUT_FP8": fp8}, extra_ptr={"Out": "*fp8e4nv"} if fp8 else None)
+print(json.dumps(summary(kernel)))
 """
 
 
+@pytest.mark.parametrize("out", ["bf16", "fp8"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gluon_kernel_compiles_for_hopper(d):
+def test_gluon_kernel_compiles_for_hopper(d, out):
     """sm90 Gluon kernel: IGMMA and QGMMA, no spills at its register cap, P reaches the FP8 multiply
     without a shuffle (V's keys are stored in the accumulator's order), Q is loaded and O stored 16 bytes at a
-    time."""
+    time; every conversion to e4m3 saturates (P's, and the FP8 output's, which relies on it: kernels/fp8_out.py)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT, str(d)], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-c", GLUON_SCRIPT, str(d), out], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -69,4 +72,6 @@ def test_gluon_kernel_compiles_for_hopper(d):
     assert {"IGMMA", "QGMMA"} <= set(report["matrix_ops"]), report
     assert report["shfl_idx"] == 0, report
     assert report["ldg128"] >= 1, report  # Q, quantized in the kernel, is read with 16-byte loads
-    assert report["stg128"] == report["stg"] == d // 16, report  # O: 64 x d bf16, 16 bytes a thread a store
+    # O: 64 x d bf16 (or e4m3), 16 bytes a thread a store
+    assert report["stg128"] == report["stg"] == (d // 16 if out == "bf16" else d // 32), report
+    assert report["e4m3_cvt"] == report["e4m3_satfinite"] > 0, report

@@ -140,8 +140,9 @@ def sage_attention(
             computation with the equivalent bool mask, except that an unlisted tile leaves the online-softmax
             state untouched (the kernels never visit it) where a fully masked one would move the reference
             max; the two differ by fp32 rounding only. Quantization statistics stay over all keys.
-        out_scale: an fp32 [1] tensor: the output is e4m3 instead, with one scale from V's range
-            (`fp8_out_scale`), written here (kernels/fp8_out.py). Needs ``pv_precision="fp8"``.
+        out_scale: fp32 [B·Nq + 1]: the output is e4m3 instead, with one scale from V's range (`fp8_out_scale`),
+            written into the first B·Nq entries, its inverse into the last (kernels/fp8_out.py). Needs
+            ``pv_precision="fp8"``.
 
     Returns:
         (out [B, Hq, Nq, D] in q's dtype (e4m3 with ``out_scale``), lse or None). Fully masked rows give 0 and
@@ -187,7 +188,8 @@ def sage_attention(
         if config.pv_precision != "fp8":
             raise ValueError("an FP8 attention output needs pv_precision='fp8' (V's FP8 range sets its scale)")
         scale, out_inv = fp8_out_scale(v_scale, v_mean)
-        out_scale.copy_(scale)
+        out_scale[:-1] = scale
+        out_scale[-1:] = out_inv
 
     k8, k_scale, ks_e, vq = (_expand_kv(t, group) for t in (k8, k_scale, ks, vq))
     if v_dequant is not None:

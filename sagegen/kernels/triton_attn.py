@@ -69,11 +69,10 @@ def _store_out(acc, offs_d, inv_l, l_i, VS, VM, OS, vs_off, o_base, offs_m, stri
     if SMOOTH_V:
         v_mean = tl.load(VM + vs_off + offs_d)
         o = tl.where((l_i != 0)[:, None], o + v_mean[None, :], 0.0)
-    if OUT_FP8:  # e4m3 with the call's scale from V's range (fp8_out.py); clamped, NaN kept
+    if OUT_FP8:  # e4m3 with the call's scale from V's range (fp8_out.py); the GPU's conversion saturates
         o = o * tl.load(OS)
-        o = tl.where(o != o, o, tl.minimum(tl.maximum(o, -_FP8_MAX), _FP8_MAX))
-        if EXACT_FP8_CAST:
-            o = round_to_e4m3_grid(o)
+        if EXACT_FP8_CAST:  # the interpreter's does not: clamp (NaN kept), then round exactly
+            o = round_to_e4m3_grid(tl.where(o != o, o, tl.minimum(tl.maximum(o, -_FP8_MAX), _FP8_MAX)))
     o_ptrs = o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od
     tl.store(o_ptrs, o.to(o_base.dtype.element_ty), mask=(offs_m < N_Q)[:, None] & (offs_d < D)[None, :])
 
@@ -282,8 +281,9 @@ def sage_attention(
         out: [B, Hq, Nq, D] in q's dtype, any strides; every element is written.
         sm_scale, is_causal, mask, config: as in `sagegen.sageattn` (mask already normalised).
         return_lse: compute the natural-log log-sum-exp.
-        out_scale: fp32 [1]: ``out`` is float8_e4m3fn instead, scaled by the value written here (fp8_out.py;
-            needs ``pv_precision="fp8"``).
+        out_scale: fp32 [B·Nq + 1]: ``out`` is float8_e4m3fn instead; its scale is written into the first B·Nq
+            entries (the same value for every token row) and its inverse into the last (fp8_out.py; needs
+            ``pv_precision="fp8"``).
 
     Returns:
         lse [B, Hq, Nq] fp32 if return_lse else None.
@@ -329,8 +329,7 @@ def sage_attention(
             raise ValueError("an FP8 attention output needs pv_precision='fp8' (V's FP8 range sets its scale)")
         from .fp8_out import out_scale as fp8_out_scale
 
-        scale, out_inv = fp8_out_scale(qq.v_scale, qq.v_mean, D)
-        out_scale.copy_(scale)
+        out_inv = fp8_out_scale(qq.v_scale, qq.v_mean, D, out_scale)
     if use_gluon:
         from . import gluon_attn
 

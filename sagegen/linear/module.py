@@ -27,7 +27,7 @@ it).
 Eager calls inside an attention processor whose input another FP8 projection there has quantized (Q, K and V
 of one hidden state) reuse that FP8 copy (`shared`): one quantization per activation.
 
-`forward_fp8(x8, scale)`: the layer of an input already in e4m3 with one scale (an attention output written in
+`forward_fp8(x8, row_scale)`: the layer of an input already in e4m3 with one scale (an attention output written in
 FP8 by sagegen's kernel, for the output projections): the GEMM only.
 
 Calls with fewer than ``min_rows`` tokens (modulation of one timestep vector, the image models' text streams) run
@@ -172,12 +172,13 @@ class FP8Linear(torch.nn.Module):
                 and self.col_scale is None and self.w_outlier is None and rows >= self.min_rows
                 and not torch.compiler.is_compiling())
 
-    def forward_fp8(self, x8: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        """This layer of an input that is already e4m3 with one scale, ``x8.float() * scale`` (x8 [..., K]
-        float8_e4m3fn, scale fp32 [1]: an attention output from `sagegen.api.sageattn_fp8_out`): the GEMM only,
-        no quantization pass. The caller checks `takes_fp8_input`. Returns [..., N] in ``out_dtype``."""
+    def forward_fp8(self, x8: torch.Tensor, row_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """This layer of an input that is already e4m3 with one scale for all of it (x8 [..., K]
+        float8_e4m3fn; row_scale fp32 [>= M, 1], contiguous, that scale repeated, M = x8's rows: an attention
+        output from `sagegen.api.sageattn_fp8_out`): the GEMM only, no quantization pass. The caller checks
+        `takes_fp8_input`. Returns [..., N] in ``out_dtype``."""
         x2 = x8.reshape(-1, x8.shape[-1])  # (a copy only where the rows are not one strided block)
-        xs = scale.expand(x2.shape[0], 1).contiguous()  # the per-row scales the row-wise GEMM reads
+        xs = row_scale[:x2.shape[0]]  # (every entry holds the same scale)
         y = self._gemm((x2, xs), self.bias_copy if self.parked else self.linear.bias, out_dtype)
         self.fp8_calls += 1
         return y.reshape(*x8.shape[:-1], y.shape[-1])

@@ -21,14 +21,14 @@ ENABLED = True
 
 
 class Fp8Rows(NamedTuple):
-    """An attention output in e4m3: ``data.float() * scale`` in the activations' ``dtype``."""
+    """An attention output in e4m3: ``data.float() * scale[0]`` in the activations' ``dtype``."""
 
     data: torch.Tensor  # [B, N, C] float8_e4m3fn
-    scale: torch.Tensor  # fp32 [1]
+    scale: torch.Tensor  # fp32 [>= B·N, 1]: one scale, repeated (`sagegen.api.sageattn_fp8_out`)
     dtype: torch.dtype
 
     def dense(self) -> torch.Tensor:
-        return (self.data.float() * self.scale).to(self.dtype)
+        return (self.data.float() * self.scale[0]).to(self.dtype)
 
 
 def wanted(linear, rows: int) -> bool:
