@@ -58,7 +58,10 @@ def test_fp8_output_matches_the_emulation_and_exact_attention(seed, monkeypatch,
     shape = (lambda h, n: (B, h, n, D)) if layout == "HND" else (lambda h, n: (B, n, h, D))
     q = torch.randn(*shape(Hq, Nq), device="cuda", dtype=torch.bfloat16)
     k = torch.randn(*shape(Hkv, Nk), device="cuda", dtype=torch.bfloat16)
-    v = (torch.randn(*shape(Hkv, Nk), device="cuda") * torch.logspace(-1, 1, D, device="cuda") + 0.5).to(torch.bfloat16)
+    # channels 100x apart, and heads 30x apart, under one call-wide scale
+    spread = torch.logspace(-1, 1, D, device="cuda") * torch.logspace(0, 1.5, Hkv, device="cuda")[:, None]
+    v = torch.randn(*shape(Hkv, Nk), device="cuda") * (spread[:, None, :] if layout == "HND" else spread)
+    v = v.to(torch.bfloat16)
     mask = None
     if pad is not None:
         keep = torch.ones(B, Nk, dtype=torch.bool, device="cuda")
@@ -86,8 +89,11 @@ def test_fp8_output_matches_the_emulation_and_exact_attention(seed, monkeypatch,
     assert ((g - w).abs() <= apart + step * 1.001).all()
     flips = (g != w).float().mean().item()
     print(f"codes one step apart from the emulation's: {flips:.2e}")
-    assert flips < 0.05
-    # against fp64: no worse than sagegen's bf16 output quantized per token (what the FP8 projection took)
+    assert flips < 0.15  # (a conversion that truncated instead of rounding would move about half)
+    # Against fp64: e4m3 rounds each normal value by at most 2^-4 of it, whatever the scale; and about as well
+    # as sagegen's bf16 output quantized per token (what the FP8 projection took). Per-token scaling puts each
+    # row's largest value at 448, high in its binade; a call-wide scale lands values anywhere in theirs, so on
+    # nearly constant outputs it can be worse by up to ~1.5x, on spread-out ones (these) it is not.
     exact = _exact(q, k, v, mask, layout)
     bf16 = t.to(torch.bfloat16)
     nhd = (lambda x: x) if layout == "NHD" else (lambda x: x.transpose(1, 2))  # token rows of all heads
@@ -96,7 +102,8 @@ def test_fp8_output_matches_the_emulation_and_exact_attention(seed, monkeypatch,
     err_fp8, err_token = rel_l1(nhd(g * scale), nhd(exact)), rel_l1(per_token, nhd(exact))
     print(f"rel. L1 vs fp64: FP8 output {err_fp8:.4f}, bf16 output per-token FP8 {err_token:.4f}, "
           f"bf16 output {rel_l1(bf16, exact):.4f}")
-    assert err_fp8 <= err_token * 1.1 + 1e-4
+    assert err_fp8 <= rel_l1(bf16, exact) + 2.0 ** -4
+    assert err_fp8 <= err_token * 1.25 + 1e-4
     assert g.abs().max() <= FP8_MAX
 
 
