@@ -87,9 +87,14 @@ def test_fp8_output_matches_the_emulation_and_exact_attention(seed, monkeypatch,
     apart = ((t - r).abs() + 2.0 ** -8 * (t.abs() + r.abs())) / scale  # the fp32 outputs, at most, in e4m3 units
     step = torch.maximum(torch.maximum(g.abs(), w.abs()) * 2.0 ** -3, torch.full_like(w, 2.0 ** -9))
     assert ((g - w).abs() <= apart + step * 1.001).all()
-    flips = (g != w).float().mean().item()
-    print(f"codes one step apart from the emulation's: {flips:.2e}")
-    assert flips < 0.15  # (a conversion that truncated instead of rounding would move about half)
+    # The conversion itself: the kernel's codes against its own bf16 output converted by torch with the same
+    # scale differ only where that output's bf16 rounding crossed an e4m3 rounding boundary (~2^-9 / 2^-4 of
+    # the values); a conversion that truncated instead of rounding would move about half.
+    own = (t.to(torch.bfloat16).float() / scale).to(torch.float8_e4m3fn).float()
+    flips = (g != own).float().mean().item()
+    print(f"codes apart from the kernel's own bf16 output converted: {flips:.2e}; "
+          f"from the emulation's: {(g != w).float().mean().item():.2e}")
+    assert flips < 0.1
     # Against fp64: e4m3 rounds each normal value by at most 2^-4 of it, whatever the scale; and about as well
     # as sagegen's bf16 output quantized per token (what the FP8 projection took). Per-token scaling puts each
     # row's largest value at 448, high in its binade; a call-wide scale lands values anywhere in theirs, so on
