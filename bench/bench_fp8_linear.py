@@ -77,6 +77,24 @@ SHAPES = [
     ("wan2.1-14b", "q/k/v/o", 75600, 5120, 5120, False),
     ("wan2.1-14b", "ffn up", 75600, 5120, 13824, False),
     ("wan2.1-14b", "ffn down", 75600, 13824, 5120, True),
+    # the models added since (issue 18's presets): Wan2.1-1.3B 480p 21 x 30 x 52; Wan2.2-TI2V-5B 720p
+    # 31 x 22 x 40; LTX-Video 704x512x161, CFG 2 x 7,392; Qwen-Image 1328² 6,889 image tokens (+128 text in
+    # its joint attention); HunyuanVideo-1.5 720p 121 frames 112,585 video tokens
+    ("wan2.1-1.3b", "q/k/v/o", 32760, 1536, 1536, False),
+    ("wan2.1-1.3b", "ffn up", 32760, 1536, 8960, False),
+    ("wan2.1-1.3b", "ffn down", 32760, 8960, 1536, True),
+    ("wan2.2-ti2v-5b", "q/k/v/o", 27280, 3072, 3072, False),
+    ("wan2.2-ti2v-5b", "ffn up", 27280, 3072, 14336, False),
+    ("wan2.2-ti2v-5b", "ffn down", 27280, 14336, 3072, True),
+    ("ltx-video", "q/k/v/o", 14784, 2048, 2048, False),
+    ("ltx-video", "ff up", 14784, 2048, 8192, False),
+    ("ltx-video", "ff down", 14784, 8192, 2048, True),
+    ("qwen-image", "img qkv/out", 6889, 3072, 3072, False),
+    ("qwen-image", "img ff up", 6889, 3072, 12288, False),
+    ("qwen-image", "img ff down", 6889, 12288, 3072, True),
+    ("hunyuanvideo-1.5", "q/k/v/o", 112585, 2048, 2048, False),
+    ("hunyuanvideo-1.5", "ff up", 112585, 2048, 8192, False),
+    ("hunyuanvideo-1.5", "ff down", 112585, 8192, 2048, True),
 ]
 QUICK = [SHAPES[i] for i in (1, 2, 5, 7, 8, 9, 11, 12, 14, 16, 17, 18)]
 # (model, layer) -> width of the attention output before GELU(mlp) in the layer's input: the single blocks whose
@@ -86,7 +104,10 @@ CAT_GELU = {("flux.1-dev", "single proj_out"): 3072, ("hunyuanvideo", "single pr
 # shared by all: `sagegen.linear.shared`): Q, K, V, and the single blocks' proj_mlp with them
 SIBLINGS = {("flux.1-dev", "double.img qkv/out"): (3072,) * 3, ("flux.1-dev", "single qkv"): (3072,) * 3 + (12288,),
             ("sd3.5-large", "qkv/out"): (2432,) * 3, ("cogvideox-5b", "qkv/out"): (3072,) * 3,
-            ("hunyuanvideo", "qkv/out"): (3072,) * 3, ("wan2.1-14b", "q/k/v/o"): (5120,) * 3}
+            ("hunyuanvideo", "qkv/out"): (3072,) * 3, ("wan2.1-14b", "q/k/v/o"): (5120,) * 3,
+            ("wan2.1-1.3b", "q/k/v/o"): (1536,) * 3, ("wan2.2-ti2v-5b", "q/k/v/o"): (3072,) * 3,
+            ("ltx-video", "q/k/v/o"): (2048,) * 3, ("qwen-image", "img qkv/out"): (3072,) * 3,
+            ("hunyuanvideo-1.5", "q/k/v/o"): (2048,) * 3}
 ERR_ROWS = 8192
 
 
@@ -307,7 +328,7 @@ def main(argv=None) -> dict:
                    help="also time torch.compile(torchao's layer) per shape (a compile each)")
     p.add_argument("--no-sweep", action="store_true", help="skip the quantization launch sweep")
     p.add_argument("--rounds", type=int, default=3, help="time every variant once a round, this many rounds")
-    p.add_argument("--only", default=None, help="comma-separated SHAPES indices (0-18) to run instead")
+    p.add_argument("--only", default=None, help="comma-separated SHAPES indices (0-33) to run instead")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="time each variant as a replayed CUDA graph (GPU time only: no host launch cost, no L2 flush)")
     args = p.parse_args(argv)
