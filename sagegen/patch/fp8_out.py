@@ -46,6 +46,20 @@ def dense(x) -> torch.Tensor:
     return x.dense() if isinstance(x, Fp8Rows) else x
 
 
+def backend_copy_attention(session, processor, linear, q, k, v, mask, rows: int):
+    """For the backend route's equivalents of processor calls (`qwenimage`, `ltx`), which otherwise hand q, k,
+    v [B, N, H, D] to diffusers' dispatcher: the `Fp8Rows` [B, N, H·D] for ``linear`` (the output projection
+    of ``rows`` tokens), or None (then dispatch as before). Not under context parallelism, nor with a sparse
+    policy (the backend's own bookkeeping of those stays in charge)."""
+    if (session is None or session.sparse is not None or getattr(processor, "_parallel_config", None) is not None
+            or not wanted(linear, rows)):
+        return None
+    result = session.route_fp8(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+    if result is None:
+        return None
+    return Fp8Rows(result[0].transpose(1, 2).flatten(2, 3), result[1], q.dtype)
+
+
 def project(linear, x) -> torch.Tensor:
     """``linear(x)`` for a bf16 output, the GEMM alone for an `Fp8Rows` one."""
     if isinstance(x, Fp8Rows):

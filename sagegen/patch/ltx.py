@@ -20,6 +20,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
 
+from . import fp8_out
 from .fused_common import _backend_copy_can_fuse
 from .fused_wan import _heads_rms_params
 from .rebind import equivalent_for
@@ -70,10 +71,14 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, attention_
     query, key, value = (t.unflatten(2, (heads, -1)) for t in (query, key, value))
     query = heads_rms_norm_rope(query, norms[0], tables, per_channel_rope=True)
     key = heads_rms_norm_rope(key, norms[1], tables, per_channel_rope=True)
+    session.count("fused_qk_prologue")
+    rows = fp8_out.backend_copy_attention(session, self, attn.to_out[0], query, key, value, attention_mask,
+                                          query.shape[0] * query.shape[1])
+    if rows is not None:  # e4m3 for the FP8 output projection (fp8_out)
+        return attn.to_out[1](fp8_out.project(attn.to_out[0], rows))
     out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
                                 backend=self._attention_backend, parallel_config=self._parallel_config)
     out = out.flatten(2, 3).to(query.dtype)
-    session.count("fused_qk_prologue")
     return attn.to_out[1](attn.to_out[0](out))
 
 

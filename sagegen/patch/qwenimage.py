@@ -26,6 +26,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
+from . import fp8_out
 from .fused_common import _backend_copy_can_fuse, _joint_buffers, split_segments
 from .fused_joint import _diffusers_rms_params
 from .rebind import equivalent_for
@@ -86,10 +87,19 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, encoder_hi
     q, k, v = _joint_buffers([(text, slice(0, n_txt), norms[2:], tables[1]),
                               (image, slice(n_txt, None), norms[:2], tables[0])],
                              heads, head_dim, round_before_weight=True)
-    out = dispatch_attention_fn(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                                backend=self._attention_backend, parallel_config=self._parallel_config,
-                                attention_kwargs=split_segments(self, n_txt, n_img))
-    out = out.flatten(2, 3).to(dtype)
+    out = fp8_out.backend_copy_attention(_SAGEGEN_SESSION, self, attn.to_out[0], q, k, v, mask,
+                                         hidden_states.shape[0] * n_img)
+    if out is None:
+        out = dispatch_attention_fn(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=self._parallel_config,
+                                    attention_kwargs=split_segments(self, n_txt, n_img))
+        out = out.flatten(2, 3).to(dtype)
+    else:  # e4m3 for the FP8 output projection (fp8_out); the text rows dequantized for theirs
+        img_out = fp8_out.project(attn.to_out[0], fp8_out.tokens(out, slice(n_txt, None)))
+        if len(attn.to_out) > 1:
+            img_out = attn.to_out[1](img_out)
+        _SAGEGEN_SESSION.count("fused_qk_prologue")
+        return img_out, attn.to_add_out(fp8_out.dense(fp8_out.tokens(out, slice(0, n_txt))))
     img_out = attn.to_out[0](out[:, n_txt:].contiguous())
     if len(attn.to_out) > 1:
         img_out = attn.to_out[1](img_out)
