@@ -167,14 +167,15 @@ def test_forward_fp8_is_the_product_of_the_dequantized_input(seed):
     assert layer.fp8_calls == 1
 
 
-MODELS = ["sd3.5-medium", "flux.1-dev", "wan2.1-t2v-1.3b", "ltx-video"]
+MODELS = ["sd3.5-medium", "flux.1-dev", "wan2.1-t2v-1.3b", "ltx-video", "hunyuanvideo-1.5", "mochi-1"]
 
 
 @pytest.mark.parametrize("name", MODELS)
 def test_patched_output_projections_take_the_fp8_attention_output(name):
     """SD3 (image rows of a batch of 2: not one strided block), Flux (text first), Wan (self- and
-    cross-attention) and LTX-Video (the backend route): the FP8 output is taken, and the step stays as close
-    to stock as with the bf16 output and the projection's own quantization."""
+    cross-attention), Mochi (text padding), and LTX-Video and HunyuanVideo-1.5 (the backend route): the FP8
+    output is taken, and the step stays as close to stock as with the bf16 output and the projection's own
+    quantization."""
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
     inputs = archs.example_inputs(name, batch=2, dtype=torch.bfloat16, device="cpu", seed=1, height=64, width=64,

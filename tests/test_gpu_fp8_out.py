@@ -121,7 +121,8 @@ def test_nan_in_v_gives_nan_as_the_bf16_output_does():
     assert row_scale.isnan().all() and (out.float() * row_scale[0])[0, 1].isnan().all()
 
 
-@pytest.mark.parametrize("name", ["flux.1-dev", "sd3.5-medium", "wan2.1-t2v-1.3b", "cogvideox-2b"])
+@pytest.mark.parametrize("name", ["flux.1-dev", "sd3.5-medium", "wan2.1-t2v-1.3b", "cogvideox-2b", "mochi-1",
+                                  "ltx-video", "qwen-image", "hunyuanvideo-1.5"])
 def test_patched_output_projections_take_the_fp8_output(name):
     _need_fp8()
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,

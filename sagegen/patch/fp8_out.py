@@ -47,7 +47,7 @@ def dense(x) -> torch.Tensor:
 
 
 def backend_copy_attention(session, processor, linear, q, k, v, mask, rows: int):
-    """For the backend route's equivalents of processor calls (`qwenimage`, `ltx`), which otherwise hand q, k,
+    """For the backend route's equivalents of processor calls (`qwenimage`, `ltx`, `hunyuanvideo15`), which hand q, k,
     v [B, N, H, D] to diffusers' dispatcher: the `Fp8Rows` [B, N, H·D] for ``linear`` (the output projection
     of ``rows`` tokens), or None (then dispatch as before). Not under context parallelism, nor with a sparse
     policy (the backend's own bookkeeping of those stays in charge)."""

@@ -143,10 +143,12 @@ def mochi_call(original, session, attn, args, kwargs):
     keys = torch.cat([torch.ones(batch, n_video, dtype=torch.bool, device=device), text_valid], dim=1)
     out = _joint_attention(session, [(video, slice(0, n_video), norms[:2], rope),
                                      (text, slice(n_video, None), norms[2:], None)],
-                           heads, head_dim, keys[:, None, None, :])
-    hidden_states, encoder_hidden_states = out.split_with_sizes((n_video, n_text), dim=1)
-    encoder_hidden_states = encoder_hidden_states * text_valid[..., None].to(out.dtype)  # stock: zero padding
-    hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+                           heads, head_dim, keys[:, None, None, :],
+                           fp8_out=fp8_out.wanted(attn.to_out[0], batch * n_video))
+    hidden_states = fp8_out.tokens(out, slice(0, n_video))
+    encoder_hidden_states = fp8_out.dense(fp8_out.tokens(out, slice(n_video, None)))
+    encoder_hidden_states = encoder_hidden_states * text_valid[..., None].to(encoder_hidden_states.dtype)  # stock
+    hidden_states = attn.to_out[1](fp8_out.project(attn.to_out[0], hidden_states))
     if hasattr(attn, "to_add_out"):
         encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
     return hidden_states, encoder_hidden_states

@@ -26,8 +26,11 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
+from . import fp8_out
 from .fused_common import split_segments
 from .rebind import call_function
+
+_SAGEGEN_SESSION = None  # the patch session in the backend route's copy (its FP8 output projection)
 
 
 def _project(x: torch.Tensor, heads: int, projections, norms) -> list[torch.Tensor]:
@@ -60,6 +63,20 @@ def key_mask_call(self, attn, hidden_states, encoder_hidden_states=None, attenti
     if attention_mask is not None:               # text mask of the tokens held; video is always valid
         text = attention_mask.to(q.device).bool()
         valid = F.pad(text, (q.shape[1] - text.shape[1], 0), value=True)
+    n_video, to_out = q.shape[1] - n_text, getattr(attn, "to_out", None)
+    rows = None
+    if n_text and to_out is not None:            # e4m3 for an FP8 output projection (patch/fp8_out.py)
+        rows = fp8_out.backend_copy_attention(_SAGEGEN_SESSION, self, to_out[0], q, k, v,
+                                              valid[:, None, None, :] if valid is not None else None,
+                                              q.shape[0] * n_video)
+    if rows is not None:
+        text_out = fp8_out.dense(fp8_out.tokens(rows, slice(n_video, None)))
+        if valid is not None:
+            text_out = text_out * valid[:, n_video:, None].to(text_out.dtype)
+        out = to_out[1](fp8_out.project(to_out[0], fp8_out.tokens(rows, slice(0, n_video))))
+        if getattr(attn, "to_add_out", None) is not None:
+            text_out = attn.to_add_out(text_out)
+        return out, text_out
     out = dispatch_attention_fn(
         q, k, v, attn_mask=valid[:, None, None, :] if valid is not None else None, dropout_p=0.0,
         is_causal=False, backend=self._attention_backend, parallel_config=self._parallel_config,
