@@ -95,6 +95,10 @@ SHAPES = [
     ("hunyuanvideo-1.5", "q/k/v/o", 112585, 2048, 2048, False),
     ("hunyuanvideo-1.5", "ff up", 112585, 2048, 8192, False),
     ("hunyuanvideo-1.5", "ff down", 112585, 8192, 2048, True),
+    # Mochi-1 480x848x163, CFG 2 x 44,520 video tokens; SwiGLU MLP (inner 8,192: the up projection is 2x wide)
+    ("mochi-1", "q/k/v/o", 89040, 3072, 3072, False),
+    ("mochi-1", "ff up (SwiGLU)", 89040, 3072, 16384, False),
+    ("mochi-1", "ff down", 89040, 8192, 3072, False),
 ]
 QUICK = [SHAPES[i] for i in (1, 2, 5, 7, 8, 9, 11, 12, 14, 16, 17, 18)]
 # (model, layer) -> width of the attention output before GELU(mlp) in the layer's input: the single blocks whose
@@ -107,7 +111,7 @@ SIBLINGS = {("flux.1-dev", "double.img qkv/out"): (3072,) * 3, ("flux.1-dev", "s
             ("hunyuanvideo", "qkv/out"): (3072,) * 3, ("wan2.1-14b", "q/k/v/o"): (5120,) * 3,
             ("wan2.1-1.3b", "q/k/v/o"): (1536,) * 3, ("wan2.2-ti2v-5b", "q/k/v/o"): (3072,) * 3,
             ("ltx-video", "q/k/v/o"): (2048,) * 3, ("qwen-image", "img qkv/out"): (3072,) * 3,
-            ("hunyuanvideo-1.5", "q/k/v/o"): (2048,) * 3}
+            ("hunyuanvideo-1.5", "q/k/v/o"): (2048,) * 3, ("mochi-1", "q/k/v/o"): (3072,) * 3}
 ERR_ROWS = 8192
 
 
@@ -328,7 +332,7 @@ def main(argv=None) -> dict:
                    help="also time torch.compile(torchao's layer) per shape (a compile each)")
     p.add_argument("--no-sweep", action="store_true", help="skip the quantization launch sweep")
     p.add_argument("--rounds", type=int, default=3, help="time every variant once a round, this many rounds")
-    p.add_argument("--only", default=None, help="comma-separated SHAPES indices (0-33) to run instead")
+    p.add_argument("--only", default=None, help="comma-separated SHAPES indices (0-36) to run instead")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="time each variant as a replayed CUDA graph (GPU time only: no host launch cost, no L2 flush)")
     args = p.parse_args(argv)

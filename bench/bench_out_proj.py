@@ -45,6 +45,8 @@ SHAPES = [
     ("wan2.1-t2v-1.3b", 1, 12, 32760, 128, None),
     ("cogvideox-5b", 2, 48, 17776, 64, None),
     ("wan2.1-t2v-14b", 1, 40, 75600, 128, None),
+    ("hunyuanvideo-1.5", 1, 16, 113585, 128, (0, 112585)),  # video first, then 1,000 text tokens
+    ("mochi-1", 2, 24, 44776, 128, (0, 44520)),              # video first, then 256 text tokens
 ]
 QUICK = 2  # --quick: the first two (the image models' 4-9k-token projections)
 
@@ -125,7 +127,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="the two image-model shapes only")
+    ap.add_argument("--only", default=None, help="comma-separated model names of SHAPES to run instead")
     args = ap.parse_args(argv)
+    shapes = SHAPES[:QUICK] if args.quick else SHAPES
+    if args.only:
+        names = args.only.split(",")
+        unknown = sorted(set(names) - {s[0] for s in SHAPES})
+        if unknown:
+            ap.error(f"--only: unknown model(s) {', '.join(unknown)}; choose from {', '.join(s[0] for s in SHAPES)}")
+        shapes = [s for s in SHAPES if s[0] in names]
     if not torch.cuda.is_available():
         raise SystemExit("bench_out_proj.py needs a CUDA GPU")
     import triton
@@ -133,7 +143,7 @@ def main(argv=None) -> dict:
     env = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "cuda": torch.version.cuda, "date": datetime.date.today().isoformat(), "argv": sys.argv[1:]}
     rows = []
-    for shape in SHAPES[:QUICK] if args.quick else SHAPES:
+    for shape in shapes:
         row = bench_shape(*shape, rounds=args.rounds)
         rows.append(row)
         s = row["speedup"]
