@@ -28,7 +28,12 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
     from sagegen.models.tiny_video import build_tiny_wan_transformer
     from sagegen.parallel import enable_context_parallel
     from sagegen.parallel.enable import keeping_global_backend
+    from sagegen.patch import fp8_out as _fp8_out
     from sagegen.patch import patch_info
+
+    # one process's output projections would take an FP8 attention output, which CP does not: compare like
+    # with like (docs/context-parallel.md)
+    _fp8_out.ENABLED = False
 
     if not cuda:
         cpu_device_count_one()
@@ -135,9 +140,13 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
     from sagegen.linear.module import FP8Linear
     from sagegen.models.tiny import build_tiny_transformer
     from sagegen.parallel import enable_context_parallel
-    from sagegen.patch import patch_info, sparse_density
-    from sagegen.patch import sparse_policy
+    from sagegen.patch import fp8_out as _fp8_out
+    from sagegen.patch import patch_info, sparse_density, sparse_policy
     from sagegen.sparse.text import parse_sparse_arg
+
+    # one process's output projections would take an FP8 attention output, which CP does not: compare like
+    # with like (docs/context-parallel.md)
+    _fp8_out.ENABLED = False
 
     if not cuda:
         cpu_device_count_one()
@@ -219,7 +228,12 @@ def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed, c
     import sagegen
     from sagegen.models.tiny import build_tiny_transformer
     from sagegen.parallel import enable_context_parallel
+    from sagegen.patch import fp8_out as _fp8_out
     from sagegen.patch import patch_info
+
+    # one process's output projections would take an FP8 attention output, which CP does not: compare like
+    # with like (docs/context-parallel.md)
+    _fp8_out.ENABLED = False
 
     if not cuda:
         cpu_device_count_one()
