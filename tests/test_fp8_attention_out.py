@@ -190,11 +190,8 @@ def test_patched_output_projections_take_the_fp8_attention_output(name):
                       linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
         fused = model(**inputs)[0]
         routed = patch_info(model)["stats"].get("routed_fp8_out", 0)
-        fp8_out.ENABLED = False
-        try:
+        with fp8_out.disabled():
             plain = model(**inputs)[0]
-        finally:
-            fp8_out.ENABLED = True
         sagegen.unpatch(model)
         again = model(**inputs)[0]
     hook.remove()

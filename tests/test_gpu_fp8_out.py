@@ -135,11 +135,8 @@ def test_patched_output_projections_take_the_fp8_output(name):
         sagegen.patch(model, backend="triton", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
         fused = model(**inputs)[0]
         routed = patch_info(model)["stats"].get("routed_fp8_out", 0)
-        fp8_out.ENABLED = False
-        try:
+        with fp8_out.disabled():
             plain = model(**inputs)[0]
-        finally:
-            fp8_out.ENABLED = True
         sagegen.unpatch(model)
     assert routed > 0
     err_fused, err_plain = rel_l1(fused, stock), rel_l1(plain, stock)

@@ -10,6 +10,7 @@ outlier handling, torch.compile) keeps the bf16 output and the projection's own 
 
 from __future__ import annotations
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -54,10 +55,27 @@ def backend_copy_attention(session, processor, linear, q, k, v, mask, rows: int)
     if (session is None or session.sparse is not None or getattr(processor, "_parallel_config", None) is not None
             or not wanted(linear, rows)):
         return None
-    result = session.route_fp8(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+    return attention(session, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+
+
+def attention(session, q, k, v, mask=None):
+    """The session's FP8-output call (`PatchSession.route_fp8`) on q, k, v [B, H, N, D] views: an `Fp8Rows`
+    [B, N, H·D], or None where it does not run (then route the call as usual)."""
+    result = session.route_fp8(q, k, v, mask)
     if result is None:
         return None
     return Fp8Rows(result[0].transpose(1, 2).flatten(2, 3), result[1], q.dtype)
+
+
+@contextlib.contextmanager
+def disabled():
+    """A scope in which every output projection takes the bf16 output (`ENABLED` off; only to compare)."""
+    global ENABLED
+    saved, ENABLED = ENABLED, False
+    try:
+        yield
+    finally:
+        ENABLED = saved
 
 
 def project(linear, x) -> torch.Tensor:

@@ -73,10 +73,8 @@ def cogvideox_call(original, session, attn, args, kwargs):
     query = layer_norm_rope(query, norm_q, rope, text_len)
     key = layer_norm_rope(key, norm_k, None if attn.is_cross_attention else rope, text_len)
     fp8 = fp8_out.wanted(attn.to_out[0], batch_size * hidden_states.shape[1])
-    routed = session.route_fp8(query, key, value) if fp8 else None
-    if routed is not None:  # an e4m3 output for the FP8 projection (patch/fp8_out.py)
-        rows = fp8_out.Fp8Rows(routed[0].transpose(1, 2).reshape(batch_size, -1, heads * head_dim), routed[1],
-                               query.dtype)
+    rows = fp8_out.attention(session, query, key, value) if fp8 else None
+    if rows is not None:  # an e4m3 output for the FP8 projection (patch/fp8_out.py)
         hidden_states = attn.to_out[1](fp8_out.project(attn.to_out[0], rows))
     else:
         hidden_states = session.route((query, key, value), {"attn_mask": None, "dropout_p": 0.0,

@@ -12,7 +12,7 @@ import types
 import torch
 
 from ..api import triton_interpret
-from .fp8_out import Fp8Rows
+from .fp8_out import attention as fp8_attention
 from .rebind import native_active
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -230,13 +230,13 @@ def _joint_attention(session, parts, heads: int, head_dim: int, mask=None, paral
     """One attention call over the `_joint_buffers` of ``parts``, routed by the session, or handed to
     ``parallel`` (`_cp_dispatch`'s function, with ``mask`` as the processor would pass it and the parts'
     lengths as segments, or ``segments`` for one part that joins several). Returns the attention output
-    [B, tokens, H·D]; with ``fp8_out`` (the output projection takes FP8: `fp8_out.wanted`) an `Fp8Rows` where
+    [B, tokens, H·D]; with ``fp8_out`` (the output projection takes FP8: `fp8_out.wanted`) an `fp8_out.Fp8Rows` where
     the session's kernel writes it."""
     joint = _joint_buffers(parts, heads, head_dim, **kernel_options)
     if fp8_out and parallel is None:
-        result = session.route_fp8(*(t.transpose(1, 2) for t in joint), mask)
-        if result is not None:
-            return Fp8Rows(result[0].transpose(1, 2).flatten(2, 3), result[1], joint[0].dtype)
+        rows = fp8_attention(session, *(t.transpose(1, 2) for t in joint), mask)
+        if rows is not None:
+            return rows
     if parallel is not None:
         if segments is None and len(parts) > 1:
             ordered = sorted(parts, key=lambda p: p[1].start or 0)  # (each part's token slice)

@@ -105,11 +105,10 @@ def wan_call(original, session, attn, args, kwargs):
         out = parallel(query, key, value).flatten(2, 3).to(dtype)
     else:
         hnd = lambda t: t.transpose(1, 2)  # [B, N, H, D] -> the [B, H, N, D] view the kernels and SDPA take
-        routed = None
+        rows = None
         if fp8_out.wanted(attn.to_out[0], query.shape[0] * query.shape[1]):
-            routed = session.route_fp8(hnd(query), hnd(key), hnd(value))
-        if routed is not None:  # an e4m3 output for the FP8 projection (patch/fp8_out.py)
-            rows = fp8_out.Fp8Rows(routed[0].transpose(1, 2).flatten(2, 3), routed[1], dtype)
+            rows = fp8_out.attention(session, hnd(query), hnd(key), hnd(value))
+        if rows is not None:  # an e4m3 output for the FP8 projection (patch/fp8_out.py)
             return attn.to_out[1](fp8_out.project(attn.to_out[0], rows))
         out = session.route((hnd(query), hnd(key), hnd(value)),
                             {"attn_mask": None, "dropout_p": 0.0, "is_causal": False})
