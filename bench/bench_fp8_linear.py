@@ -21,6 +21,8 @@ and, for the projections of one input (Q, K, V; + proj_mlp in the single blocks;
                    concatenated weights (diffusers' fuse_qkv_projections)
   fp8_siblings_shared  one quantization, one _scaled_mm each (what the patched model runs)
   fp8_siblings_merged  one quantization, one _scaled_mm of the concatenated FP8 weights
+  fp8_siblings_stacked the same through `sagegen.linear.stacked` (FP8Linear layers, what Wan's patched
+                   self-attention runs for Q/K/V)
 and, for the single blocks' proj_out (input = cat(attention [M, 3072], GELU(mlp)), CAT_GELU):
   bf16_cat_gelu    F.gelu, torch.cat, F.linear in bf16 (what stock runs)
   fp8_cat_gelu_eager   F.gelu + torch.cat in bf16, then fp8_fast;   fp8_cat_gelu_fused   the quantization kernel
@@ -48,8 +50,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch.nn.functional as F
 
 from sagegen.kernels.fp8_quant import per_token_launch, quantize_fp8_rows
-from sagegen.linear import fp8_linear, quantize_weight
+from sagegen.linear import FP8Linear, fp8_linear, quantize_weight
 from sagegen.linear.ops import _gemm_rowwise, blockwise_supported, fp8_linear_eager
+from sagegen.linear.stacked import stack, stacked_forward
 from sagegen.runfiles import atomic_write_json
 
 # (model, layer, M, K, N, gelu: the layer is an MLP's second layer after a tanh GELU). M: tokens per denoiser
@@ -260,6 +263,7 @@ def bench_shape(model, layer, M, K, N, gelu, bench, with_torchao, block_ok, swee
         row["speedup"].update({k: speedup("bf16_cat_gelu", k) for k in ("fp8_cat_gelu_eager", "fp8_cat_gelu_fused")})
     if siblings:  # against stock's separate bf16 projections; the merged FP8 GEMM also against merged bf16
         row["speedup"].update({k: speedup("bf16_siblings", k) for k in ("fp8_siblings_shared", "fp8_siblings_merged",
+                                                                        "fp8_siblings_stacked",
                                                                         "bf16_siblings_merged")})
         row["speedup"]["fp8_siblings_merged_vs_bf16_merged"] = speedup("bf16_siblings_merged", "fp8_siblings_merged")
     if device == "cuda":
@@ -304,12 +308,22 @@ def _sibling_variants(row, timed, x, xe, widths, g):
         xq, xs = quantize_fp8_rows(x, "per_token")
         return _gemm_rowwise(xq, xs, wq_cat, ws_cat, b_cat, torch.bfloat16).split(list(widths), dim=1)
 
+    layers = []
+    for w, b in zip(ws, bs):
+        lin = torch.nn.Linear(K, w.shape[0], device=x.device, dtype=torch.bfloat16)
+        with torch.no_grad():
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+        layers.append(FP8Linear(lin, min_rows=1))
+    stack(layers)
     timed("fp8_siblings_shared", lambda: shared(x))
     timed("fp8_siblings_merged", lambda: merged(x))
+    timed("fp8_siblings_stacked", lambda: stacked_forward(layers, x))
     row["siblings"] = list(widths)
     ref = torch.cat([F.linear(xe, w, b) for w, b in zip(ws, bs)], 1)
     row["error_vs_bf16"]["fp8_siblings_shared"] = _err(torch.cat(shared(xe), 1), ref)
     row["error_vs_bf16"]["fp8_siblings_merged"] = _err(torch.cat(merged(xe), 1), ref)
+    row["error_vs_bf16"]["fp8_siblings_stacked"] = _err(torch.cat(stacked_forward(layers, xe), 1), ref)
 
 
 def _report(device, argv, block_ok, block_why, rows, partial=False) -> dict:

@@ -58,7 +58,8 @@ def test_fp8_linear_bench_row_has_every_variant_on_cpu():
               "fp8_gelu_eager", "fp8_gelu_fused", "bf16_cat_gelu", "fp8_cat_gelu_eager", "fp8_cat_gelu_fused"):
         assert k in row["ms"], k
     assert {"fp8_cat_gelu_eager", "fp8_cat_gelu_fused"} <= set(row["speedup"]) and row["cat_gelu_k0"] == 64
-    sib = {"bf16_siblings", "bf16_siblings_merged", "fp8_siblings_shared", "fp8_siblings_merged"}
+    sib = {"bf16_siblings", "bf16_siblings_merged", "fp8_siblings_shared", "fp8_siblings_merged",
+           "fp8_siblings_stacked"}
     assert sib <= set(row["ms"]) and sib - {"bf16_siblings"} <= set(row["speedup"]) and row["siblings"] == [32, 32, 48]
     assert row["quant_best"]["launch"] in row["quant_sweep_ms"] and len(row["quant_sweep_ms"]) >= 2
     rounds = row["ms_rounds"]
@@ -67,6 +68,8 @@ def test_fp8_linear_bench_row_has_every_variant_on_cpu():
     assert row["speedup"]["fp8_fast"] == want
     err = row["error_vs_bf16"]
     assert all(0 < err[k]["rel_l1"] < 0.1 for k in ("fp8_fast", "fp8_precise", "fp8_gelu_fused", "fp8_cat_gelu_fused",
-                                                    "fp8_siblings_shared", "fp8_siblings_merged"))
+                                                    "fp8_siblings_shared", "fp8_siblings_merged",
+                                                    "fp8_siblings_stacked"))
     # merged and separate FP8 projections are the same numbers (per-channel weight scales, one activation copy)
     assert err["fp8_siblings_merged"] == pytest.approx(err["fp8_siblings_shared"], rel=1e-6)
+    assert err["fp8_siblings_stacked"] == pytest.approx(err["fp8_siblings_merged"], rel=1e-6)

@@ -161,6 +161,32 @@ def test_split_outliers_on_gpu(seed):
     assert plain > 0.3 and split < 0.08 and smooth < 0.08, (plain, split, smooth)
 
 
+@pytest.mark.parametrize("rows", [4099, 32760])
+def test_stacked_qkv_gemm_matches_the_three_gemms_on_gpu(seed, rows):
+    """Wan2.1-1.3B's Q/K/V width: one cuBLASLt GEMM over the stacked weights against each layer's own (the
+    kernel cuBLASLt picks for the wider N may sum in another order: fast accumulation's bits, no more)."""
+    _need_fp8()
+    from sagegen.linear.stacked import stack, stacked_forward
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    layers = []
+    for _ in range(3):
+        lin = torch.nn.Linear(1536, 1536, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(1536, 1536, device="cuda", generator=g) / 1536 ** 0.5)
+            lin.bias.copy_(torch.randn(1536, device="cuda", generator=g))
+        layers.append(FP8Linear(lin))
+    x = torch.randn(1, rows, 1536, device="cuda", generator=g).to(torch.bfloat16)
+    with torch.inference_mode():
+        apart = [lay(x) for lay in layers]
+        assert stack(layers)
+        assert all(torch.equal(lay(x), a) for lay, a in zip(layers, apart))
+        together = stacked_forward(layers, x)
+    for t, a, lay in zip(together, apart, layers):
+        assert t.shape == a.shape and rel_l1(t, a) < 2e-3, rel_l1(t, a)
+        assert rel_l1(t, lay.linear(x)) < 0.06
+
+
 @pytest.mark.parametrize("name", ["flux.1-dev", "cogvideox-5b", "hunyuanvideo", "sd3.5-medium"])
 def test_patched_step_with_fp8_linears_is_close_to_stock(name):
     """Eager for every family (GELU fused, fast accumulation: the defaults); inductor for Flux only."""

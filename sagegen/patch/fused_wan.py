@@ -8,7 +8,7 @@ splits the heads, and in self-attention rotates the video tokens' Q and K with W
 Triton pass each (`kernels.triton_heads_rms_rope`), V is the projection's view, and one attention call is
 routed as usual (under diffusers' context parallelism: handed to diffusers' dispatcher with sagegen's backend and
 this patch's settings, which splits it over the ranks). Cross-attention to the text (no rotary) gets the fused
-norms the same way.
+norms the same way. With ``linear="fp8"`` self-attention's Q, K and V run as one GEMM (`sagegen.linear.stacked`).
 
 It answers None (the caller runs the wrapped original) for anything it does not reproduce exactly: another
 processor class, an attention mask, I2V's added image K/V (``add_k_proj``), norms other than a
@@ -22,6 +22,7 @@ import importlib
 
 import torch
 
+from ..linear.stacked import stacked_forward
 from . import fp8_out
 from .fused_common import _HALF, _arguments, _cp_dispatch, _kernel_can_run, _native_dispatch
 
@@ -95,7 +96,10 @@ def wan_call(original, session, attn, args, kwargs):
     if any(n is False for n in norms) or tables is False or head_dim % 2:
         return None
 
-    query, key, value = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    qkv = None
+    if encoder_hidden_states is None and not getattr(attn, "fused_projections", False):
+        qkv = stacked_forward((attn.to_q, attn.to_k, attn.to_v), hidden_states)  # FP8: one GEMM, else None
+    query, key, value = qkv if qkv is not None else _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
     if any(t.dtype != dtype for t in (query, key, value)):
         return None
     query, key, value = (t.unflatten(2, (heads, head_dim)) for t in (query, key, value))

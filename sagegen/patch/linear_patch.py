@@ -18,6 +18,7 @@ import torch
 
 from ..linear import FP8Linear, LinearPolicy, fp8_capable, select_linears
 from ..linear.ops import blockwise_supported
+from ..linear.stacked import stack
 from . import linear_fusion
 from .policy import main_blocks
 
@@ -34,6 +35,7 @@ class _LinearState:
     note: str = ""
     parked: dict[str, torch.device] = dataclasses.field(default_factory=dict)  # name -> where the bf16 copy was
     gelu_fused: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)  # FP8 layer -> its ff net
+    stacked: list[str] = dataclasses.field(default_factory=list)  # attention modules whose Q/K/V share buffers
 
 
 def check_mode(linear, linear_policy) -> None:
@@ -91,6 +93,10 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
         parent = modules[parent_name] if parent_name else transformer
         parent._modules[key] = FP8Linear(lin, emulate=emulate, **policy.module_kwargs())
         originals[name] = (parent, key, lin)
+    # Q/K/V weights in one buffer each (views, no memory added): processors that project one input to all three
+    # can run one GEMM (`sagegen.linear.stacked`; Wan's fused processor does)
+    stacked = [name for name, m in transformer.named_modules()
+               if stack([getattr(m, p, None) for p in ("to_q", "to_k", "to_v")])]
     parked = {}
     if policy.bf16_copies == "cpu":
         for name, (_, _, lin) in originals.items():
@@ -98,7 +104,7 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
             lin.to("cpu")  # in place: the same Parameter objects, their data moved
     fused = linear_fusion.fuse(transformer) if policy.fuse_gelu else {}
     object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked,
-                                                              fused))
+                                                              fused, stacked))
 
 
 def remove(transformer: torch.nn.Module) -> None:
@@ -142,5 +148,6 @@ def info(transformer: torch.nn.Module) -> dict | None:
             "bf16_layers": dict(sorted(state.bf16.items())), "fp8_weight_bytes_added": weight_bytes,
             "bf16_copies": state.policy.bf16_copies,
             "gelu_fused_layers": sorted(state.gelu_fused),
+            "qkv_stacked_modules": len(state.stacked),
             "bf16_bytes_moved_to_cpu": sum(o.weight.numel() * o.weight.element_size()
                                            for n, (_, _, o) in state.originals.items() if n in state.parked)}

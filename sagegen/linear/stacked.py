@@ -1,0 +1,114 @@
+"""Sibling FP8 projections of one input (an attention's Q, K and V) as one GEMM.
+
+At narrow widths the three row-wise GEMMs of a shared quantization leave cuBLASLt's tiles short of work: Wan2.1-1.3B's
+1536-wide Q/K/V at 32,760 tokens ran 1.59x bf16 that way, 1.69x as one GEMM over the concatenated weights
+(`bench/bench_fp8_linear.py`, ``fp8_siblings_merged``; H200, 2026-11-29).
+
+`stack(layers)` moves the layers' FP8 weights and row-wise scales into one buffer each, at patch time; every
+layer's own buffers become views of it, so no memory is added and each layer still runs alone exactly as before.
+`stacked_forward(layers, x)` runs them as one ``_scaled_mm`` and answers the column blocks (views of one output);
+None where it does not apply (not stacked, or no longer: a `.to()`, a recalibration or a new weight gives a
+layer buffers of its own; few rows; torch.compile), and the caller then calls the layers one by one. Per output
+channel the weight scales are the same numbers either way; only cuBLASLt's choice of kernel for the wider N can
+change the low bits of the fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .module import FP8Linear
+from .ops import gemm_eager, quantize_eager
+
+ENABLED = True  # False: `stacked_forward` always answers None (A/B switch for benchmarks and tests)
+
+
+def _plain(layer) -> bool:
+    return (isinstance(layer, FP8Linear) and layer.act_granularity == "per_token"
+            and layer.weight_granularity == "per_channel" and layer.outliers == "off" and layer.prologue is None
+            and layer.col_scale is None and layer.w_outlier is None and not layer.fuse_cat_gelu)
+
+
+class _Stack:
+    """The shared buffers of stacked layers and their column boundaries."""
+
+    def __init__(self, w_q: torch.Tensor, w_scale: torch.Tensor, widths: list[int]):
+        self.w_q, self.w_scale, self.widths = w_q, w_scale, widths
+        self._bias = None  # (the per-layer bias tensors and versions it was made from, the concatenation)
+
+    def bias(self, layers: Sequence[FP8Linear]) -> torch.Tensor | None:
+        parts = [lay.bias_copy if lay.parked else lay.linear.bias for lay in layers]
+        if all(b is None for b in parts):
+            return None
+        if any(b is None for b in parts):
+            return None  # (`stack` refuses mixed layers; a bias set to None since is handled by the caller)
+        key = tuple((b.data_ptr(), b._version, b.device, b.dtype) for b in parts)
+        if self._bias is None or self._bias[0] != key:  # made once; again only if a bias changed in place
+            with torch.no_grad():
+                self._bias = (key, torch.cat([b.detach() for b in parts]))
+        return self._bias[1]
+
+
+def stack(layers: Sequence[FP8Linear]) -> bool:
+    """Give the FP8 weights and weight scales of ``layers`` (plain per-token x per-channel `FP8Linear`s of one
+    input width, weight dtype and device, all with a bias or none) one buffer each, in this order. Returns
+    whether it did; layers that do not qualify are left as they are."""
+    if len(layers) < 2 or not all(_plain(lay) for lay in layers):
+        return False
+    same = lambda f: len({f(lay) for lay in layers}) == 1  # noqa: E731
+    if not (same(lambda m: m.in_features) and same(lambda m: m.w_q.device) and same(lambda m: m.weight.dtype)
+            and same(lambda m: m.emulate) and same(lambda m: m.parked) and same(lambda m: m.fast_accum)
+            and same(lambda m: m.min_rows)
+            and same(lambda m: (m.bias_copy if m.parked else m.linear.bias) is None)):
+        return False
+    with torch.no_grad():
+        w_q = torch.cat([lay.w_q for lay in layers])
+        w_scale = torch.cat([lay.w_scale for lay in layers])  # [sum N, 1]
+    widths = [lay.out_features for lay in layers]
+    group = _Stack(w_q, w_scale, widths)
+    start = 0
+    for lay, n in zip(layers, widths):
+        scale = w_scale[start:start + n]
+        lay.w_q, lay.w_scale, lay.w_scale_gemm = w_q[start:start + n], scale, scale
+        lay.stack = group
+        start += n
+    return True
+
+
+def stacked(layers: Sequence[FP8Linear]) -> _Stack | None:
+    """The stack ``layers`` still form (in this order, with the buffers `stack` gave them); None otherwise."""
+    group = getattr(layers[0], "stack", None) if layers and isinstance(layers[0], FP8Linear) else None
+    if group is None or len(group.widths) != len(layers):
+        return None
+    start = 0
+    for lay, n in zip(layers, group.widths):
+        if (not isinstance(lay, FP8Linear) or getattr(lay, "stack", None) is not group or not _plain(lay)
+                or lay.w_q._base is not group.w_q or lay.w_q.storage_offset() != start * lay.in_features
+                or lay.w_scale_gemm._base is not group.w_scale):
+            return None
+        start += n
+    return group
+
+
+def stacked_forward(layers: Sequence[FP8Linear], x: torch.Tensor) -> list[torch.Tensor] | None:
+    """``[layer(x) for layer in layers]`` as one quantization and one GEMM (x [..., K]; each output [..., N_i],
+    a view of one [..., sum N_i] tensor); None where that does not apply (see the module doc)."""
+    group = stacked(layers) if ENABLED else None
+    if group is None or torch.compiler.is_compiling():
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    first = layers[0]
+    if x2.shape[0] < first.min_rows or x.dtype != first.weight.dtype or x.shape[-1] != first.in_features:
+        return None
+    parts = [lay.bias_copy if lay.parked else lay.linear.bias for lay in layers]
+    if len({b is None for b in parts}) != 1:
+        return None
+    emulate = first.emulate or not x2.is_cuda
+    xq_xs = quantize_eager(x2, "per_token", emulate)
+    y = gemm_eager(*xq_xs, group.w_q, group.w_scale, group.bias(layers), "per_token", emulate, first.fast_accum,
+                   x2.dtype)
+    for lay in layers:
+        lay.fp8_calls += 1
+    return [t.reshape(*x.shape[:-1], t.shape[-1]) for t in y.split(group.widths, dim=-1)]

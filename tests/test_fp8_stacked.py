@@ -1,0 +1,124 @@
+"""Q/K/V as one FP8 GEMM (`sagegen.linear.stacked`) on the CPU (emulation): stacking adds no memory and changes
+no layer's own output, the stacked product equals the layers' own products column block by column block, it
+stops applying when a layer gets buffers of its own, and Wan's fused processor takes it inside a patched tiny
+model with the same output as the three separate GEMMs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sagegen
+from sagegen.linear import FP8Linear, LinearPolicy
+from sagegen.linear import stacked as stacked_module
+from sagegen.linear.stacked import stack, stacked, stacked_forward
+from sagegen.models import arch as archs
+from sagegen.patch import patch_info
+
+
+def _layers(seed: int, widths=(48, 32, 40), k: int = 64, bias=True, **kw) -> list[FP8Linear]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in widths:
+        lin = torch.nn.Linear(k, n, bias=bias, dtype=torch.bfloat16)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(n, k, generator=g) / k ** 0.5)
+            if bias:
+                lin.bias.copy_(torch.randn(n, generator=g))
+        out.append(FP8Linear(lin, min_rows=4, **kw))
+    return out
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_stacked_product_equals_each_layers_own(seed, bias):
+    layers = _layers(seed, bias=bias)
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(seed + 1)).to(torch.bfloat16)
+    with torch.no_grad():
+        before = [lay(x) for lay in layers]
+        weights = [lay.w_q.clone() for lay in layers]
+        assert stack(layers)
+        group = stacked(layers)
+        assert group is not None and group.w_q.shape == (sum(group.widths), 64)
+        # each layer's buffers are views of the shared ones, holding the same values
+        for lay, w in zip(layers, weights):
+            assert lay.w_q._base is group.w_q and torch.equal(lay.w_q.view(torch.uint8), w.view(torch.uint8))
+        after = [lay(x) for lay in layers]
+        together = stacked_forward(layers, x)
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+    assert together is not None and [t.shape for t in together] == [b.shape for b in before]
+    for t, b in zip(together, before):  # one fp32 matmul against three: the same sums up to fp32 rounding
+        assert (t.float() - b.float()).abs().max() <= 2 ** -7 * b.float().abs().max(), (t - b).abs().max()
+    assert [lay.fp8_calls for lay in layers] == [3, 3, 3]
+
+
+def test_stacked_product_is_refused_where_it_does_not_apply(seed):
+    layers = _layers(seed)
+    x = torch.randn(16, 64).to(torch.bfloat16)
+    assert stacked_forward(layers, x) is None  # not stacked
+    assert stack(layers)
+    assert stacked_forward(layers, x[:3]) is None  # fewer rows than min_rows: the layers run bf16
+    assert stacked_forward(layers, x.float()) is None  # another dtype than the weights'
+    assert stacked_forward([layers[0], layers[2], layers[1]], x) is None  # another order
+    assert stacked_forward(layers[:2], x) is None
+    layers[1]._apply(lambda t: t.clone())  # (what `.to()` onto another device does): its own buffers now
+    assert stacked(layers) is None and stacked_forward(layers, x) is None
+    assert stacked_forward(layers, x[:3]) is None
+
+
+def test_stack_refuses_layers_it_cannot_serve_with_one_gemm(seed):
+    assert not stack(_layers(seed)[:1])
+    mixed = _layers(seed)[:2] + _layers(seed, widths=(8,), bias=False)
+    assert not stack(mixed)
+    assert not stack(_layers(seed)[:2] + _layers(seed, widths=(8,), k=32))
+    assert not stack(_layers(seed, outliers="smooth"))
+    blockwise = _layers(seed, act_granularity="per_block", weight_granularity="per_block")
+    assert not stack(blockwise)
+    assert not stack([*_layers(seed)[:2], torch.nn.Linear(64, 8)])
+
+
+def test_bias_changed_in_place_is_seen(seed):
+    layers = _layers(seed)
+    x = torch.randn(8, 64).to(torch.bfloat16)
+    assert stack(layers)
+    with torch.no_grad():
+        stacked_forward(layers, x)
+        layers[2].linear.bias.add_(100.0)
+        got = stacked_forward(layers, x)[2]
+        want = layers[2](x)
+    assert torch.allclose(got.float(), want.float(), rtol=2 ** -7, atol=0.5)
+    assert got.float().mean() > 50
+
+
+def test_wan_self_attention_runs_qkv_as_one_gemm():
+    """A patched tiny Wan: every block's self-attention Q/K/V is stacked and taken as one GEMM, with the output
+    of the three separate GEMMs (the patch with the stacked path switched off)."""
+    name = "wan2.1-t2v-1.3b"
+    model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
+                                    config_overrides=archs.smoke_overrides(name))
+    inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=32, width=32,
+                                  text_tokens=archs.smoke_text_tokens(name))
+    blocks = model.blocks
+    with torch.no_grad():
+        sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        info = patch_info(model)["linear"]
+        # self- and cross-attention both stack (cross's K/V read the text, so only self-attention takes it)
+        assert info["qkv_stacked_modules"] == 2 * len(blocks)
+        calls = lambda: [blk.attn1.to_q.fp8_calls for blk in blocks]  # noqa: E731
+        import sagegen.patch.fused_wan as fused_wan
+
+        taken = []
+        real = fused_wan.stacked_forward
+        fused_wan.stacked_forward = lambda layers, x: taken.append(1) or real(layers, x)
+        try:
+            together = model(**inputs)[0]
+        finally:
+            fused_wan.stacked_forward = real
+        assert len(taken) == len(blocks) and calls() == [1] * len(blocks)
+        stacked_module.ENABLED = False
+        try:
+            apart = model(**inputs)[0]
+        finally:
+            stacked_module.ENABLED = True
+        assert calls() == [2] * len(blocks)
+        sagegen.unpatch(model)
+    assert (together.float() - apart.float()).abs().max() <= 1e-2 * apart.float().abs().max()
