@@ -5,6 +5,8 @@ model with the same output as the three separate GEMMs."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -29,11 +31,12 @@ def _layers(seed: int, widths=(48, 32, 40), k: int = 64, bias=True, **kw) -> lis
     return out
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_stacked_product_equals_each_layers_own(seed, bias):
+def test_stacked_product_equals_each_layers_own(seed, bias, mode):
     layers = _layers(seed, bias=bias)
     x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(seed + 1)).to(torch.bfloat16)
-    with torch.no_grad():
+    with getattr(torch, mode)():
         before = [lay(x) for lay in layers]
         weights = [lay.w_q.clone() for lay in layers]
         assert stack(layers)
@@ -41,7 +44,8 @@ def test_stacked_product_equals_each_layers_own(seed, bias):
         assert group is not None and group.w_q.shape == (sum(group.widths), 64)
         # each layer's buffers are views of the shared ones, holding the same values
         for lay, w in zip(layers, weights):
-            assert lay.w_q._base is group.w_q and torch.equal(lay.w_q.view(torch.uint8), w.view(torch.uint8))
+            assert lay.w_q.untyped_storage().data_ptr() == group.w_q.untyped_storage().data_ptr()
+            assert torch.equal(lay.w_q.view(torch.uint8), w.view(torch.uint8))
         after = [lay(x) for lay in layers]
         together = stacked_forward(layers, x)
     assert all(torch.equal(a, b) for a, b in zip(after, before))
@@ -89,6 +93,8 @@ def test_bias_changed_in_place_is_seen(seed):
     assert got.float().mean() > 50
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="Wan's fused prologue runs CPU tensors only in Triton's interpreter (GPU: test_gpu_fp8.py)")
 def test_wan_self_attention_runs_qkv_as_one_gemm():
     """A patched tiny Wan: every block's self-attention Q/K/V is stacked and taken as one GEMM, with the output
     of the three separate GEMMs (the patch with the stacked path switched off)."""

@@ -82,11 +82,13 @@ def stacked(layers: Sequence[FP8Linear]) -> _Stack | None:
     group = getattr(layers[0], "stack", None) if layers and isinstance(layers[0], FP8Linear) else None
     if group is None or len(group.widths) != len(layers):
         return None
+    # by storage, not `_base`: views made under torch.inference_mode have no `_base`
+    w_q, w_s = group.w_q.untyped_storage().data_ptr(), group.w_scale.untyped_storage().data_ptr()
     start = 0
     for lay, n in zip(layers, group.widths):
         if (not isinstance(lay, FP8Linear) or getattr(lay, "stack", None) is not group or not _plain(lay)
-                or lay.w_q._base is not group.w_q or lay.w_q.storage_offset() != start * lay.in_features
-                or lay.w_scale_gemm._base is not group.w_scale):
+                or lay.w_q.untyped_storage().data_ptr() != w_q or lay.w_q.storage_offset() != start * lay.in_features
+                or lay.w_scale_gemm.untyped_storage().data_ptr() != w_s or lay.w_scale_gemm.storage_offset() != start):
             return None
         start += n
     return group
