@@ -28,15 +28,26 @@ kernel = compile_attn(d, cfg.replace(block_q=bq, block_k=bk), arch=arch, num_war
 print(json.dumps(summary(kernel)))
 """
 
+def _triton_before(major: int, minor: int) -> bool:
+    import triton
+
+    return tuple(int(p) for p in triton.__version__.split(".")[:2]) < (major, minor)
+
+
+# Triton 3.6 allocates the sm89 head-dim-128 kernel at 255 registers and spills (368 bytes of stack; every block
+# size and stage count tried spills too, checked offline on 2026-11-29); Triton 3.8 and later do not (186
+# registers). Strict: a Triton 3.6 that stops spilling makes this fail, so the note gets revisited.
+_T36_SM89 = pytest.mark.xfail(_triton_before(3, 7), strict=True,
+                              reason="Triton 3.6 spills the sm89 head-dim-128 kernel (bench/NOTES.md v7.6)")
 CASES = [  # arch, head dim, SageConfig fields, matrix instructions expected in the SASS
     (90, 128, {}, {"IGMMA", "QGMMA"}),
     (90, 64, {"smooth_v": True}, {"IGMMA", "QGMMA"}),
-    (89, 128, {}, {"IMMA", "QMMA"}),
+    pytest.param(89, 128, {}, {"IMMA", "QMMA"}, marks=_T36_SM89),
     (80, 64, {"pv_precision": "fp16"}, {"IMMA", "HMMA"}),
 ]
 
 
-@pytest.mark.parametrize("arch, d, fields, ops", CASES, ids=[f"sm{a}-d{d}" for a, d, _, _ in CASES])
+@pytest.mark.parametrize("arch, d, fields, ops", CASES, ids=["sm90-d128", "sm90-d64", "sm89-d128", "sm80-d64"])
 def test_kernel_compiles_without_spills(arch, d, fields, ops):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps([arch, d, fields])], cwd=ROOT, env=env,
