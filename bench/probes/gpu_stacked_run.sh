@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 28's device calls: GPU tests (TESTS), the stacked Q/K/V GEMM and the rows not yet measured
+# Device calls for the FP8 linears (session 28; it replaces session 27's gpu_fp8_out_run.sh): GPU tests (TESTS), the stacked Q/K/V GEMM and the rows not yet measured
 # (LINEAR: bench_fp8_linear indices, eager and as CUDA graphs), bench_out_proj (OUTPROJ: model names), and an A/B
 # of the stacked GEMM in whole Wan steps (AB: a model name). Everything is teed to $OUT.
 set -uo pipefail
