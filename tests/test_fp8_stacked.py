@@ -5,7 +5,9 @@ model with the same output as the three separate GEMMs."""
 
 from __future__ import annotations
 
+import gc
 import os
+import weakref
 
 import pytest
 import torch
@@ -64,9 +66,19 @@ def test_stacked_product_is_refused_where_it_does_not_apply(seed):
     assert stacked_forward(layers, x.float()) is None  # another dtype than the weights'
     assert stacked_forward([layers[0], layers[2], layers[1]], x) is None  # another order
     assert stacked_forward(layers[:2], x) is None
+    group_buffer = weakref.ref(stacked(layers).w_q)
+    with torch.no_grad():
+        before = [lay(x) for lay in layers]
     layers[1]._apply(lambda t: t.clone())  # (what `.to()` onto another device does): its own buffers now
     assert stacked(layers) is None and stacked_forward(layers, x) is None
     assert stacked_forward(layers, x[:3]) is None
+    # once every layer has moved, nothing holds the stacked buffers (CPU offload must not keep a copy behind)
+    for lay in (layers[0], layers[2]):
+        lay._apply(lambda t: t.clone())
+    gc.collect()
+    assert group_buffer() is None
+    with torch.no_grad():  # each layer still runs its own FP8 product
+        assert all(torch.equal(lay(x), b) for lay, b in zip(layers, before))
 
 
 def test_stack_refuses_layers_it_cannot_serve_with_one_gemm(seed):

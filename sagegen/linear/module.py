@@ -86,6 +86,7 @@ class FP8Linear(torch.nn.Module):
         self.register_buffer("bias_copy", linear.bias.detach().clone() if park and linear.bias is not None
                              else None, persistent=False)
         self._gemm_views = None  # (w_q, w_scale_gemm, w_q.t(), scales [1, N]): see `_rowwise_operands`
+        self.stack = None  # the Q/K/V group whose buffers this layer's are views of (`sagegen.linear.stacked`)
 
     # diffusers' processors read these from the projection modules
     @property
@@ -111,7 +112,10 @@ class FP8Linear(torch.nn.Module):
                 + (f" ({len(self.outlier_idx)} split)" if self.outlier_idx is not None else ""))
 
     def _apply(self, fn, recurse=True):
-        self._gemm_views = None  # views of the old buffers would keep them alive (and on the old device)
+        # views of the old buffers would keep them alive (and on the old device): a `.to()` (CPU offload moves
+        # the model back and forth) gives this layer buffers of its own and takes it out of its Q/K/V stack
+        self._gemm_views = None
+        self.stack = None
         return super()._apply(fn, recurse)
 
     def _rowwise_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
