@@ -109,6 +109,23 @@ def sass_of(kernel) -> str:
     return _cuobjdump(kernel, "-sass")
 
 
+def loop_spills(sass: str) -> int:
+    """LDL/STL instructions inside a loop: between the target and the source of a backward branch that comes
+    before the kernel's last EXIT (the out-of-line barrier-wait retries placed after it jump back to their wait
+    and are not loops of the kernel's own). A spill there costs every iteration; one outside (a few registers
+    parked across the loop and reloaded for the epilogue) costs once a tile."""
+    instrs = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.+?);", sass)]
+    exits = [a for a, text in instrs if re.search(r"\bEXIT\b", text)]
+    last_exit = max(exits) if exits else float("inf")
+    loops = []
+    for addr, text in instrs:
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr < last_exit:
+            loops.append((int(m.group(1), 16), addr))
+    return sum(1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text)
+               and any(lo <= addr <= hi for lo, hi in loops))
+
+
 def summary(kernel) -> dict:
     sass = sass_of(kernel)
     ops = collections.Counter(m.group(1).split(".")[0] for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([A-Z0-9_.]+)", sass))
@@ -119,6 +136,7 @@ def summary(kernel) -> dict:
             "shared_bytes": kernel.metadata.shared,
             "matrix_ops": {k: v for k, v in ops.items() if "MMA" in k},
             "mufu": ops.get("MUFU", 0), "ldl/stl": ops.get("LDL", 0) + ops.get("STL", 0),
+            "loop_ldl/stl": loop_spills(sass),
             "shfl_idx": len(re.findall(r"SHFL\.IDX", sass)), "ldg128": len(re.findall(r"LDG\.E\.128", sass)),
             "stg128": len(re.findall(r"STG\.E\.128", sass)), "stg": len(re.findall(r"\bSTG\.", sass)),
             "e4m3_cvt": len(re.findall(r"F2FP\.[A-Z0-9_.]*E4M3", sass)),
