@@ -14,6 +14,7 @@ import sagegen
 from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.linear import module as fp8_module
 from sagegen.linear import ops as fp8_ops
+from sagegen.linear import stacked
 from sagegen.linear.shared import SharedActivations, shared, sharing
 from sagegen.models import arch as archs
 
@@ -27,6 +28,7 @@ def _counting(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fp8_module, "quantize_eager", counted)
+    monkeypatch.setattr(stacked, "quantize_eager", counted)
     return calls
 
 
@@ -94,8 +96,14 @@ def test_patched_model_output_is_unchanged_by_sharing(monkeypatch, name):
     sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
     calls = _counting(monkeypatch)
     with torch.inference_mode():
+        model(**inputs)
+    n_stacked = len(calls)  # Q/K/V as one GEMM: no quantization more (Flux's single blocks reuse proj_mlp's)
+    monkeypatch.setattr(stacked, "ENABLED", False)  # (stacked Q/K/V quantize once with or without sharing)
+    calls.clear()
+    with torch.inference_mode():
         shared_out = model(**inputs)[0]
     n_shared = len(calls)
+    assert n_stacked == n_shared, (n_stacked, n_shared)
     monkeypatch.setattr(SharedActivations, "get", lambda self, *a: None)
     calls.clear()
     with torch.inference_mode():

@@ -1,7 +1,7 @@
 """Q/K/V as one FP8 GEMM (`sagegen.linear.stacked`) on the CPU (emulation): stacking adds no memory and changes
 no layer's own output, the stacked product equals the layers' own products column block by column block, it
-stops applying when a layer gets buffers of its own, and Wan's fused processor takes it inside a patched tiny
-model with the same output as the three separate GEMMs."""
+stops applying when a layer gets buffers of its own (and then holds nothing), and every family's fused processor
+takes it inside a patched tiny model with the same output as the three separate GEMMs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.linear import stacked as stacked_module
 from sagegen.linear.stacked import stack, stacked, stacked_forward
 from sagegen.models import arch as archs
-from sagegen.patch import patch_info
+from sagegen.patch import fused_common, patch_info
 
 
 def _layers(seed: int, widths=(48, 32, 40), k: int = 64, bias=True, **kw) -> list[FP8Linear]:
@@ -105,38 +105,43 @@ def test_bias_changed_in_place_is_seen(seed):
     assert got.float().mean() > 50
 
 
+MODELS = ["wan2.1-t2v-1.3b", "flux.1-dev", "sd3.5-medium", "hunyuanvideo", "cogvideox-2b", "mochi-1"]
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="Wan's fused prologue runs CPU tensors only in Triton's interpreter (GPU: test_gpu_fp8.py)")
-def test_wan_self_attention_runs_qkv_as_one_gemm():
-    """A patched tiny Wan: every block's self-attention Q/K/V is stacked and taken as one GEMM, with the output
-    of the three separate GEMMs (the patch with the stacked path switched off)."""
-    name = "wan2.1-t2v-1.3b"
+                    reason="the fused prologues run CPU tensors only in Triton's interpreter (GPU: test_gpu_fp8.py)")
+@pytest.mark.parametrize("name", MODELS)
+def test_fused_processors_run_qkv_as_one_gemm(name):
+    """Patched tiny models of every family with a fused processor: Q/K/V stacked and taken as one GEMM (Flux's
+    single blocks too, reusing the quantization proj_mlp made), with the output of the three separate GEMMs."""
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
     inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cpu", seed=1, height=32, width=32,
                                   text_tokens=archs.smoke_text_tokens(name))
-    blocks = model.blocks
+    taken = []
+    real = fused_common.stacked_forward
+
+    def counting(layers, x):
+        out = real(layers, x)
+        taken.append(out is not None)
+        return out
+
     with torch.no_grad():
         sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
-        info = patch_info(model)["linear"]
-        # self- and cross-attention both stack (cross's K/V read the text, so only self-attention takes it)
-        assert info["qkv_stacked_modules"] == 2 * len(blocks)
-        calls = lambda: [blk.attn1.to_q.fp8_calls for blk in blocks]  # noqa: E731
-        import sagegen.patch.fused_wan as fused_wan
-
-        taken = []
-        real = fused_wan.stacked_forward
-        fused_wan.stacked_forward = lambda layers, x: taken.append(1) or real(layers, x)
+        assert patch_info(model)["linear"]["qkv_stacked_modules"] > 0
+        q_layers = [m.to_q for m in model.modules() if isinstance(getattr(m, "to_q", None), FP8Linear)]
+        fused_common.stacked_forward = counting
         try:
             together = model(**inputs)[0]
         finally:
-            fused_wan.stacked_forward = real
-        assert len(taken) == len(blocks) and calls() == [1] * len(blocks)
+            fused_common.stacked_forward = real
+        assert q_layers and all(q.fp8_calls == 1 for q in q_layers)  # a stacked call counts for each layer
         stacked_module.ENABLED = False
         try:
             apart = model(**inputs)[0]
         finally:
             stacked_module.ENABLED = True
-        assert calls() == [2] * len(blocks)
+        assert all(q.fp8_calls == 2 for q in q_layers)
         sagegen.unpatch(model)
+    assert taken and all(taken), taken
     assert (together.float() - apart.float()).abs().max() <= 1e-2 * apart.float().abs().max()

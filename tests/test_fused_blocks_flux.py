@@ -83,12 +83,14 @@ def test_single_block_quantizes_its_normed_input_once_for_four_projections(seed,
     """With FP8 linears (the emulation on CPU), proj_mlp, to_q, to_k and to_v of a fused single block read one
     FP8 copy of the normed input."""
     from sagegen.linear import module as fp8_module
+    from sagegen.linear import stacked
 
     model, inputs = _tiny(seed=seed % 100, double=1, single=3)
     calls = []
     real = fp8_module.quantize_eager
-    monkeypatch.setattr(fp8_module, "quantize_eager",
-                        lambda x, *a, **k: calls.append(tuple(x.shape)) or real(x, *a, **k))
+    for where in (fp8_module, stacked):  # (the double block's image Q/K/V run stacked: one GEMM)
+        monkeypatch.setattr(where, "quantize_eager",
+                            lambda x, *a, **k: calls.append(tuple(x.shape)) or real(x, *a, **k))
     with torch.no_grad():
         sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
         model(**inputs)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device calls for the FP8 linears (session 28; it replaces session 27's gpu_fp8_out_run.sh): GPU tests (TESTS), the stacked Q/K/V GEMM and the rows not yet measured
 # (LINEAR: bench_fp8_linear indices, eager and as CUDA graphs), bench_out_proj (OUTPROJ: model names), and an A/B
-# of the stacked GEMM in whole Wan steps (AB: a model name). Everything is teed to $OUT.
+# of the stacked GEMM in whole steps (AB: model names). Everything is teed to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 TAG=${TAG:-t36}
@@ -24,9 +24,11 @@ fi
 if [[ -n ${OUTPROJ:-} ]]; then
   python3 bench/bench_out_proj.py --only $OUTPROJ --rounds ${ROUNDS:-5} --out $OUT/out-proj-$TAG.json 2>&1 | quiet | tail -8
 fi
-if [[ -n ${AB:-} ]]; then
-  python3 bench/probes/ab_step_flag.py $AB sagegen.linear.stacked.ENABLED --linear fp8 --rounds 3 \
-    --out $OUT/ab-step-stacked-$TAG.json 2>&1 | quiet | tail -6
-  python3 bench/probes/ab_step_flag.py $AB sagegen.linear.stacked.ENABLED --linear fp8 --rounds 3 --cuda-graphs \
-    --out $OUT/ab-step-stacked-graphs-$TAG.json 2>&1 | quiet | tail -6
-fi
+for model in ${AB:-}; do  # (AB_GRAPHS=0: eager only)
+  python3 bench/probes/ab_step_flag.py $model sagegen.linear.stacked.ENABLED --linear fp8 --rounds ${AB_ROUNDS:-3} \
+    --out $OUT/ab-step-stacked-$model-$TAG.json 2>&1 | quiet | tail -2
+  if [[ ${AB_GRAPHS:-1} == 1 ]]; then
+    python3 bench/probes/ab_step_flag.py $model sagegen.linear.stacked.ENABLED --linear fp8 --rounds ${AB_ROUNDS:-3} \
+      --cuda-graphs --out $OUT/ab-step-stacked-graphs-$model-$TAG.json 2>&1 | quiet | tail -2
+  fi
+done

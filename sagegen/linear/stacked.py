@@ -21,6 +21,7 @@ import torch
 
 from .module import FP8Linear
 from .ops import gemm_eager, quantize_eager
+from .shared import shared
 
 ENABLED = True  # False: `stacked_forward` always answers None (A/B switch for benchmarks and tests)
 
@@ -107,10 +108,16 @@ def stacked_forward(layers: Sequence[FP8Linear], x: torch.Tensor) -> list[torch.
     parts = [lay.bias_copy if lay.parked else lay.linear.bias for lay in layers]
     if len({b is None for b in parts}) != 1:
         return None
-    emulate = first.emulate or not x2.is_cuda
-    xq_xs = quantize_eager(x2, "per_token", emulate)
-    y = gemm_eager(*xq_xs, group.w_q, group.w_scale, group.bias(layers), "per_token", emulate, first.fast_accum,
-                   x2.dtype)
+    # a copy another projection of x quantized in this processor call is reused, as `FP8Linear.forward` does
+    # (Flux's single blocks quantize their input for proj_mlp first)
+    cache = shared()
+    xq_xs = cache.get(x, "per_token", first.emulate) if cache is not None else None
+    if xq_xs is None:
+        xq_xs = quantize_eager(x2, "per_token", first.emulate)
+        if cache is not None:
+            cache.put(x, "per_token", first.emulate, xq_xs)
+    y = gemm_eager(*xq_xs, group.w_q, group.w_scale, group.bias(layers), "per_token", first.emulate,
+                   first.fast_accum, x2.dtype)
     for lay in layers:
         lay.fp8_calls += 1
     return [t.reshape(*x.shape[:-1], t.shape[-1]) for t in y.split(group.widths, dim=-1)]

@@ -30,7 +30,7 @@ import torch
 
 from . import fp8_out
 from .graphs import value_checks_allowed
-from .fused_common import _arguments, _joint_attention, _kernel_can_run, _rope_pair
+from .fused_common import _arguments, _joint_attention, _kernel_can_run, _rope_pair, qkv_projections
 
 
 def _layer_norm_params(norm, head_dim: int):
@@ -68,7 +68,7 @@ def cogvideox_call(original, session, attn, args, kwargs):
 
     hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
     batch_size = hidden_states.shape[0]
-    query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+    query, key, value = qkv_projections(attn, hidden_states)
     query, key, value = (t.view(batch_size, -1, heads, head_dim).transpose(1, 2) for t in (query, key, value))
     query = layer_norm_rope(query, norm_q, rope, text_len)
     key = layer_norm_rope(key, norm_k, None if attn.is_cross_attention else rope, text_len)
@@ -134,7 +134,7 @@ def mochi_call(original, session, attn, args, kwargs):
         return None
 
     device = hidden_states.device
-    video = (attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states))
+    video = qkv_projections(attn, hidden_states)
     text = (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
             attn.add_v_proj(encoder_hidden_states))
     text_valid = torch.arange(n_text, device=device)[None, :] < lengths[:, None].to(device)

@@ -12,6 +12,7 @@ import types
 import torch
 
 from ..api import triton_interpret
+from ..linear.stacked import stacked_forward
 from .fp8_out import attention as fp8_attention
 from .rebind import native_active
 
@@ -257,3 +258,10 @@ def _backend_copy_can_fuse(session, processor, hidden_states, weight, split_ok: 
         return False
     return (isinstance(hidden_states, torch.Tensor) and hidden_states.dim() == 3
             and _kernel_can_run(weight, hidden_states) and hidden_states.dtype == weight.dtype)
+
+
+def qkv_projections(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``attn.to_q(x), attn.to_k(x), attn.to_v(x)``: one FP8 quantization and GEMM where the patch stacked the
+    three (`sagegen.linear.stacked`; the outputs are column views of one tensor), else three calls."""
+    out = stacked_forward((attn.to_q, attn.to_k, attn.to_v), x)
+    return tuple(out) if out is not None else (attn.to_q(x), attn.to_k(x), attn.to_v(x))

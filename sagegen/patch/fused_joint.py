@@ -20,6 +20,7 @@ import torch
 from ..api import triton_interpret
 from . import fp8_out
 from .fused_common import (_HALF, TEXT_LEN, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run,
+                           qkv_projections,
                            _native_dispatch, _rope_pair)
 
 
@@ -74,8 +75,7 @@ def sd3_call(original, session, attn, args, kwargs):
         return None
 
     n_img = hidden_states.shape[1]
-    parts = [((attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)), slice(0, n_img),
-              norms[:2], None)]
+    parts = [(qkv_projections(attn, hidden_states), slice(0, n_img), norms[:2], None)]
     if encoder_hidden_states is not None:
         parts.append(((attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
                        attn.add_v_proj(encoder_hidden_states)), slice(n_img, None), norms[2:], None))
@@ -134,7 +134,12 @@ def flux_call(original, session, attn, args, kwargs):
     if rope is False:
         return None
 
-    projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    if getattr(attn, "fused_projections", False):
+        projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    else:  # diffusers' unfused projections, the image's as one FP8 GEMM where the patch stacked them
+        e = encoder_hidden_states if joint_text else None
+        projections = qkv_projections(attn, hidden_states) + (
+            (attn.add_q_proj(e), attn.add_k_proj(e), attn.add_v_proj(e)) if e is not None else (None,) * 3)
     if any(t is not None and t.dtype != dtype for t in projections):
         return None
     heads = projections[0].shape[-1] // head_dim
@@ -193,12 +198,12 @@ def hunyuan_call(original, session, attn, args, kwargs):
 
     vid, txt = slice(0, n_vid), slice(n_vid, None)
     if dual:
-        parts = [((attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)), vid, norms[:2], rope),
+        parts = [(qkv_projections(attn, hidden_states), vid, norms[:2], rope),
                  ((attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
                    attn.add_v_proj(encoder_hidden_states)), txt, norms[2:], None)]
     else:  # single-stream: one projection of the joint tokens; the video part rotated, the text part not
         joint_in = torch.cat([hidden_states, encoder_hidden_states], dim=1)
-        q, k, v = attn.to_q(joint_in), attn.to_k(joint_in), attn.to_v(joint_in)
+        q, k, v = qkv_projections(attn, joint_in)
         parts = [((q[:, vid], k[:, vid], v[:, vid]), vid, norms, rope),
                  ((q[:, txt], k[:, txt], v[:, txt]), txt, norms, None)]
     mask = a.get("attention_mask")

@@ -22,9 +22,8 @@ import importlib
 
 import torch
 
-from ..linear.stacked import stacked_forward
 from . import fp8_out
-from .fused_common import _HALF, _arguments, _cp_dispatch, _kernel_can_run, _native_dispatch
+from .fused_common import _HALF, _arguments, _cp_dispatch, _kernel_can_run, _native_dispatch, qkv_projections
 
 # processor class -> the module whose `_get_qkv_projections` it calls (both run the code `wan_call` mirrors)
 _PROCESSORS = {
@@ -96,10 +95,10 @@ def wan_call(original, session, attn, args, kwargs):
     if any(n is False for n in norms) or tables is False or head_dim % 2:
         return None
 
-    qkv = None
     if encoder_hidden_states is None and not getattr(attn, "fused_projections", False):
-        qkv = stacked_forward((attn.to_q, attn.to_k, attn.to_v), hidden_states)  # FP8: one GEMM, else None
-    query, key, value = qkv if qkv is not None else _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        query, key, value = qkv_projections(attn, hidden_states)  # (with FP8 linears: one GEMM)
+    else:
+        query, key, value = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
     if any(t.dtype != dtype for t in (query, key, value)):
         return None
     query, key, value = (t.unflatten(2, (heads, head_dim)) for t in (query, key, value))
