@@ -59,6 +59,10 @@ def _fuse_interpreter_fma() -> None:
 _fuse_interpreter_fma()
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+# CPU tests whose Triton kernels (fused prologues, attention) run on CPU tensors: only in Triton's interpreter, which
+# this file turns on where there is no GPU; on a GPU machine such tests skip (their GPU twins run there)
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="runs Triton kernels on CPU tensors: needs TRITON_INTERPRET=1")
 
 
 @pytest.fixture

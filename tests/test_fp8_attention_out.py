@@ -11,6 +11,7 @@ import torch
 from helpers import rel_l1
 
 import sagegen
+from conftest import interpreted
 from sagegen.api import sageattn_fp8_out
 from sagegen.kernels import fp8_out as fp8_out_kernel
 from sagegen.kernels.reference import fp8_out_scale
@@ -170,6 +171,7 @@ def test_forward_fp8_is_the_product_of_the_dequantized_input(seed):
 MODELS = ["sd3.5-medium", "flux.1-dev", "wan2.1-t2v-1.3b", "ltx-video", "hunyuanvideo-1.5", "mochi-1"]
 
 
+@interpreted  # (GPU: tests/test_gpu_fp8_out.py)
 @pytest.mark.parametrize("name", MODELS)
 def test_patched_output_projections_take_the_fp8_attention_output(name):
     """SD3 (image rows of a batch of 2: not one strided block), Flux (text first), Wan (self- and

@@ -6,13 +6,13 @@ takes it inside a patched tiny model with the same output as the three separate 
 from __future__ import annotations
 
 import gc
-import os
 import weakref
 
 import pytest
 import torch
 
 import sagegen
+from conftest import interpreted
 from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.linear import stacked as stacked_module
 from sagegen.linear.stacked import stack, stacked, stacked_forward
@@ -108,8 +108,7 @@ def test_bias_changed_in_place_is_seen(seed):
 MODELS = ["wan2.1-t2v-1.3b", "flux.1-dev", "sd3.5-medium", "hunyuanvideo", "cogvideox-2b", "mochi-1"]
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                    reason="the fused prologues run CPU tensors only in Triton's interpreter (GPU: test_gpu_fp8.py)")
+@interpreted  # (GPU: test_gpu_fp8.py)
 @pytest.mark.parametrize("name", MODELS)
 def test_fused_processors_run_qkv_as_one_gemm(name):
     """Patched tiny models of every family with a fused processor: Q/K/V stacked and taken as one GEMM (Flux's
