@@ -18,13 +18,14 @@ import json
 import os
 import pstats
 import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from probe_util import per_call_us  # noqa: E402
 from sagegen.api import sageattn  # noqa: E402
 from sagegen.kernels.fp8_quant import quantize_per_token_unchecked  # noqa: E402
 from sagegen.kernels.triton_residual_norm import residual_norm  # noqa: E402
@@ -34,17 +35,6 @@ from sagegen.kernels.triton_residual_norm import residual_norm  # noqa: E402
 def _add_one(X, N: tl.constexpr):
     offs = tl.arange(0, N)
     tl.store(X + offs, tl.load(X + offs) + 1)
-
-
-def _per_call_us(fn, n: int = 2000) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def main():
@@ -65,7 +55,7 @@ def main():
         "torch_empty": lambda: torch.empty(64, 3072, device=dev, dtype=torch.float8_e4m3fn),
         "sageattn_512_hd128": lambda: sageattn(q, q, q, tensor_layout="NHD"),
     }
-    us = {name: _per_call_us(fn) for name, fn in calls.items()}
+    us = {name: per_call_us(fn, iters=2000) for name, fn in calls.items()}
     for name, v in us.items():
         print(f"{name:22s} {v:8.1f} us/call", flush=True)
     profiles = {}

@@ -41,10 +41,8 @@ class _Stack:
 
     def bias(self, layers: Sequence[FP8Linear]) -> torch.Tensor | None:
         parts = [lay.bias_copy if lay.parked else lay.linear.bias for lay in layers]
-        if all(b is None for b in parts):
-            return None
         if any(b is None for b in parts):
-            return None  # (`stack` refuses mixed layers; a bias set to None since is handled by the caller)
+            return None  # (none has one: `stack` refuses mixed layers, and `stacked_forward` a bias dropped since)
         key = tuple((b.data_ptr(), b._version, b.device, b.dtype) for b in parts)
         if self._bias is None or self._bias[0] != key:  # made once; again only if a bias changed in place
             with torch.no_grad():
