@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 29: where the eager host time goes on Triton 3.6 and 3.9, same machine, one device call (after the
-# split Triton 3.9 parts p0, p1 were stashed): probe_launch_host and probe_host_profile (MODEL, VARIANTS) on
-# T3.6, then on T3.9. Optional TESTS runs pytest on both. Everything is teed to $OUT.
+# split Triton 3.9 parts p0, p1 were stashed): probe_launch_host (LAUNCH=1), probe_step_gc (GC: models) and
+# probe_host_profile (MODELS, VARIANTS), on the Tritons in ORDER. Optional TESTS runs pytest on both. Everything is teed to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -9,8 +9,13 @@ export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 quiet() { grep -v -E "nanobind|leaked" ; }
 one() {  # $1: tag
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee $OUT/versions-$1.txt
-  python3 bench/probes/probe_launch_host.py --out $OUT/launch-host-$1.json 2>&1 | quiet | grep -E "us/call|jit.py|driver|descriptor" | head -40
-  for model in ${MODELS:-flux.1-dev}; do
+  if [[ ${LAUNCH:-1} == 1 ]]; then
+    python3 bench/probes/probe_launch_host.py --out $OUT/launch-host-$1.json 2>&1 | quiet | grep -E "us/call" | head -20
+  fi
+  for model in ${GC:-}; do
+    python3 bench/probes/probe_step_gc.py $model --linear fp8 --rounds ${ROUNDS:-5} --out $OUT/step-gc-$model-$1.json 2>&1 | quiet | tail -12
+  done
+  for model in ${MODELS:-}; do
     python3 bench/probes/probe_host_profile.py --model $model --variants ${VARIANTS:-attention,fp8} --steps 3 --top 40 \
       --out $OUT/host-profile-$model-$1.json 2>&1 | quiet | head -60
   done
@@ -19,6 +24,9 @@ one() {  # $1: tag
     grep -E "passed|failed|^FAILED" $OUT/gpu-tests-$1.log | tail -20
   fi
 }
-if [[ ${FIRST:-t36} == t36 ]]; then (one t36); fi
-bash .big/p2/stash.sh .big/p2 && source /tmp/bigwheel/env.sh && one t39
-if [[ ${FIRST:-t36} != t36 ]]; then unset TRITON_PTXAS_BLACKWELL_PATH; PYTHONPATH=/tmp/site:$PWD one t36; fi
+bash .big/p2/stash.sh .big/p2 || exit 1
+n=0
+for t in ${ORDER:-t36 t39}; do  # e.g. ORDER="t36 t39 t36": a repeat shows the host's drift
+  n=$((n + 1))
+  if [[ $t == t39 ]]; then (source /tmp/bigwheel/env.sh && one t39-$n); else (one t36-$n); fi
+done
