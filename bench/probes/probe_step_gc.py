@@ -49,6 +49,27 @@ def _clocked_run(original):
     return run
 
 
+def _python_ms() -> float:
+    """A fixed pure-Python loop (best of 3): how fast this process's interpreter runs, apart from torch and Triton."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        total = 0
+        for i in range(300_000):
+            total += i & 7
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def _process_facts() -> dict:
+    import threading
+    with open("/proc/self/stat") as f:
+        cpu = int(f.read().rsplit(")", 1)[1].split()[36])  # field 39: the CPU it last ran on
+    return {"python_loop_ms": _python_ms(), "threads": len(os.listdir("/proc/self/task")),
+            "python_threads": [t.name for t in threading.enumerate()], "cpu": cpu,
+            "affinity": len(os.sched_getaffinity(0)), "loadavg": os.getloadavg()}
+
+
 def _reset():
     _clock.update(gc_s=[0.0, 0.0, 0.0], gc_n=[0, 0, 0], jit_s=0.0, jit_n=0)
 
@@ -60,6 +81,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    before = _process_facts()
+    print("process before", before, flush=True)
     model, inputs = full_size_model(args.model, torch.device("cuda"))
     step = lambda: model(**inputs)[0]  # noqa: E731
     JITFunction.run = _clocked_run(JITFunction.run)
@@ -92,11 +115,14 @@ def main():
                 print(f"{label} wall {wall:6.1f} ms  host {r['host_ms']:6.1f} ms  gc {gc_ms:5.1f} "
                       f"ms {r['gc_runs_by_generation']}  triton run {r['triton_run_ms']:5.1f} ms / "
                       f"{r['triton_launches']} launches", flush=True)
+    after = _process_facts()
+    print("process after", after, flush=True)
     median = {label: {k: statistics.median(r[k] for r in v) for k in ("wall_ms", "host_ms", "triton_run_ms")}
               for label, v in rows.items()}
     print("median", median, "gc thresholds", gc.get_threshold(), "tracked objects", len(gc.get_objects()))
-    write_json(args.out, environment(model=args.model, linear=args.linear), rows=rows, median=median,
-               gc_threshold=gc.get_threshold(), tracked_objects=len(gc.get_objects()))
+    write_json(args.out, environment=environment(model=args.model, linear=args.linear), rows=rows, median=median,
+               gc_threshold=gc.get_threshold(), tracked_objects=len(gc.get_objects()), process_before=before,
+               process_after=after)
 
 
 if __name__ == "__main__":
