@@ -20,7 +20,7 @@ one() {  # $1: tag
       --out $OUT/host-profile-$model-$1.json 2>&1 | quiet | head -60
   done
   if [[ -n ${TESTS:-} ]]; then
-    python3 -m pytest -q -p no:cacheprovider $TESTS 2>&1 | quiet > $OUT/gpu-tests-$1.log
+    timeout ${TEST_LIMIT:-570} python3 -m pytest -q -p no:cacheprovider -rfE --durations=15 $TESTS 2>&1 | quiet > $OUT/gpu-tests-$1.log
     grep -E "passed|failed|^FAILED" $OUT/gpu-tests-$1.log | tail -20
   fi
 }
