@@ -318,8 +318,19 @@ def _eager_direct(*tensors) -> bool:
     the tensors are plain ones. The dispatch alone took 20-110 us of host time a call on
     an H200's host (bench/results/probe-call-overhead-ab-h200-2026-11-26.json); the result is the same."""
     return (EAGER_DIRECT and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
-            and not torch._C._len_torch_dispatch_stack() and not torch._C._len_torch_function_stack()
+            and not torch._C._len_torch_dispatch_stack() and _function_modes_pass_through()
             and all(t is None or type(t) is torch.Tensor for t in tensors))
+
+
+def _function_modes_pass_through() -> bool:
+    """No torch-function mode is active, or each active one has ``sagegen_passes_through = True``: it needs no
+    view of sagegen's op and handles the torch calls inside it as it would anywhere (the patch's CUDA-graph
+    capture runs under one that turns small host copies into fills). `sageattn_fp8_out` has no op form, so
+    under any other mode it answers None."""
+    if not torch._C._len_torch_function_stack():
+        return True
+    stack = getattr(torch.overrides, "_get_current_function_mode_stack", None)
+    return stack is not None and all(getattr(mode, "sagegen_passes_through", False) for mode in stack())
 
 
 def _sageattn_impl(

@@ -273,8 +273,8 @@ def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout, backend):
 
 def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
     """Eager calls run the op's body directly (the dispatch cost 20-110 us of host time a call); a compiler,
-    FakeTensorMode, FlopCounterMode or a torch-function mode must still get the custom op, and both paths give
-    the same result."""
+    FakeTensorMode, FlopCounterMode or a torch-function mode must still get the custom op (unless every active
+    mode says it passes sagegen's calls through), and both paths give the same result."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -292,6 +292,14 @@ def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
 
     with Watch():
         assert not _eager_direct(q, k, v)
+
+    class PassThrough(Watch):  # as the patch's HostConstants while a CUDA graph is captured
+        sagegen_passes_through = True
+
+    with PassThrough():
+        assert _eager_direct(q, k, v)
+        with Watch():
+            assert not _eager_direct(q, k, v)
     with FakeTensorMode() as mode:
         fq = mode.from_tensor(q)
         assert not _eager_direct(fq, fq, fq)

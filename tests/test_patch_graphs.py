@@ -2,8 +2,10 @@
 
 No CUDA graph can be captured here, so `graphs.capture` is replaced by a recording stand-in whose replay runs
 the captured function again on the graph's own inputs and writes into the captured outputs, as a real replay
-writes into its buffers. What these tests check is the wrapper's bookkeeping: keys, static-input copies,
-cloned outputs, warm-up, invalidation, fallbacks, patch/unpatch. tests/test_gpu_graphs.py captures for real."""
+writes into its buffers. Like a real capture it runs the function under `HostConstants` (a torch-function
+mode), and so does each replay: a replay repeats whatever path the capture took. What these tests check is
+the wrapper's bookkeeping: keys, static-input copies, cloned outputs, warm-up, invalidation, fallbacks,
+patch/unpatch, and that a capture takes the eager paths. tests/test_gpu_graphs.py captures for real."""
 
 from __future__ import annotations
 
@@ -14,24 +16,32 @@ import torch
 from torch.utils import _pytree as pytree
 
 import sagegen
+from conftest import interpreted
 from helpers import rel_l1
 from sagegen.models import arch as archs
+from sagegen.linear import LinearPolicy
 from sagegen.patch import graphs, patch_info, set_attention_override
+from sagegen.patch.host_constants import HostConstants
 
 
 class _RecordedGraph:
-    def __init__(self, fn, output):
-        self.fn, self.output, self.replays = fn, output, 0
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+        self.output = self._run()
+
+    def _run(self):
+        with HostConstants("cpu"):  # as `graphs.capture` runs the forward
+            return self.fn()
 
     def replay(self):
-        for dst, src in zip(pytree.tree_leaves(self.output), pytree.tree_leaves(self.fn())):
+        for dst, src in zip(pytree.tree_leaves(self.output), pytree.tree_leaves(self._run())):
             dst.copy_(src)
         self.replays += 1
 
 
 def recording_capture(fn):
     """`graphs.capture` on the CPU: runs ``fn`` once and returns a graph whose replay runs it again."""
-    graph = _RecordedGraph(fn, fn())
+    graph = _RecordedGraph(fn)
     return graph, graph.output
 
 
@@ -244,6 +254,31 @@ def test_patch_with_cuda_graphs_matches_the_eager_patch_and_unpatches(fake_gpu):
         assert "forward" not in model.__dict__
         assert torch.equal(model(**inputs)[0], stock)
     assert rel_l1(eager, stock) < 0.1
+
+
+@interpreted
+def test_captured_fp8_model_takes_the_eager_paths(fake_gpu):
+    """The capture runs the same paths as the eager calls, the FP8 attention output included (it once fell back
+    to the bf16 output under the capture's torch-function mode: replays then differed from eager by the FP8
+    output's rounding, rel-L1 0.01-0.02, on an H200)."""
+    model, inputs = _tiny()
+    policy = LinearPolicy(keep_blocks=(), min_rows=1)  # the smoke model's few rows and one block run FP8
+    others = [dict(inputs, hidden_states=inputs["hidden_states"] * s) for s in (-1.0, 0.5)]
+    with torch.inference_mode():
+        sagegen.patch(model, linear="fp8", linear_policy=policy)
+        eager = [model(**x)[0] for x in (inputs, *others)]
+        counts = dict(patch_info(model)["stats"])
+        sagegen.patch(model, linear="fp8", linear_policy=policy, cuda_graphs=True)
+        got = [model(**x)[0] for x in (inputs, inputs, *others)]
+        graphed = patch_info(model)
+    assert counts.get("routed_fp8_out", 0) > 0, counts  # (the double block's; the single block has no to_out)
+    assert graphed["cuda_graphs"]["calls"] == {"warmup": 1, "captured": 1, "replayed": 3}
+    # the same share of calls ran the FP8 output at the warm-up, in the capture and in the (stand-in) replays
+    stats = {k: v - counts.get(k, 0) for k, v in graphed["stats"].items()}  # (the session's counts go on)
+    assert stats.get("routed_fp8_out", 0) * counts["processor_calls"] == (
+        counts["routed_fp8_out"] * stats["processor_calls"]), (counts, stats)
+    for a, b in zip(got[1:], eager):
+        assert torch.equal(a, b)
 
 
 def test_patched_context_keeps_the_previous_cuda_graphs_setting(fake_gpu):
