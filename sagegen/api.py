@@ -93,7 +93,7 @@ def sageattn(
     args = (q, k, v, attn_mask, is_causal, scale, tensor_layout, return_lse, backend, *_config_args(config),
             *sparse_args)
     direct = _eager_direct(q, k, v, attn_mask, sparse_args[0], sparse_args[1])
-    out, lse = _sageattn_impl(*args) if direct else torch.ops.sagegen.sageattn(*args)
+    out, lse = _as_the_op_runs(_sageattn_impl, *args) if direct else torch.ops.sagegen.sageattn(*args)
     return (out, lse) if return_lse else out
 
 
@@ -121,6 +121,11 @@ def sageattn_fp8_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, tenso
     sparse_args = (None, None) if sparse is None else (sparse.counts, sparse.indices)
     if not _eager_direct(q, k, v, attn_mask, *sparse_args):
         return None
+    return _as_the_op_runs(_fp8_out_call, q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, config, backend,
+                           sparse)
+
+
+def _fp8_out_call(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, config, backend, sparse):
     hnd = (lambda t: t) if tensor_layout == "HND" else (lambda t: t.transpose(1, 2))
     qh, kh, vh = hnd(q), hnd(k), hnd(v)
     choice, config = backends.choose(qh, backend, config, interpret=triton_interpret(), warn=warn_once,
@@ -323,14 +328,33 @@ def _eager_direct(*tensors) -> bool:
 
 
 def _function_modes_pass_through() -> bool:
-    """No torch-function mode is active, or each active one has ``sagegen_passes_through = True``: it needs no
-    view of sagegen's op and handles the torch calls inside it as it would anywhere (the patch's CUDA-graph
-    capture runs under one that turns small host copies into fills). `sageattn_fp8_out` has no op form, so
-    under any other mode it answers None."""
+    """No torch-function mode is active, or each active one needs no view of sagegen's op: torch's default
+    device (``torch.set_default_device``, ``with torch.device(...)``) or a mode with ``sagegen_passes_through =
+    True`` (the patch's CUDA-graph capture runs under one). `sageattn_fp8_out` has no op form, so under any
+    other mode it answers None."""
     if not torch._C._len_torch_function_stack():
         return True
     stack = getattr(torch.overrides, "_get_current_function_mode_stack", None)
-    return stack is not None and all(getattr(mode, "sagegen_passes_through", False) for mode in stack())
+    return stack is not None and all(getattr(mode, "sagegen_passes_through", False) or _is_default_device(mode)
+                                     for mode in stack())
+
+
+def _is_default_device(mode) -> bool:
+    try:
+        from torch.utils._device import DeviceContext
+    except ImportError:  # (private; present in torch 2.1-2.15)
+        return False
+    return type(mode) is DeviceContext
+
+
+def _as_the_op_runs(fn, *args):
+    """``fn(*args)`` without the active torch-function modes, as the body of a custom op runs (the mode sees the
+    op call, not the torch calls inside it): under a default device or a graph capture's mode an eager call
+    computes exactly what the op would."""
+    if not torch._C._len_torch_function_stack():
+        return fn(*args)
+    with torch._C.DisableTorchFunction():
+        return fn(*args)
 
 
 def _sageattn_impl(

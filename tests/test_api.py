@@ -271,11 +271,12 @@ def test_output_takes_q_memory_layout_and_the_fake_op_agrees(layout, backend):
     torch.library.opcheck(torch.ops.sagegen.sageattn.default, args, test_utils=("test_schema", "test_faketensor"))
 
 
-def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
+def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed, monkeypatch):
     """Eager calls run the op's body directly (the dispatch cost 20-110 us of host time a call); a compiler,
     FakeTensorMode, FlopCounterMode or a torch-function mode must still get the custom op (unless every active
     mode says it passes sagegen's calls through), and both paths give the same result."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
     from torch.utils.flop_counter import FlopCounterMode
 
     from sagegen.api import _config_args, _eager_direct
@@ -286,20 +287,40 @@ def test_eager_calls_skip_the_op_dispatch_but_tracers_still_see_the_op(seed):
     with FlopCounterMode(display=False):
         assert not _eager_direct(q, k, v)
 
-    class Watch(torch.overrides.TorchFunctionMode):  # as tests' AttentionSpy, below the patcher's own mode
+    class Watch(TorchFunctionMode):  # as tests' AttentionSpy, below the patcher's own mode
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
     with Watch():
         assert not _eager_direct(q, k, v)
 
-    class PassThrough(Watch):  # as the patch's HostConstants while a CUDA graph is captured
+    class PassThrough(TorchFunctionMode):  # as the patch's HostConstants while a CUDA graph is captured
         sagegen_passes_through = True
+        seen = 0
 
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            PassThrough.seen += 1
+            return func(*args, **(kwargs or {}))
+
+    def call():
+        return sagegen.sageattn(q, k, v, tensor_layout="NHD", attn_mask=mask, backend="reference")
+
+    plain = call()
     with PassThrough():
         assert _eager_direct(q, k, v)
+        # the body runs without the mode, as the op's body does: the mode sees what it sees around the op call
+        seen = PassThrough.seen
+        assert torch.equal(call(), plain)
+        seen_direct, seen = PassThrough.seen - seen, PassThrough.seen
+        monkeypatch.setattr(sagegen.api, "EAGER_DIRECT", False)
+        assert torch.equal(call(), plain)
+        monkeypatch.undo()
+        assert seen_direct == PassThrough.seen - seen - 1  # (the op call itself)
         with Watch():
             assert not _eager_direct(q, k, v)
+    with torch.device("meta"):  # a default device (torch.set_default_device) is no tracer either
+        assert _eager_direct(q, k, v)
+        assert torch.equal(call(), plain)
     with FakeTensorMode() as mode:
         fq = mode.from_tensor(q)
         assert not _eager_direct(fq, fq, fq)

@@ -27,8 +27,8 @@ class HostConstants(TorchFunctionMode):
     """Turn host-to-``device_type`` copies of small pageable host tensors into fills (see the module doc).
     ``converted`` counts them. ``device_type`` is "cuda"; the CPU tests use "cpu" to check the values."""
 
-    # sagegen's eager calls may skip their custom op under this mode (`sagegen.api`): the capture then runs the
-    # same paths as an eager call, the FP8 attention output included (which has no op form)
+    # sagegen's eager calls may skip their custom op under this mode (`sagegen.api`; their body runs without it,
+    # as an op's would): the capture then takes the eager paths, the FP8 attention output included (no op form)
     sagegen_passes_through = True
 
     def __init__(self, device_type: str = "cuda"):
