@@ -102,6 +102,17 @@ def test_missing_weights_skip_only_that_metric_and_merge(run, monkeypatch, tmp_p
     assert m["psnr"]["status"] == "ok"  # kept from the first call
 
 
+def test_a_missing_optional_package_skips_its_metrics_with_the_install_line(run):
+    def no_open_clip():
+        raise ModuleNotFoundError("No module named 'open_clip'", name="open_clip")
+
+    doc = evaluate(run, EvalOptions(metrics=["clipsim", "psnr"], loaders={"clip": no_open_clip}), log=lambda s: None)
+    m = doc["metrics"]
+    assert m["clipsim"]["status"] == "skipped", m["clipsim"]
+    assert "open_clip is not installed" in m["clipsim"]["reason"] and "sagegen[eval]" in m["clipsim"]["reason"]
+    assert m["psnr"]["status"] == "ok"
+
+
 def test_broken_weights_file_is_an_error_entry_not_a_crash(run, tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a model")

@@ -141,6 +141,11 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
             for m in ms:
                 results[m] = {"status": "skipped", "reason": str(e)}
             weights_missing.update(ms)
+        except ModuleNotFoundError as e:  # an optional package: skipped as missing weights are, with the fix
+            for m in ms:
+                results[m] = {"status": "skipped", "reason": f"{e.name or e} is not installed: pip install "
+                              "'sagegen[eval]' (open-clip-torch, torchvision, scipy)"}
+            weights_missing.update(ms)
         except BadOption:
             raise
         except Exception as e:  # a broken weights file: the other metrics still run
