@@ -52,6 +52,22 @@ def test_fid_kid_errors_leave_the_other_metrics_written(tmp_path, weights, monke
     assert "fid error: ValueError: FID needs at least 2 feature vectors" in res.output.replace("\n", " ")
 
 
+def test_cli_prints_reasons_verbatim(tmp_path, monkeypatch):
+    """A reason with brackets (the install line ``sagegen[eval]``) reaches the terminal as written, not read as
+    rich markup."""
+    from sagegen.eval import runner
+
+    def no_open_clip():
+        raise ModuleNotFoundError("No module named 'open_clip'", name="open_clip")
+
+    defaults = runner._default_loaders
+    monkeypatch.setattr(runner, "_default_loaders", lambda opts: {**defaults(opts), "clip": no_open_clip})
+    run = make_synthetic_run(tmp_path / "one", kind="image", prompts=["a lone cat"], height=48, width=48)
+    res = CliRunner().invoke(_app(), ["eval", str(run), "-m", "clipscore,psnr"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "clipscore skipped: open_clip is not installed: pip install 'sagegen[eval]'" in res.output, res.output
+
+
 def test_nan_features_are_an_error_never_a_score(tmp_path):
     run = make_synthetic_run(tmp_path / "nan", prompts=["a", "b"], frames=3, height=32, width=32)
     nan_net = FeatureExtractor(fn=lambda x: torch.full((x.shape[0], 4), float("nan")), label="nan net",

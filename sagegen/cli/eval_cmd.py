@@ -86,7 +86,7 @@ A metric whose weights are missing offline is skipped with a one-line
         console.print("note: --bootstrap is ignored; the confidence intervals are Student-t over prompts",
                       style="yellow", highlight=False)
     try:
-        doc = evaluate(path, opts, log=lambda s: console.print(s, style="dim", highlight=False))
+        doc = evaluate(path, opts, log=lambda s: console.print(s, style="dim", highlight=False, markup=False))
     except BadOption as e:
         opt = str(e).split(":", 1)[0] if str(e).startswith("--") else None
         raise typer.BadParameter(str(e).split(": ", 1)[-1] if opt else str(e), param_hint=opt) from e
@@ -95,15 +95,15 @@ A metric whose weights are missing offline is skipped with a one-line
         raise typer.Exit(2) from e
     console.print(metrics_table(doc, names))
     for line in skip_lines(doc, names):
-        console.print(line, style="yellow", highlight=False, soft_wrap=True)
+        console.print(line, style="yellow", highlight=False, soft_wrap=True, markup=False)
     if not any(str(x).strip(" ,") for x in metric) or any(str(x).strip().lower() == "all" for x in metric):
         for m, why in not_applicable(kind).items():  # what "all" left out, so the list is complete
-            console.print(f"{m} not applicable: {why}", style="dim", highlight=False, soft_wrap=True)
+            console.print(f"{m} not applicable: {why}", style="dim", highlight=False, soft_wrap=True, markup=False)
     for m in names:
         w = doc["metrics"].get(m, {}).get("warning")
         if w:
-            console.print(f"warning ({m}): {w}", style="yellow", highlight=False, soft_wrap=True)
-    console.print(f"Wrote {path / 'metrics.json'}", highlight=False, soft_wrap=True)
+            console.print(f"warning ({m}): {w}", style="yellow", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"Wrote {path / 'metrics.json'}", highlight=False, soft_wrap=True, markup=False)
     # not a success: nothing the user asked for came out (reasons printed above)
     if not (doc.get("last_eval") or {}).get("computed"):
         console.print(f"[red]error:[/] none of the requested metrics ({', '.join(names)}) could be computed; "
