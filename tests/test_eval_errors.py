@@ -66,6 +66,9 @@ def test_cli_prints_reasons_verbatim(tmp_path, monkeypatch):
     res = CliRunner().invoke(_app(), ["eval", str(run), "-m", "clipscore,psnr"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert "clipscore skipped: open_clip is not installed: pip install 'sagegen[eval]'" in res.output, res.output
+    odd = tmp_path / "[odd] run"  # a path with brackets, in an error message
+    res = CliRunner().invoke(_app(), ["eval", str(odd)], env={"COLUMNS": "300"})
+    assert res.exit_code == 2 and "[odd] run" in res.output.replace("\n", ""), res.output
 
 
 def test_nan_features_are_an_error_never_a_score(tmp_path):

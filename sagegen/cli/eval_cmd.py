@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 METRIC_HELP = ("clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed). "
                "Default: all available, i.e. every metric that applies to the run and whose weights are found; "
@@ -73,11 +74,11 @@ A metric whose weights are missing offline is skipped with a one-line
         kind = load_run(path).kind
         names = parse_metrics(metric, kind)
     except RunDirError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     except BadOption as e:
         raise typer.BadParameter(str(e).split(": ", 1)[-1], param_hint="--metric") from e
-    console.print(f"Evaluating [bold]{path}[/] ({kind} model): {', '.join(names)}")
+    console.print(f"Evaluating [bold]{escape(str(path))}[/] ({kind} model): {', '.join(names)}")
     if set(names) & {"clipsim", "clipt"}:
         console.print(f"CLIP mode: [bold]{clip_mode}[/] — {MODE_NOTES[clip_mode]}")
     opts = EvalOptions(metrics=names, clip_model=clip_model, clip_mode=clip_mode, inception_weights=inception_weights,
@@ -91,7 +92,7 @@ A metric whose weights are missing offline is skipped with a one-line
         opt = str(e).split(":", 1)[0] if str(e).startswith("--") else None
         raise typer.BadParameter(str(e).split(": ", 1)[-1] if opt else str(e), param_hint=opt) from e
     except RunDirError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     console.print(metrics_table(doc, names))
     for line in skip_lines(doc, names):

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 
 def report_command(
@@ -42,14 +43,14 @@ def report_command(
     try:
         path = resolve_run_dir(run_dir)
     except RunDirError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
-    console.print(f"Reporting [bold]{path}[/]", highlight=False)
+    console.print(f"Reporting [bold]{escape(str(path))}[/]", highlight=False)
     opts = ReportOptions(max_side=max_side, max_frames=max_frames, gain=gain, mp4=mp4, contact=contact_sheet)
     try:
         written = build_report(path, opts, log=lambda s: console.print(s, style="dim", highlight=False))
     except (RunDirError, ValueError) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     if not (path / "metrics.json").is_file():
         console.print(f"note: no metrics.json yet; run `sagegen eval {path}` first for CLIP/FID/LPIPS numbers "
@@ -59,13 +60,13 @@ def report_command(
 
         res = check_report(written["html"], screenshot)
         for p in res["problems"]:
-            console.print(f"[yellow]browser:[/] {p}", highlight=False)
+            console.print(f"[yellow]browser:[/] {escape(str(p))}", highlight=False)
         console.print(f"Screenshot {screenshot} ({res['players']} player(s), console clean: {not res['problems']})",
                       highlight=False)
     for key, p in written.items():
         if key != "html":
-            console.print(f"  {p}", style="dim", highlight=False)
-    console.print(f"Report: {written['html']}", highlight=False, soft_wrap=True)
+            console.print(f"  {p}", style="dim", highlight=False, markup=False)
+    console.print(f"Report: {written['html']}", highlight=False, soft_wrap=True, markup=False)
 
 
 def register(app: typer.Typer) -> None:
