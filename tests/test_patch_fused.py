@@ -30,6 +30,17 @@ def _run(model, inputs, fuse: bool, blocks: bool | None = None):
         return out, dict(patch_info(model)["stats"])
 
 
+def _assert_one_layer_as_close_as_routed(fused_out, routed, stock):
+    """One layer's (video, text) outputs. The fused path usually equals the routed one bit for bit, but its
+    fp32 prologue can round a Q/K element to the other bf16 neighbour, which flips an INT8 code (seed 173235485:
+    rel-L1 2.2e-3 on 256 text values). A real fault (rope one token off: ~0.9) is far above a quarter of the
+    quantization error (~0.025) that bounds this."""
+    for out, ref, dense in zip(fused_out, routed, stock):
+        quant_err = rel_l1(ref, dense)
+        assert 0 < quant_err < 0.05
+        assert rel_l1(out, ref) < 0.25 * quant_err, (rel_l1(out, ref), quant_err)
+
+
 def _assert_as_close_as_routed(model, inputs, fused, routed):
     """One layer agrees to ~5e-4 (the one-layer tests); through a tiny random model that grows to ~40% of the
     quantization error itself, and the fused output must be no further from the unquantized stock model."""
@@ -117,8 +128,7 @@ def test_fused_mochi_steps_aside_where_it_would_differ(seed):
             proc._sage_session.fuse_qk_prologue = False
             routed = proc(attn, hs, ehs, prefix, image_rotary_emb=rope)
             out = call(hs, ehs, prefix, image_rotary_emb=rope)
-        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
-        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        _assert_one_layer_as_close_as_routed(out, routed, stock)
         assert torch.equal(out[1][0, 2:], stock[1][0, 2:])  # padded text rows: to_add_out of zeros, as stock
 
 
@@ -134,8 +144,7 @@ def test_fused_sd3_one_layer_and_fallbacks(seed):
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs)
         out = call(hs, ehs)
-        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
-        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        _assert_one_layer_as_close_as_routed(out, routed, stock)
         assert call(hs, None) is not None  # image-only attention (SD3.5-medium's attn2 form)
         assert call(hs[:, None], ehs) is None  # 4-D hidden states: not this processor's joint form
         attn.norm_q, saved = torch.nn.LayerNorm(attn.norm_k.dim), attn.norm_q
