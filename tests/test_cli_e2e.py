@@ -1,6 +1,7 @@
 """End to end on a CPU: `sagegen compare` and `sagegen run` on the built-in tiny model of each family."""
 
 import json
+import shlex
 
 import numpy as np
 import pytest
@@ -24,12 +25,14 @@ def isolated(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("model", list(FAMILIES))
 def test_compare_tiny_family(model, tmp_path):
-    out = tmp_path / "run"
+    out = tmp_path / "[fox] run"  # brackets and a space: printed verbatim, and quoted where a command is suggested
     args = ["compare", model, "--prompt", "a red fox in the snow", "--steps", "2", "--warmup", "0", "--quiet",
             "--out", str(out)]
     r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
-    assert "speedup" in r.output and f"Output: {out}" in r.output
+    printed = r.output.replace("\n", "")
+    assert "speedup" in r.output and f"Output: {out}" in printed
+    assert f"Next: sagegen eval {shlex.quote(str(out))}" in printed and f"-> {out}" in printed
     rd = RunDir(out)
     m = rd.manifest
     assert m["variants"] == ["sdpa", "sage"] and m["model"]["name"] == model

@@ -5,6 +5,7 @@ import base64
 import io
 import json
 import re
+from html import escape as html_escape
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +138,8 @@ def test_cpu_runs_say_their_timings_are_not_speed(tmp_path):
 
 
 def test_report_suggests_an_eval_command_that_works(tmp_path, monkeypatch):
-    """report's "run `sagegen eval ...` first" note, typed as shown, computes metrics (issue 22, bug 2)."""
+    """report's "run `sagegen eval ...` first" note, typed as shown, computes metrics (issue 22, bug 2); also for
+    a run path with a space and brackets, which rich must not read as markup."""
     import shlex
 
     from sagegen.cli import eval_cmd, report_cmd
@@ -145,16 +147,17 @@ def test_report_suggests_an_eval_command_that_works(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf"))
     for var in ("SAGEGEN_INCEPTION_WEIGHTS", "SAGEGEN_LPIPS_WEIGHTS", "SAGEGEN_CLIP_MODEL"):
         monkeypatch.delenv(var, raising=False)
-    run = make_synthetic_run(tmp_path / "r", prompts=["a", "b"], frames=3, height=32, width=32)
+    run = make_synthetic_run(tmp_path / "[x] r", prompts=["a", "b"], frames=3, height=32, width=32)
     app = typer.Typer()
     eval_cmd.register(app)
     report_cmd.register(app)
     res = CliRunner().invoke(app, ["report", str(run), "--no-mp4", "--no-contact-sheet"], env={"COLUMNS": "300"})
     assert res.exit_code == 0, res.output
-    hint = re.search(r"run `sagegen (eval [^`]*)`", " ".join(res.output.split())).group(1)
-    assert hint == f"eval {run}"
+    hint = re.search(r"run `sagegen (eval [^`]*)`", res.output.replace("\n", "")).group(1)
+    assert hint == f"eval {shlex.quote(str(run))}"
+    assert f"Reporting {run}" in res.output.replace("\n", "")
     html = (run / "report" / "report.html").read_text()
-    assert f"sagegen eval {run}" in html
+    assert f"sagegen eval {html_escape(shlex.quote(str(run)))}" in html
     res = CliRunner().invoke(app, shlex.split(hint), env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     assert (run / "metrics.json").is_file()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import typer
 
 from . import jobs, sparse_opt
@@ -75,8 +77,8 @@ def compare_command(
     for note in run_notes(m):
         console.print(note, style="yellow", markup=False)
     console.print(f"Output: {result.run_dir}", markup=False)
-    console.print(f"Next: sagegen eval {result.run_dir}  ·  sagegen report {result.run_dir}", style="dim",
-                  markup=False)
+    typed = shlex.quote(str(result.run_dir))  # a path with spaces still works when pasted
+    console.print(f"Next: sagegen eval {typed}  ·  sagegen report {typed}", style="dim", markup=False)
 
 
 def register(app: typer.Typer) -> None:

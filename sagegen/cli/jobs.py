@@ -249,6 +249,7 @@ def execute(job, *, quiet: bool, title: str):
     created and that holds no finished sample when it fails is removed again, so that a failed first attempt
     leaves no manifest-only folder behind."""
     from rich.console import Console
+    from rich.markup import escape
 
     from .. import distributed, runlock
     from ..generate import run_job
@@ -262,7 +263,7 @@ def execute(job, *, quiet: bool, title: str):
         s = job.settings
         size = f"{s['width']}x{s['height']}" + (f", {s['frames']} frames" if s["frames"] else "")
         err.print(f"[bold]{title}[/] {job.preset.name}: {len(job.samples)} sample(s) x {'+'.join(job.variants)}, "
-                  f"{size}, {s['steps']} steps, guidance {s['guidance']}, {s['dtype']} -> {run_dir}")
+                  f"{size}, {s['steps']} steps, guidance {s['guidance']}, {s['dtype']} -> {escape(str(run_dir))}")
     lock = runlock.hold(run_dir, job.command) if dist.is_main else contextlib.nullcontext()
     # one init: a first gloo-only group would stay, and CP's collectives on CUDA tensors would then fail
     distributed.init(dist, gpu_collectives=bool(job.settings.get("cp")) and _cuda_job(job))

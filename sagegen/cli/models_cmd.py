@@ -34,6 +34,7 @@ def models_command(
     Examples: sagegen models; sagegen models --verbose; sagegen models --json
     """
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ..models.loading import hf_cache_dir
@@ -60,7 +61,8 @@ def models_command(
     console.print(f"aliases: {aliases}", style="dim", markup=False)
     if verbose:
         for r in rows:
-            console.print(f"[bold]{r['name']}[/]: {r['source']}" + (f" — {r['notes']}" if r["notes"] else ""))
+            console.print(f"[bold]{escape(r['name'])}[/]: {escape(str(r['source']))}"
+                          + (f" — {escape(r['notes'])}" if r["notes"] else ""))
     console.print("Get weights: hf download <hub id> (gated: accept the licence on the hub and `hf auth login` "
                   "first), or pass --model-path DIR; --random-weights needs none.", style="dim", markup=False)
 

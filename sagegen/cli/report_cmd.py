@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -48,13 +49,15 @@ def report_command(
     console.print(f"Reporting [bold]{escape(str(path))}[/]", highlight=False)
     opts = ReportOptions(max_side=max_side, max_frames=max_frames, gain=gain, mp4=mp4, contact=contact_sheet)
     try:
-        written = build_report(path, opts, log=lambda s: console.print(s, style="dim", highlight=False))
+        written = build_report(path, opts, log=lambda s: console.print(s, style="dim", highlight=False, markup=False))
     except (RunDirError, ValueError) as e:
         console.print(f"[red]error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     if not (path / "metrics.json").is_file():
-        console.print(f"note: no metrics.json yet; run `sagegen eval {path}` first for CLIP/FID/LPIPS numbers "
-                      "(the report computes PSNR itself)", style="yellow", highlight=False, soft_wrap=True)
+        typed = shlex.quote(str(path))  # a path with spaces still works when pasted
+        console.print(f"note: no metrics.json yet; run `sagegen eval {typed}` first for CLIP/FID/LPIPS numbers "
+                      "(the report computes PSNR itself)", style="yellow", highlight=False, soft_wrap=True,
+                      markup=False)
     if screenshot is not None:
         from sagegen.report.check import check_report
 
@@ -62,7 +65,7 @@ def report_command(
         for p in res["problems"]:
             console.print(f"[yellow]browser:[/] {escape(str(p))}", highlight=False)
         console.print(f"Screenshot {screenshot} ({res['players']} player(s), console clean: {not res['problems']})",
-                      highlight=False)
+                      highlight=False, markup=False)
     for key, p in written.items():
         if key != "html":
             console.print(f"  {p}", style="dim", highlight=False, markup=False)

@@ -8,6 +8,8 @@ number for the whole set of frames. Each row says which it is, with the settings
 
 from __future__ import annotations
 
+import shlex
+
 import numpy as np
 
 from sagegen.eval.rundata import Run
@@ -52,7 +54,8 @@ def _set_notes(ent: dict) -> list[str]:
 def summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
     """(HTML of the summary table, lines for metrics that were skipped or failed)."""
     if not mdoc:
-        return f'<p class="muted">No metrics.json yet: run <code>sagegen eval {H.e(str(run.path))}</code>.</p>', []
+        typed = H.e(shlex.quote(str(run.path)))  # a path with spaces still works when pasted
+        return f'<p class="muted">No metrics.json yet: run <code>sagegen eval {typed}</code>.</p>', []
     head = ["metric", H.e(f"{run.baseline} (baseline)")]
     for c in run.candidates:
         head += [H.e(c), H.e(f"Δ {c} − {run.baseline}")]
