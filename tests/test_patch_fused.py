@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sagegen
-from patch_support import rel_l1
+from patch_support import assert_one_layer_as_close_as_routed, rel_l1
 from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
 from sagegen.patch import fused, fused_blocks, fused_joint, patch_info, set_attention_override
@@ -30,25 +30,16 @@ def _run(model, inputs, fuse: bool, blocks: bool | None = None):
         return out, dict(patch_info(model)["stats"])
 
 
-def _assert_one_layer_as_close_as_routed(fused_out, routed, stock):
-    """One layer's (video, text) outputs. The fused path usually equals the routed one bit for bit, but its
-    fp32 prologue can round a Q/K element to the other bf16 neighbour, which flips an INT8 code (seed 173235485:
-    rel-L1 2.2e-3 on 256 text values). A real fault (rope one token off: ~0.9) is far above a quarter of the
-    quantization error (~0.025) that bounds this."""
-    for out, ref, dense in zip(fused_out, routed, stock):
-        quant_err = rel_l1(ref, dense)
-        assert 0 < quant_err < 0.05
-        assert rel_l1(out, ref) < 0.25 * quant_err, (rel_l1(out, ref), quant_err)
-
-
 def _assert_as_close_as_routed(model, inputs, fused, routed):
-    """One layer agrees to ~5e-4 (the one-layer tests); through a tiny random model that grows to ~40% of the
-    quantization error itself, and the fused output must be no further from the unquantized stock model."""
+    """Through a tiny random model a flipped INT8 code (see assert_one_layer_as_close_as_routed) grows: over 10
+    seeds the fused-routed distance was 0 for Flux, HunyuanVideo and SD3 and up to 0.46x the quantization error
+    for Mochi (Wan: 0.70x). The bound is that error itself, as for Wan; a wrong prologue parts them by far
+    more. And the fused output must be no further from the unquantized stock model than the routed one."""
     with torch.no_grad():
         stock = model(**inputs)[0]
     quant_err = rel_l1(routed, stock)
     assert 0 < quant_err < 0.05
-    assert rel_l1(fused, routed) < 0.6 * quant_err, (rel_l1(fused, routed), quant_err)
+    assert rel_l1(fused, routed) < quant_err, (rel_l1(fused, routed), quant_err)
     assert rel_l1(fused, stock) < 1.15 * quant_err, (rel_l1(fused, stock), quant_err)
 
 
@@ -128,7 +119,7 @@ def test_fused_mochi_steps_aside_where_it_would_differ(seed):
             proc._sage_session.fuse_qk_prologue = False
             routed = proc(attn, hs, ehs, prefix, image_rotary_emb=rope)
             out = call(hs, ehs, prefix, image_rotary_emb=rope)
-        _assert_one_layer_as_close_as_routed(out, routed, stock)
+        assert_one_layer_as_close_as_routed(out, routed, stock)
         assert torch.equal(out[1][0, 2:], stock[1][0, 2:])  # padded text rows: to_add_out of zeros, as stock
 
 
@@ -144,7 +135,7 @@ def test_fused_sd3_one_layer_and_fallbacks(seed):
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs)
         out = call(hs, ehs)
-        _assert_one_layer_as_close_as_routed(out, routed, stock)
+        assert_one_layer_as_close_as_routed(out, routed, stock)
         assert call(hs, None) is not None  # image-only attention (SD3.5-medium's attn2 form)
         assert call(hs[:, None], ehs) is None  # 4-D hidden states: not this processor's joint form
         attn.norm_q, saved = torch.nn.LayerNorm(attn.norm_k.dim), attn.norm_q
@@ -173,8 +164,7 @@ def test_fused_flux_one_layer_with_rotary_embeddings_and_fallbacks(seed):
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs, image_rotary_emb=rope)
         out = call(hs, ehs, image_rotary_emb=rope)
-        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
-        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        assert_one_layer_as_close_as_routed(out, routed, stock)
         assert call(hs, ehs, attention_mask=torch.ones(1, 21, dtype=torch.bool, device=DEVICE)) is None
         assert call(hs, ehs, image_rotary_emb=(theta[:20].cos(), theta[:20].sin())) is None  # wrong length
         assert call(hs, None) is None  # a joint block without its text: not what the stock code does
@@ -254,8 +244,7 @@ def test_fused_hunyuan_one_layer_and_fallbacks(seed, block):
         routed = proc(attn, hs, ehs, mask, image_rotary_emb=rope)
         stock = proc.original(attn, hs, ehs, mask, image_rotary_emb=rope)
         out = call(hs, ehs, mask, image_rotary_emb=rope)
-        assert rel_l1(out[0], routed[0]) < 2e-3 and rel_l1(out[1], routed[1]) < 2e-3
-        assert rel_l1(out[0], stock[0]) < 0.05 and rel_l1(out[1], stock[1]) < 0.05
+        assert_one_layer_as_close_as_routed(out, routed, stock)
         assert call(hs, ehs, mask, image_rotary_emb=(theta[:15].cos(), theta[:15].sin())) is None
         proc.original._attention_backend = "flash"  # another diffusers backend: the stock path (and its backend)
         try:
