@@ -144,3 +144,33 @@ def test_fused_processors_run_qkv_as_one_gemm(name):
         sagegen.unpatch(model)
     assert taken and all(taken), taken
     assert (together.float() - apart.float()).abs().max() <= 1e-2 * apart.float().abs().max()
+
+
+def test_call_paths_read_no_module_attribute_through_getattr(seed, monkeypatch):
+    """Eager FP8 image steps wait on the host (bench/NOTES.md v7.7): `FP8Linear.forward`, `cat_gelu`,
+    `forward_fp8` and `stacked_forward` read buffers, the wrapped linear and its parameters from their dicts and
+    count calls without writing a module attribute (nn.Module.__getattr__ / __setattr__: ~0.5-6 us each, ~550
+    FP8 calls a Flux step). An outlier-split layer reads the same way."""
+    layers = _layers(seed, bias=True)
+    split = FP8Linear(torch.nn.Linear(64, 16, dtype=torch.bfloat16), min_rows=4, outliers="split")
+    x = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(seed + 1)).to(torch.bfloat16)
+    x[..., 3] *= 200  # an outlier channel for the split layer
+    with torch.no_grad():
+        assert stack(layers)
+        split(x)  # calibrates (sets buffers: not a call path)
+        assert split.outlier_idx is not None and split.outlier_idx.numel() > 0
+        x8, scale = torch.zeros(18, 64, dtype=torch.float8_e4m3fn), torch.ones(18, 1)
+        seen = {"getattr": [], "setattr": []}
+        getattr_, setattr_ = torch.nn.Module.__getattr__, torch.nn.Module.__setattr__
+        monkeypatch.setattr(torch.nn.Module, "__getattr__",
+                            lambda self, name: seen["getattr"].append(name) or getattr_(self, name))
+        monkeypatch.setattr(torch.nn.Module, "__setattr__",
+                            lambda self, name, value: seen["setattr"].append(name) or setattr_(self, name, value))
+        outs = [lay(x) for lay in layers] + [split(x), layers[0].cat_gelu(x[..., :32], x[..., 32:])]
+        together = stacked_forward(layers, x)
+        assert layers[0].takes_fp8_input(18)
+        outs.append(layers[0].forward_fp8(x8, scale, torch.bfloat16))
+        monkeypatch.undo()
+    assert together is not None and all(o is not None for o in outs)
+    assert seen == {"getattr": [], "setattr": []}, seen
+    assert [lay.fp8_calls for lay in layers] == [4, 2, 2] and split.fp8_calls == 2

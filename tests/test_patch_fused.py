@@ -10,7 +10,7 @@ import sagegen
 from patch_support import assert_one_layer_as_close_as_routed, rel_l1
 from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
-from sagegen.patch import fused, fused_blocks, fused_joint, patch_info, set_attention_override
+from sagegen.patch import fused, fused_blocks, fused_common, fused_joint, patch_info, set_attention_override
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 
@@ -251,3 +251,36 @@ def test_fused_hunyuan_one_layer_and_fallbacks(seed, block):
             assert call(hs, ehs, mask, image_rotary_emb=rope) is None
         finally:
             proc.original._attention_backend = None
+
+
+@pytest.mark.parametrize("path", [
+    "diffusers.models.attention_processor.CogVideoXAttnProcessor2_0",
+    "diffusers.models.attention_processor.MochiAttnProcessor2_0",  # every parameter required
+    "diffusers.models.attention_processor.JointAttnProcessor2_0",  # *args, **kwargs: inspect binds it
+    "diffusers.models.transformers.transformer_flux.FluxAttnProcessor",
+    "diffusers.models.transformers.transformer_wan.WanAttnProcessor",
+])
+def test_call_arguments_bind_as_inspect_does(seed, path):
+    """`fused_common._arguments` binds a processor call by hand where the signature is plain: the same names
+    and values as ``inspect.Signature.bind(...).arguments`` for random positional/keyword mixes, and None
+    wherever bind raises (too many, duplicate, unknown or missing arguments); None for a subclass."""
+    import inspect
+    import random
+
+    cls = fused_common._diffusers_class(path)
+    signature = inspect.signature(cls.__call__)
+    proc, rng = cls.__new__(cls), random.Random(seed)
+    names = [*list(signature.parameters)[2:], "unknown"]
+    refused = 0
+    for _ in range(200):
+        args = tuple(object() for _ in range(rng.randint(0, len(names))))
+        kwargs = {name: object() for name in rng.sample(names, rng.randint(0, len(names)))}
+        try:
+            want = dict(signature.bind(proc, "attn", *args, **kwargs).arguments)
+        except TypeError:
+            want, refused = None, refused + 1
+        got = fused_common._arguments(proc, path, "attn", args, kwargs)
+        assert (None if got is None else dict(got)) == want, (len(args), list(kwargs))
+    assert 0 < refused < 200  # both kinds of case were drawn
+    sub = type("Sub", (cls,), {})
+    assert fused_common._arguments(sub.__new__(sub), path, "attn", (), {}) is None

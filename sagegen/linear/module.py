@@ -32,6 +32,11 @@ FP8 by sagegen's kernel, for the output projections): the GEMM only.
 
 Calls with fewer than ``min_rows`` tokens (modulation of one timestep vector, the image models' text streams) run
 the original bf16 linear: FP8 does not pay there.
+
+Host cost: eager image steps with FP8 linears wait on the host CPU (bench/NOTES.md v7.7), and a Flux step makes
+~550 FP8 calls. So the call paths read buffers, the wrapped linear and its parameters from their dicts rather
+than through ``nn.Module.__getattr__`` (~0.5-2 us a read), and count calls in a list rather than through
+``nn.Module.__setattr__`` (~2-6 us a write); `bench/probes/probe_host_attr_traffic.py` counts both.
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ from .ops import blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, gemm_r
 from .shared import shared
 
 OUTLIER_MODES = ("off", "smooth", "split")
+
+
+def _param(module: torch.nn.Module, name: str):
+    """``getattr(module, name)`` for a parameter, from the module's dict (a parametrized one the usual way)."""
+    params = module._parameters
+    return params[name] if name in params else getattr(module, name)
 
 
 class FP8Linear(torch.nn.Module):
@@ -73,7 +84,7 @@ class FP8Linear(torch.nn.Module):
         self.prologue: str | None = None  # "gelu_tanh" while the patcher fuses the preceding GELU
         self.fuse_cat_gelu = False  # set by the patcher on a single block's proj_out: its block calls cat_gelu
         self.calibrated = outliers == "off"
-        self.fp8_calls = 0  # eager calls that ran the FP8 product (not counted under torch.compile)
+        self._fp8_calls = [0]  # see `fp8_calls` (a list: counting writes no module attribute)
         with torch.no_grad():
             w_q, w_s = numerics.quantize_weight(linear.weight.detach(), weight_granularity)
         self.register_buffer("w_q", w_q, persistent=False)
@@ -88,22 +99,40 @@ class FP8Linear(torch.nn.Module):
         self._gemm_views = None  # (w_q, w_scale_gemm, w_q.t(), scales [1, N]): see `_rowwise_operands`
         self.stack = None  # the Q/K/V group whose buffers this layer's are views of (`sagegen.linear.stacked`)
 
+    @property
+    def fp8_calls(self) -> int:
+        """Eager calls that ran the FP8 product (not counted under torch.compile); a stacked call counts for
+        each of its layers."""
+        return self._fp8_calls[0]
+
+    def count_fp8_call(self) -> None:
+        self._fp8_calls[0] += 1
+
+    def _wrapped(self) -> torch.nn.Linear:
+        """``self.linear`` (registered, or kept in ``__dict__`` when parked), without ``__getattr__``."""
+        linear = self._modules.get("linear")
+        return linear if linear is not None else self.__dict__["linear"]
+
+    def gemm_bias(self) -> torch.Tensor | None:
+        """The bias the GEMM adds: the parked copy, or the wrapped linear's."""
+        return self._buffers["bias_copy"] if self.parked else _param(self._wrapped(), "bias")
+
     # diffusers' processors read these from the projection modules
     @property
     def weight(self) -> torch.nn.Parameter:
-        return self.linear.weight
+        return _param(self._wrapped(), "weight")
 
     @property
     def bias(self) -> torch.nn.Parameter | None:
-        return self.linear.bias
+        return _param(self._wrapped(), "bias")
 
     @property
     def in_features(self) -> int:
-        return self.linear.in_features
+        return self._wrapped().in_features
 
     @property
     def out_features(self) -> int:
-        return self.linear.out_features
+        return self._wrapped().out_features
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, act={self.act_granularity}, "
@@ -120,60 +149,64 @@ class FP8Linear(torch.nn.Module):
 
     def _rowwise_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``w_q.t()`` and the [1, N] weight scales, made once (two view ops less per call)."""
-        views = self._gemm_views
-        if views is None or views[0] is not self.w_q or views[1] is not self.w_scale_gemm:
-            views = self._gemm_views = (self.w_q, self.w_scale_gemm, self.w_q.t(), self.w_scale_gemm.view(1, -1))
+        views, buffers = self._gemm_views, self._buffers
+        w_q, w_scale_gemm = buffers["w_q"], buffers["w_scale_gemm"]
+        if views is None or views[0] is not w_q or views[1] is not w_scale_gemm:
+            views = self._gemm_views = (w_q, w_scale_gemm, w_q.t(), w_scale_gemm.view(1, -1))
         return views[2], views[3]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
-        bias = self.bias_copy if self.parked else self.linear.bias
-        if x2.shape[0] < self.min_rows or x.dtype != self.weight.dtype:
+        buffers, weight, bias = self._buffers, self.weight, self.gemm_bias()
+        if x2.shape[0] < self.min_rows or x.dtype != weight.dtype:
             if self.prologue:
                 x = numerics.gelu_tanh(x)
             if self.parked:  # the bf16 weight is on the CPU: the dequantized FP8 weight, in x's dtype
-                w = numerics.dequantize_weight(self.w_q, self.w_scale).to(x.dtype)
+                w = numerics.dequantize_weight(buffers["w_q"], buffers["w_scale"]).to(x.dtype)
                 return F.linear(x, w, None if bias is None else bias.to(x.dtype))
-            return F.linear(x, self.linear.weight, bias)
+            return F.linear(x, weight, bias)
         compiling = torch.compiler.is_compiling()
         if not self.calibrated and not compiling:
             self.calibrate(numerics.gelu_tanh(x2) if self.prologue else x2)
-        on_gpu = x2.is_cuda and not self.emulate
-        w_scale = self.w_scale_gemm if on_gpu else self.w_scale
+        col_scale = buffers["col_scale"]
         if compiling:  # the custom op, which dynamo keeps whole
-            y = fp8_linear(x2, self.w_q, w_scale, bias, self.col_scale, self.act_granularity, self.emulate,
-                           self.fast_accum, self.prologue)
+            on_gpu = x2.is_cuda and not self.emulate
+            y = fp8_linear(x2, buffers["w_q"], buffers["w_scale_gemm" if on_gpu else "w_scale"], bias, col_scale,
+                           self.act_granularity, self.emulate, self.fast_accum, self.prologue)
         else:  # no dispatch; a plain input already quantized for another projection is reused (`shared`)
-            cache = shared() if self.col_scale is None and self.prologue is None else None
+            cache = shared() if col_scale is None and self.prologue is None else None
             # keyed on the input as passed (its reshape is a new object per call, with no _base in inference mode)
             xq_xs = cache.get(x, self.act_granularity, self.emulate) if cache is not None else None
             if xq_xs is None:
-                xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, self.prologue)
+                xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, col_scale, self.prologue)
                 if cache is not None:
                     cache.put(x, self.act_granularity, self.emulate, xq_xs)
             y = self._gemm(xq_xs, bias, x2.dtype)
-        if self.w_outlier is not None:
-            xo = x2.index_select(1, self.outlier_idx)
-            y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ self.w_outlier.t()
+        w_outlier = buffers["w_outlier"]
+        if w_outlier is not None:
+            xo = x2.index_select(1, buffers["outlier_idx"])
+            y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ w_outlier.t()
         if not compiling:
-            self.fp8_calls += 1
+            self._fp8_calls[0] += 1
         return y.reshape(*lead, y.shape[-1])
 
     def _gemm(self, xq_xs: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
               out_dtype: torch.dtype) -> torch.Tensor:
         """The eager product of an activation quantized by `quantize_eager` and the FP8 weight."""
-        if xq_xs[0].is_cuda and not self.emulate and self.act_granularity == "per_token":
+        on_gpu = xq_xs[0].is_cuda and not self.emulate
+        if on_gpu and self.act_granularity == "per_token":
             return gemm_rowwise_prepared(*xq_xs, *self._rowwise_operands(), bias, out_dtype, self.fast_accum)
-        w_scale = self.w_scale_gemm if xq_xs[0].is_cuda and not self.emulate else self.w_scale
-        return gemm_eager(*xq_xs, self.w_q, w_scale, bias, self.act_granularity, self.emulate, self.fast_accum,
-                          out_dtype)
+        buffers = self._buffers
+        return gemm_eager(*xq_xs, buffers["w_q"], buffers["w_scale_gemm" if on_gpu else "w_scale"], bias,
+                          self.act_granularity, self.emulate, self.fast_accum, out_dtype)
 
     def takes_fp8_input(self, rows: int) -> bool:
         """Whether `forward_fp8` may run an eager call of ``rows`` tokens: plain per-token FP8 (no outlier
         handling, no fused GELU) at a row count that runs FP8 at all."""
+        buffers = self._buffers
         return (self.act_granularity == "per_token" and self.outliers == "off" and self.prologue is None
-                and self.col_scale is None and self.w_outlier is None and rows >= self.min_rows
+                and buffers["col_scale"] is None and buffers["w_outlier"] is None and rows >= self.min_rows
                 and not torch.compiler.is_compiling())
 
     def forward_fp8(self, x8: torch.Tensor, row_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -183,8 +216,8 @@ class FP8Linear(torch.nn.Module):
         `takes_fp8_input`. Returns [..., N] in ``out_dtype``."""
         x2 = x8.reshape(-1, x8.shape[-1])  # (a copy only where the rows are not one strided block)
         xs = row_scale[:x2.shape[0]]  # (every entry holds the same scale)
-        y = self._gemm((x2, xs), self.bias_copy if self.parked else self.linear.bias, out_dtype)
-        self.fp8_calls += 1
+        y = self._gemm((x2, xs), self.gemm_bias(), out_dtype)
+        self._fp8_calls[0] += 1
         return y.reshape(*x8.shape[:-1], y.shape[-1])
 
     def cat_gelu(self, prefix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -195,14 +228,15 @@ In eager FP8 calls the
         other case (few rows, a split outlier layer, calibration, compile) runs the layer on the
         concatenation itself, with the same values."""
         rows = x.numel() // max(x.shape[-1], 1)
+        buffers = self._buffers
         if (rows < self.min_rows or x.dtype != self.weight.dtype or prefix.dtype != x.dtype or self.prologue
-                or self.w_outlier is not None or not self.calibrated or torch.compiler.is_compiling()
+                or buffers["w_outlier"] is not None or not self.calibrated or torch.compiler.is_compiling()
                 or prefix.shape[:-1] != x.shape[:-1]):
             return self(torch.cat([prefix, numerics.gelu_tanh(x)], dim=-1))
         x2, p2 = x.reshape(-1, x.shape[-1]), prefix.reshape(-1, prefix.shape[-1])
-        xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, self.col_scale, "gelu_tanh", p2)
-        y = self._gemm(xq_xs, self.bias_copy if self.parked else self.linear.bias, x2.dtype)
-        self.fp8_calls += 1
+        xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, buffers["col_scale"], "gelu_tanh", p2)
+        y = self._gemm(xq_xs, self.gemm_bias(), x2.dtype)
+        self._fp8_calls[0] += 1
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @torch.no_grad()

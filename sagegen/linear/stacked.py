@@ -27,9 +27,11 @@ ENABLED = True  # False: `stacked_forward` always answers None (A/B switch for b
 
 
 def _plain(layer) -> bool:
+    # (buffers from their dict, as `FP8Linear`'s call paths read them: this runs on every stacked call)
     return (isinstance(layer, FP8Linear) and layer.act_granularity == "per_token"
             and layer.weight_granularity == "per_channel" and layer.outliers == "off" and layer.prologue is None
-            and layer.col_scale is None and layer.w_outlier is None and not layer.fuse_cat_gelu)
+            and layer._buffers["col_scale"] is None and layer._buffers["w_outlier"] is None
+            and not layer.fuse_cat_gelu)
 
 
 class _Stack:
@@ -40,7 +42,7 @@ class _Stack:
         self._bias = None  # (the per-layer bias tensors and versions it was made from, the concatenation)
 
     def bias(self, layers: Sequence[FP8Linear]) -> torch.Tensor | None:
-        parts = [lay.bias_copy if lay.parked else lay.linear.bias for lay in layers]
+        parts = [lay.gemm_bias() for lay in layers]
         if any(b is None for b in parts):
             return None  # (none has one: `stack` refuses mixed layers, and `stacked_forward` a bias dropped since)
         key = tuple((b.data_ptr(), b._version, b.device, b.dtype) for b in parts)
@@ -85,9 +87,11 @@ def stacked(layers: Sequence[FP8Linear]) -> _Stack | None:
     w_q, w_s = group.w_q.untyped_storage().data_ptr(), group.w_scale.untyped_storage().data_ptr()
     start = 0
     for lay, n in zip(layers, group.widths):
-        if (not isinstance(lay, FP8Linear) or getattr(lay, "stack", None) is not group or not _plain(lay)
-                or lay.w_q.untyped_storage().data_ptr() != w_q or lay.w_q.storage_offset() != start * lay.in_features
-                or lay.w_scale_gemm.untyped_storage().data_ptr() != w_s or lay.w_scale_gemm.storage_offset() != start):
+        if not isinstance(lay, FP8Linear) or getattr(lay, "stack", None) is not group or not _plain(lay):
+            return None
+        lay_w_q, lay_w_s = lay._buffers["w_q"], lay._buffers["w_scale_gemm"]
+        if (lay_w_q.untyped_storage().data_ptr() != w_q or lay_w_q.storage_offset() != start * lay_w_q.shape[1]
+                or lay_w_s.untyped_storage().data_ptr() != w_s or lay_w_s.storage_offset() != start):
             return None
         start += n
     return group
@@ -103,7 +107,7 @@ def stacked_forward(layers: Sequence[FP8Linear], x: torch.Tensor) -> list[torch.
     first = layers[0]
     if x2.shape[0] < first.min_rows or x.dtype != first.weight.dtype or x.shape[-1] != first.in_features:
         return None
-    parts = [lay.bias_copy if lay.parked else lay.linear.bias for lay in layers]
+    parts = [lay.gemm_bias() for lay in layers]
     if len({b is None for b in parts}) != 1:
         return None
     # a copy another projection of x quantized in this processor call is reused, as `FP8Linear.forward` does
@@ -117,5 +121,5 @@ def stacked_forward(layers: Sequence[FP8Linear], x: torch.Tensor) -> list[torch.
     y = gemm_eager(*xq_xs, group.w_q, group.w_scale, group.bias(layers), "per_token", first.emulate,
                    first.fast_accum, x2.dtype)
     for lay in layers:
-        lay.fp8_calls += 1
+        lay.count_fp8_call()
     return [t.reshape(*x.shape[:-1], t.shape[-1]) for t in y.split(group.widths, dim=-1)]

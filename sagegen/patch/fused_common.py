@@ -66,25 +66,49 @@ def swap_class(module: torch.nn.Module, cls: type) -> None:
 
 def _arguments(original, cls_path: str, attn, args, kwargs):
     """The call's arguments by name when ``original`` is exactly diffusers' class ``cls_path`` (whose code
-    path the fused call mirrors; a subclass may differ); None otherwise."""
+    path the fused call mirrors; a subclass may differ); None otherwise. Only arguments the call passed are
+    there (as ``inspect.BoundArguments.arguments``: no defaults)."""
+    cls = _diffusers_class(cls_path)
+    if cls is None or type(original) is not cls:
+        return None
+    signature, names, required = _call_signature(cls)
+    if names is None:  # *args or **kwargs in the signature: inspect binds it
+        try:
+            return signature.bind(original, attn, *args, **kwargs).arguments
+        except TypeError:
+            return None
+    # Plain parameters: the binding by hand, ~10x cheaper than Signature.bind (an attention call's host time
+    # counts: eager image steps wait on the host); the same answers, TypeError cases included (None)
+    if len(args) + 2 > len(names):
+        return None
+    bound = dict(zip(names, (original, attn, *args)))
+    for key, value in kwargs.items():
+        if key in bound or key not in names:
+            return None
+        bound[key] = value
+    return bound if required.issubset(bound) else None
+
+
+@functools.cache
+def _diffusers_class(cls_path: str) -> type | None:
     module, _, name = cls_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
-        return None
-    if type(original) is not cls:
-        return None
-    try:
-        return _call_signature(cls).bind(original, attn, *args, **kwargs).arguments
-    except TypeError:
         return None
 
 
 @functools.cache
-def _call_signature(cls: type) -> inspect.Signature:
-    # once per class: inspect.signature on every attention call was ~2% of an eager Flux step's host time on a
-    # slow host (bench/results/probe-host-profile-flux-h200-2026-11-26.json)
-    return inspect.signature(cls.__call__)
+def _call_signature(cls: type) -> tuple[inspect.Signature, tuple[str, ...] | None, frozenset[str]]:
+    """``cls.__call__``'s signature; its parameter names and the required ones, or (None, ...) where it takes
+    *args or **kwargs. Once per class: inspect.signature on every attention call was ~2% of an eager Flux
+    step's host time on a slow host (bench/results/probe-host-profile-flux-h200-2026-11-26.json)."""
+    signature = inspect.signature(cls.__call__)
+    params = signature.parameters.values()
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return signature, None, frozenset()
+    return (signature, tuple(p.name for p in params),
+            frozenset(p.name for p in params if p.default is inspect.Parameter.empty))
 
 
 def _native_dispatch(original) -> bool:
