@@ -29,6 +29,7 @@ _LAZY = {
     "PrecisionPolicy": ".patch",
     "LinearPolicy": ".linear",  # FP8 linears: sagegen.patch(pipe, linear="fp8"), docs/fp8-linear.md
     "patch_info": ".patch",
+    "sparse_density": ".patch",  # realized block-sparse density per step and layer (docs/sparse.md)
     # diffusers' "sagegen" attention backend (docs/diffusers-backend.md). Nothing here imports diffusers.
     "set_backend_config": ".patch.diffusers_backend",
     "restore_backend_config": ".patch.diffusers_backend",
@@ -41,7 +42,8 @@ _LAZY = {
 
 __all__ = ["sageattn", "SageConfig", "DIFFUSION_CONFIG", "SUPPORTED_HEAD_DIMS", "__version__"]
 __all__ += ["BlockSparse", "SparseConfig"]
-__all__ += ["patch", "unpatch", "patched", "is_patched", "patch_info", "PrecisionPolicy", "LinearPolicy"]
+__all__ += ["patch", "unpatch", "patched", "is_patched", "patch_info", "sparse_density", "PrecisionPolicy",
+            "LinearPolicy"]
 __all__ += ["set_backend_config", "restore_backend_config", "backend_config", "get_backend_config",
             "backend_stats", "reset_backend_stats", "use_backend", "register_diffusers_backend",
             "DiffusersBackendUnavailable"]
