@@ -174,3 +174,16 @@ def test_python_examples_match_the_api():
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_files_the_docs_name_exist():
+    """Scripts, modules and pages the README and docs/ point to (bench/..., sagegen/..., tests/..., docs/...)."""
+    pattern = re.compile(r"(?<![\w/.-])((?:bench|sagegen|tests|docs|prompts)/[\w./-]+\.(?:py|sh|md|txt))\b")
+    missing, seen = [], 0
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for name in pattern.findall(line):
+                seen += 1
+                if not (ROOT / name).exists() and not (path.parent / name).exists():
+                    missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
+    assert seen >= 30 and not missing, missing
