@@ -2,10 +2,13 @@
 # Session 29: where the eager host time goes on Triton 3.6 and 3.9, same machine, one device call (after the
 # split Triton 3.9 parts p0, p1 were stashed): probe_launch_host (LAUNCH=1), probe_step_gc (GC: models) and
 # probe_host_profile (MODELS, VARIANTS), on the Tritons in ORDER. Optional TESTS runs pytest on both. Everything is teed to $OUT.
+# TREES (session 30): folders that each hold a `sagegen` package, run in turn within each Triton (an A/B of two
+# commits in one call): e.g. `bash bench/probes/ab_tree.sh 610e59c` writes .ab/610e59c/sagegen, then
+# TREES="$PWD .ab/610e59c" with carry [".big/p2", ".whl", ".ab"]. Default: this checkout only.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
+BASE_PYTHONPATH=${PYTHONPATH:-}
 quiet() { grep -v -E "nanobind|leaked" ; }
 one() {  # $1: tag
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee $OUT/versions-$1.txt
@@ -27,6 +30,12 @@ one() {  # $1: tag
 bash .big/p2/stash.sh .big/p2 || exit 1
 n=0
 for t in ${ORDER:-t36 t39}; do  # e.g. ORDER="t36 t39 t36": a repeat shows the host's drift
-  n=$((n + 1))
-  if [[ $t == t39 ]]; then (source /tmp/bigwheel/env.sh && one t39-$n); else (one t36-$n); fi
+  for tree in ${TREES:-$PWD}; do
+    n=$((n + 1))
+    tree=$(realpath "$tree")
+    label=$([[ $tree == "$PWD" ]] && echo "" || echo "-$(basename "$tree")")
+    export PYTHONPATH=/tmp/site:$tree:$BASE_PYTHONPATH
+    python3 -c "import sagegen, os; print('sagegen from', os.path.dirname(sagegen.__file__))"
+    if [[ $t == t39 ]]; then (source /tmp/bigwheel/env.sh && one t39$label-$n); else (one t36$label-$n); fi
+  done
 done
