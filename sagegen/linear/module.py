@@ -113,6 +113,11 @@ class FP8Linear(torch.nn.Module):
         linear = self._modules.get("linear")
         return linear if linear is not None else self.__dict__["linear"]
 
+    def outlier_free(self) -> bool:
+        """No outlier handling in place (no column scale, no split channels): the plain FP8 product."""
+        buffers = self._buffers
+        return buffers["col_scale"] is None and buffers["w_outlier"] is None
+
     def gemm_bias(self) -> torch.Tensor | None:
         """The bias the GEMM adds: the parked copy, or the wrapped linear's."""
         return self._buffers["bias_copy"] if self.parked else _param(self._wrapped(), "bias")
@@ -188,7 +193,7 @@ class FP8Linear(torch.nn.Module):
             xo = x2.index_select(1, buffers["outlier_idx"])
             y = y + (numerics.gelu_tanh(xo) if self.prologue else xo) @ w_outlier.t()
         if not compiling:
-            self._fp8_calls[0] += 1
+            self.count_fp8_call()
         return y.reshape(*lead, y.shape[-1])
 
     def _gemm(self, xq_xs: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None,
@@ -204,10 +209,8 @@ class FP8Linear(torch.nn.Module):
     def takes_fp8_input(self, rows: int) -> bool:
         """Whether `forward_fp8` may run an eager call of ``rows`` tokens: plain per-token FP8 (no outlier
         handling, no fused GELU) at a row count that runs FP8 at all."""
-        buffers = self._buffers
         return (self.act_granularity == "per_token" and self.outliers == "off" and self.prologue is None
-                and buffers["col_scale"] is None and buffers["w_outlier"] is None and rows >= self.min_rows
-                and not torch.compiler.is_compiling())
+                and self.outlier_free() and rows >= self.min_rows and not torch.compiler.is_compiling())
 
     def forward_fp8(self, x8: torch.Tensor, row_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """This layer of an input that is already e4m3 with one scale for all of it (x8 [..., K]
@@ -217,7 +220,7 @@ class FP8Linear(torch.nn.Module):
         x2 = x8.reshape(-1, x8.shape[-1])  # (a copy only where the rows are not one strided block)
         xs = row_scale[:x2.shape[0]]  # (every entry holds the same scale)
         y = self._gemm((x2, xs), self.gemm_bias(), out_dtype)
-        self._fp8_calls[0] += 1
+        self.count_fp8_call()
         return y.reshape(*x8.shape[:-1], y.shape[-1])
 
     def cat_gelu(self, prefix: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -236,7 +239,7 @@ In eager FP8 calls the
         x2, p2 = x.reshape(-1, x.shape[-1]), prefix.reshape(-1, prefix.shape[-1])
         xq_xs = quantize_eager(x2, self.act_granularity, self.emulate, buffers["col_scale"], "gelu_tanh", p2)
         y = self._gemm(xq_xs, self.gemm_bias(), x2.dtype)
-        self._fp8_calls[0] += 1
+        self.count_fp8_call()
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
     @torch.no_grad()

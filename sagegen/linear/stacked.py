@@ -27,11 +27,9 @@ ENABLED = True  # False: `stacked_forward` always answers None (A/B switch for b
 
 
 def _plain(layer) -> bool:
-    # (buffers from their dict, as `FP8Linear`'s call paths read them: this runs on every stacked call)
     return (isinstance(layer, FP8Linear) and layer.act_granularity == "per_token"
             and layer.weight_granularity == "per_channel" and layer.outliers == "off" and layer.prologue is None
-            and layer._buffers["col_scale"] is None and layer._buffers["w_outlier"] is None
-            and not layer.fuse_cat_gelu)
+            and layer.outlier_free() and not layer.fuse_cat_gelu)
 
 
 class _Stack:
