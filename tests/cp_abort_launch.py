@@ -4,7 +4,7 @@ raises while rank 1 has gone on to the next sample's first collective.
 `distributed.shutdown` must then end the run instead of hanging: under NCCL it aborts the communicators
 (destroying the group would wait for rank 1 forever), rank 0 exits with its error and torchrun ends rank 1.
 `launch` runs it under torchrun with 2 processes (gloo on the CPU, NCCL on 2 GPUs); this file is also the
-script torchrun starts.
+script torchrun starts. It runs an image model: its PNG samples need no ffmpeg, which a GPU host may lack.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def main(out: str) -> None:
         rundir.RunDir.write_sample = fail
     from sagegen.cli.app import main as cli_main
 
-    sys.argv = ["sagegen", "run", "tiny-wan2.1", "--cp", "ulysses=2", "-p", "a red fox in the snow",
+    sys.argv = ["sagegen", "run", "tiny-flux", "--cp", "ulysses=2", "-p", "a red fox in the snow",
                 "-p", "a boat on a lake", "--steps", "2", "--warmup", "0", "--out", out]
     cli_main()
 
