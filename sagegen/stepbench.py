@@ -256,7 +256,8 @@ def main(argv=None) -> dict:
             return None
         out, times, peak = timer.measure(fn, args.warmup, args.repeats)
         outputs[variant] = out.float().cpu()
-        results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak}
+        results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak,
+                            "host_median_s": statistics.median(timer.host_times), "host_times_s": timer.host_times}
         replayed = variant.endswith("_graphs")  # a CUDA graph replay: profiled, not judged host-bound
         busy = host_check(results[variant], fn, replayed=replayed) if device.type == "cuda" else ""
         print(f"{variant:>17}: {statistics.median(times) * 1000:9.1f} ms  (runs: "

@@ -14,6 +14,9 @@ import sagegen
 class Timer:
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        # The last `measure`'s host time per timed run: until ``fn`` returned, i.e. the time to enqueue a CUDA
+        # step's work. Above the GPU time, the GPU waited for the host.
+        self.host_times: list[float] = []
 
     def sync(self):
         if self.cuda:
@@ -27,12 +30,14 @@ class Timer:
         self.sync()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        times = []
+        times, self.host_times = [], []
         for _ in range(repeats):
             if self.cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0 = time.perf_counter()
                 start.record()
                 out = fn()
+                self.host_times.append(time.perf_counter() - t0)
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end) / 1000.0)
@@ -40,6 +45,7 @@ class Timer:
                 t0 = time.perf_counter()
                 out = fn()
                 times.append(time.perf_counter() - t0)
+                self.host_times.append(times[-1])
         peak = torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
         return out, times, peak
 
@@ -102,7 +108,8 @@ def host_bound(wall_s: float, gpu_busy_s: float) -> bool | None:
 
 def host_check(entry: dict, fn, replayed: bool = False) -> str:
     """For a CUDA step shorter than HOST_CHECK_MAX_S: one profiled call of ``fn``; adds ``gpu_busy_s`` and
-    ``host_bound`` to its result ``entry`` and returns a note for the log line ("" for longer steps).
+    ``host_bound`` to its result ``entry`` and returns a note for the log line ("" for longer steps), with the
+    entry's ``host_median_s`` (the time to enqueue a step, `Timer.host_times`) where it has one.
     ``replayed``: the step is a CUDA graph replay, which launches nothing from the host, so its wall time beyond
     the GPU busy time is not host time (gaps between the graph's kernels, or kernels the profiler leaves out):
     ``host_bound`` is None there (a Flux FP8 replay: 101.0 ms wall, 85.1 ms busy; bench/NOTES.md v6.1)."""
@@ -110,7 +117,8 @@ def host_check(entry: dict, fn, replayed: bool = False) -> str:
         return ""
     gpu = profile_step(fn)["total_s"]
     entry.update(gpu_busy_s=gpu, host_bound=None if replayed else host_bound(entry["median_s"], gpu))
-    return f"  GPU busy {gpu * 1000:.1f} ms" + ("  HOST-BOUND" if entry["host_bound"] else "")
+    host = f"  host {entry['host_median_s'] * 1000:.1f} ms" if entry.get("host_median_s") is not None else ""
+    return f"  GPU busy {gpu * 1000:.1f} ms" + host + ("  HOST-BOUND" if entry["host_bound"] else "")
 
 
 def versions() -> dict:

@@ -140,6 +140,25 @@ def test_host_check_marks_steps_that_waited_on_the_host(monkeypatch):
     assert "host_bound_variants" not in stepbench._summary(results, outputs)
 
 
+def test_timer_records_the_host_time_of_each_timed_run(monkeypatch):
+    """The enqueue time of each timed run (not of warm-ups) is kept, and the log line shows its median next to
+    the GPU busy time, so a host-bound step says by how much."""
+    from sagegen import stepbench_measure as m
+
+    timer = m.Timer(torch.device("cpu"))
+    calls = []
+    clock = iter([0.0, 0.010, 1.0, 1.030, 2.0, 2.020])  # three timed runs: 10, 30, 20 ms
+    monkeypatch.setattr(m.time, "perf_counter", lambda: next(clock))
+    out, times, peak = timer.measure(lambda: calls.append(1) or torch.ones(1), warmup=2, repeats=3)
+    assert len(calls) == 5 and peak is None
+    assert timer.host_times == pytest.approx([0.010, 0.030, 0.020]) and times == timer.host_times
+    monkeypatch.setattr(m, "profile_step", lambda fn: {"total_s": 0.079})
+    entry = {"median_s": 0.12, "host_median_s": 0.118}
+    note = m.host_check(entry, None)
+    assert "GPU busy 79.0 ms  host 118.0 ms  HOST-BOUND" in note
+    assert "host " not in m.host_check({"median_s": 0.12}, None)  # an entry without host times
+
+
 def test_bad_arguments(tmp_path):
     bench = load_bench()
     with pytest.raises(SystemExit):
