@@ -44,3 +44,42 @@ def test_compare_with_cuda_graphs_replays_both_variants(tmp_path, monkeypatch):
     for variant in ("sdpa", "sage"):
         info = manifest["setup"][variant]["rank0"]["cuda_graphs"]
         assert info["graphs"] == 1 and info["calls"]["captured"] == 1 and info["calls"]["replayed"] >= 4, info
+
+
+@pytest.mark.parametrize("video, linear, extra, expected", [
+    (False, "fp8", {}, True),
+    (False, None, {}, False),                      # attention only: not host-bound enough to matter
+    (True, "fp8", {}, False),                      # videos are GPU-bound
+    (False, "fp8", {"on_gpu": False}, False),
+    (False, "fp8", {"compile": True}, False),
+    (False, "fp8", {"offload": "model"}, False),
+    (False, "fp8", {"cp": object()}, False),
+    (False, "fp8", {"sparse": object()}, False),
+])
+def test_graphs_by_default_only_for_eager_fp8_image_runs_on_a_gpu(video, linear, extra, expected):
+    class Preset:
+        is_video = video
+
+    kw = dict(linear=linear, compile=False, offload="none", cp=None, sparse=None, on_gpu=True) | extra
+    assert jobs.graphs_by_default(Preset(), **kw) is expected
+
+
+@pytest.mark.parametrize("flag, expected", [([], True), (["--no-cuda-graphs"], False)])
+def test_run_with_fp8_linears_on_an_image_model_takes_cuda_graphs_unless_told_not_to(tmp_path, monkeypatch, flag,
+                                                                                     expected):
+    """Without --cuda-graphs/--no-cuda-graphs, an FP8 image run on a GPU replays its denoiser calls as graphs and
+    says so in a note; --no-cuda-graphs keeps it eager (the manifest records which)."""
+    from test_patch_graphs import recording_capture
+
+    monkeypatch.setattr(graphs, "on_gpu", lambda t: True)
+    monkeypatch.setattr(graphs, "capture", recording_capture)
+    monkeypatch.setattr(jobs, "_check_device", lambda device: True)  # the device stays the CPU
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["run", "tiny-sd3", "--prompt", "a", "--steps", "2", "--linear", "fp8", "--device", "cpu",
+                            *flag, "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert ("note: CUDA graphs are on" in r.output) is expected and "warning: CUDA graphs" not in r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["runtime"]["cuda_graphs"] is expected
+    info = manifest["setup"]["sage"]["rank0"].get("cuda_graphs")
+    assert (info is not None and info["calls"]["captured"] == 1) is expected, info

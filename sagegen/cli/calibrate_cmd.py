@@ -88,8 +88,7 @@ def calibrate_command(
         fp_first_steps=0, fp_last_steps=0, backend=backend, out=None)
     path = out or Path(f"calib-{job.preset.name}.json")
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for w in warnings:
-        err.print(f"warning: {w}", style="yellow", markup=False)
+    jobs.print_warnings(err, warnings)
 
     from .. import distributed
     from ..generate import default_loader, generate_one

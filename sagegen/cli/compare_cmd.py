@@ -39,7 +39,7 @@ def compare_command(
     vae_tiling: jobs.VaeTiling = False,
     vae_slicing: jobs.VaeSlicing = False,
     compile: jobs.Compile = False,
-    cuda_graphs: jobs.CudaGraphs = False,
+    cuda_graphs: jobs.CudaGraphs = None,
     warmup: jobs.Warmup = 1,
     out: jobs.Out = None,
     quiet: jobs.Quiet = False,
@@ -58,8 +58,7 @@ def compare_command(
 
     job, warnings = jobs.build_job(**params, variants=["sdpa", "sage"])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for w in warnings:
-        err.print(f"warning: {w}", style="yellow", markup=False)
+    jobs.print_warnings(err, warnings)
     result = jobs.execute(job, quiet=quiet, title="compare")
     if not distributed.info().is_main or result.manifest is None:
         return

@@ -64,12 +64,15 @@ VaeSlicing = Annotated[bool, typer.Option("--vae-slicing/--no-vae-slicing", rich
                                           help="Decode one video/image at a time.")]
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", rich_help_panel=MEM,
                                        help="torch.compile the transformer.")]
-CudaGraphs = Annotated[bool, typer.Option("--cuda-graphs/--no-cuda-graphs", rich_help_panel=MEM,
+CudaGraphs = Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", rich_help_panel=MEM,
+                                                    show_default=False,
                                           help="Replay each denoiser call as a CUDA graph, for every variant (the "
                                                "first call of a shape runs eagerly, the second is captured): takes "
                                                "the host's launch cost out of eager steps, e.g. with --linear fp8 "
                                                "at ~4k tokens. One activation-sized memory pool per shape. Not "
-                                               "with --compile, --offload, --cp or --sparse.")]
+                                               "with --compile, --offload, --cp or --sparse. Default: on for "
+                                               "--linear fp8 on an image model on a GPU (those eager steps wait "
+                                               "on the host), when none of those is set; off otherwise.")]
 Warmup = Annotated[int, typer.Option(min=0, rich_help_panel=MEM, help="Untimed warm-up calls per variant "
                                                                       "(JIT compilation, autotuning).")]
 Kernel = Annotated[Optional[list[str]], typer.Option("--kernel", "-k", metavar="KEY=VALUE", rich_help_panel=KER,
@@ -100,7 +103,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
               vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
-              linear="none", sparse=None, cp=None, cuda_graphs=False):
+              linear="none", sparse=None, cp=None, cuda_graphs=None):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
     from ..generate import Job, make_samples
     from ..models.presets import RANDOM_WEIGHT_FAMILIES, check_shape, resolve
@@ -157,6 +160,12 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
     if policy is not None:
         checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
+    if cuda_graphs is None:
+        cuda_graphs = graphs_by_default(preset, linear=linear, compile=compile, offload=offload, cp=cp_spec,
+                                        sparse=sparse_cfg, on_gpu=on_gpu)
+        if cuda_graphs:
+            warnings.append(Note("CUDA graphs are on: eager FP8 linears on an image model wait on the host CPU "
+                                 "(docs/cuda-graphs.md); --no-cuda-graphs runs them eagerly"))
     _check_cuda_graphs(cuda_graphs, compile=compile, offload=offload, cp=cp_spec, sparse=sparse_cfg, on_gpu=on_gpu)
     if sparse_cfg is not None and cp_spec is not None:
         _check_sparse_cp(sparse_cfg, cp_spec, preset)
@@ -198,6 +207,25 @@ def _check_sparse_cp(sparse_cfg, cp_spec, preset) -> None:
     raise UsageProblem("--sparse combines with --cp for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 "
                        f"models; got {preset.name} ({preset.family}) with ulysses={cp_spec.ulysses}, "
                        f"ring={cp_spec.ring}", "--sparse")
+
+
+class Note(str):
+    """A line of `build_job`'s warnings that tells what a default chose (printed as ``note:``)."""
+
+
+def print_warnings(console, warnings: list[str]) -> None:
+    for w in warnings:
+        kind = "note" if isinstance(w, Note) else "warning"
+        console.print(f"{kind}: {w}", style="dim" if kind == "note" else "yellow", markup=False)
+
+
+def graphs_by_default(preset, *, linear, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> bool:
+    """--cuda-graphs when neither it nor --no-cuda-graphs is given: on for FP8 linears on an image model on a
+    GPU, whose eager steps (~4-7k tokens a call) wait on the host, so that FP8 can be slower than attention
+    alone there (bench/NOTES.md v7.9: 107-175 ms eager vs 93-98 ms as graphs for the same Flux step); off
+    where graphs do not combine (compile, offload, CP, sparse) or gain nothing (videos are GPU-bound)."""
+    return (on_gpu and linear == "fp8" and not preset.is_video and not compile and offload == "none"
+            and cp is None and sparse is None)
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

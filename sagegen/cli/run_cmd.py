@@ -44,7 +44,7 @@ def run_command(
     vae_tiling: jobs.VaeTiling = False,
     vae_slicing: jobs.VaeSlicing = False,
     compile: jobs.Compile = False,
-    cuda_graphs: jobs.CudaGraphs = False,
+    cuda_graphs: jobs.CudaGraphs = None,
     warmup: jobs.Warmup = 1,
     out: jobs.Out = None,
     quiet: jobs.Quiet = False,
@@ -63,8 +63,7 @@ def run_command(
 
     job, warnings = jobs.build_job(**params, variants=[attention.lower()])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    for w in warnings:
-        err.print(f"warning: {w}", style="yellow", markup=False)
+    jobs.print_warnings(err, warnings)
     result = jobs.execute(job, quiet=quiet, title="run")
     if not distributed.info().is_main or result.manifest is None:
         return
