@@ -160,3 +160,28 @@ def test_check_shape_errors_and_frame_warnings():
     assert errors and "--height 470" in errors[0] and "464 or 480" in errors[0]
     errors, warnings = check_shape(p, height=480, width=720, frames=50)
     assert errors == [] and "4k+1" in warnings[0] and "49 or 53" in warnings[0]
+
+
+def test_every_command_option_names_itself():
+    """Every option declares its flags (`typer.Option("--device", ...)`): typer 0.27 named an option without
+    them after its metavar (`--DEVICE`), so `sagegen run ... --device cuda` failed there as "No such option"."""
+    import inspect
+
+    import typer.models
+
+    from sagegen.cli.app import app
+
+    checked = 0
+    for command in app.registered_commands:
+        for name, param in inspect.signature(command.callback, eval_str=True).parameters.items():
+            infos = [m for m in getattr(param.annotation, "__metadata__", ())
+                     if isinstance(m, typer.models.ParameterInfo)]
+            infos += [param.default] if isinstance(param.default, typer.models.ParameterInfo) else []
+            for info in infos:
+                if isinstance(info, typer.models.OptionInfo):
+                    # in Annotated[...] the first flag lands in `default`; typer reads it as a flag from there
+                    first = [info.default] if isinstance(info.default, str) and info.default.startswith("-") else []
+                    flags = [d for decl in (*first, *info.param_decls) for d in decl.split("/")]
+                    assert any(f.startswith("--") for f in flags), (command.callback.__name__, name, flags)
+                    checked += 1
+    assert checked > 60, checked

@@ -17,12 +17,13 @@ from . import jobs
 from .errors import UsageProblem, cli_command
 
 CAL = "Calibration"
-Target = Annotated[float, typer.Option(min=1e-6, rich_help_panel=CAL,
+Target = Annotated[float, typer.Option("--target", min=1e-6, rich_help_panel=CAL,
                                        help="Largest allowed relative L2 error of a layer's sparse attention "
                                             "output against its dense output (worst call).")]
-Mode = Annotated[Literal["cdf", "topk"], typer.Option(case_sensitive=False, rich_help_panel=CAL,
+Mode = Annotated[Literal["cdf", "topk"], typer.Option("--mode", case_sensitive=False, rich_help_panel=CAL,
                                                       help="Predictor mode whose threshold is searched.")]
-Candidates = Annotated[Optional[str], typer.Option(metavar="LIST", rich_help_panel=CAL, show_default=False,
+Candidates = Annotated[Optional[str], typer.Option("--candidates", metavar="LIST", rich_help_panel=CAL,
+                                                   show_default=False,
                                                    help="Thresholds to try, comma-separated (default: cdf "
                                                         "0.8,0.9,0.95,0.98,0.995; topk 0.1,0.2,0.3,0.5,0.7).")]
 Options = Annotated[Optional[str], typer.Option("--sparse-options", metavar="OPTS", rich_help_panel=CAL,

@@ -23,27 +23,34 @@ def eval_command(
                                                            "$SAGEGEN_RUNS or runs/).")] = None,
     metric: Annotated[list[str], typer.Option("--metric", "-m", metavar="NAME", help=METRIC_HELP,
                                               show_default="all available")] = [],  # noqa: B006
-    clip_model: Annotated[Optional[str], typer.Option(help="CLIP weights: NAME/TAG (open_clip name + pretrained "
+    clip_model: Annotated[Optional[str], typer.Option("--clip-model",
+                                                      help="CLIP weights: NAME/TAG (open_clip name + pretrained "
                                                            "tag, from the local cache), [NAME:]PATH to a "
                                                            "checkpoint, or local-dir:FOLDER. Default "
                                                            "ViT-B-32/openai.")] = None,
-    clip_mode: Annotated[str, typer.Option(help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces "
+    clip_mode: Annotated[str, typer.Option("--clip-mode",
+                                           help="CLIPSIM/CLIP-T preprocessing: evalcrafter (reproduces "
                                                 "EvalCrafter, as in the SageAttention2 paper) or "
                                                 "standard.")] = "evalcrafter",
-    inception_weights: Annotated[Optional[str], typer.Option(help="Inception for FID/KID: TorchScript "
+    inception_weights: Annotated[Optional[str], typer.Option("--inception-weights",
+                                                             help="Inception for FID/KID: TorchScript "
                                                                   "inception-2015-12-05.pt, pytorch-fid's "
                                                                   "pt_inception-2015-12-05-*.pth, or a torchvision "
                                                                   "Inception-v3 .pth (or "
                                                                   "$SAGEGEN_INCEPTION_WEIGHTS).")] = None,
-    reference: Annotated[Optional[Path], typer.Option(help="Folder of reference images: FID/KID of each variant "
+    reference: Annotated[Optional[Path], typer.Option("--reference",
+                                                      help="Folder of reference images: FID/KID of each variant "
                                                            "against it as well.")] = None,
-    lpips_weights: Annotated[Optional[str], typer.Option(help="LPIPS weights: combined .pth or a folder with "
+    lpips_weights: Annotated[Optional[str], typer.Option("--lpips-weights",
+                                                         help="LPIPS weights: combined .pth or a folder with "
                                                               "alexnet-owt-*.pth and lpips' alex.pth (or "
                                                               "$SAGEGEN_LPIPS_WEIGHTS).")] = None,
-    fid_frames: Annotated[Optional[int], typer.Option(min=1, help="Frames per video sample used for FID/KID "
-                                                                  "(evenly spaced; default all).")] = None,
-    bootstrap: Annotated[Optional[int], typer.Option(hidden=True, help="Ignored: the intervals are Student-t "
-                                                                       "now (kept so old scripts run).")] = None,
+    fid_frames: Annotated[Optional[int], typer.Option("--fid-frames", min=1,
+                                                      help="Frames per video sample used for FID/KID "
+                                                           "(evenly spaced; default all).")] = None,
+    bootstrap: Annotated[Optional[int], typer.Option("--bootstrap", hidden=True,
+                                                     help="Ignored: the intervals are Student-t "
+                                                          "now (kept so old scripts run).")] = None,
 ) -> None:
     """Evaluate a run: CLIP scores, FID/KID, PSNR/SSIM/LPIPS vs the baseline, into metrics.json.
 

@@ -33,22 +33,22 @@ Seed = Annotated[Optional[list[str]], typer.Option("--seed", "-s", metavar="SEED
                                                    show_default=False,
                                                    help="Seed(s): 7, 0,1,2 or 0-3 (repeatable; default 0). "
                                                         "Every prompt runs with every seed.")]
-Steps = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+Steps = Annotated[Optional[int], typer.Option("--steps", min=1, rich_help_panel=GEN,
                                               help="Denoising steps (default: the preset's).")]
-Frames = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+Frames = Annotated[Optional[int], typer.Option("--frames", min=1, rich_help_panel=GEN,
                                                help="Frames (video) (default: the preset's).")]
-Height = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+Height = Annotated[Optional[int], typer.Option("--height", min=1, rich_help_panel=GEN,
                                                help="Height in pixels (default: the preset's).")]
-Width = Annotated[Optional[int], typer.Option(min=1, rich_help_panel=GEN,
+Width = Annotated[Optional[int], typer.Option("--width", min=1, rich_help_panel=GEN,
                                               help="Width in pixels (default: the preset's).")]
-Guidance = Annotated[Optional[float], typer.Option(min=0.0, rich_help_panel=GEN,
+Guidance = Annotated[Optional[float], typer.Option("--guidance", min=0.0, rich_help_panel=GEN,
                                                    help="Guidance scale (default: the preset's).")]
 Negative = Annotated[Optional[str], typer.Option("--negative-prompt", "-n", metavar="TEXT", rich_help_panel=GEN,
                                                  help="Negative prompt.")]
 Dtype = Annotated[Literal["auto", "bfloat16", "float16", "float32"],
-                  typer.Option(case_sensitive=False, rich_help_panel=GEN,
+                  typer.Option("--dtype", case_sensitive=False, rich_help_panel=GEN,
                                help="Model dtype; auto = the preset's recommended one.")]
-Device = Annotated[str, typer.Option(metavar="DEVICE", rich_help_panel=MEM,
+Device = Annotated[str, typer.Option("--device", metavar="DEVICE", rich_help_panel=MEM,
                                      help="auto (this process's GPU, else CPU), cpu, cuda or cuda:N.")]
 ModelPath = Annotated[Optional[Path], typer.Option("--model-path", metavar="DIR", rich_help_panel=GEN,
                                                    show_default=False,
@@ -58,7 +58,8 @@ RandomWeights = Annotated[bool, typer.Option("--random-weights/--no-random-weigh
                                              help="The preset's full-size architecture with random weights "
                                                   "(speed at real shapes, no download; outputs are noise).")]
 Offload = Annotated[Literal["none", "model", "sequential"],
-                    typer.Option(case_sensitive=False, rich_help_panel=MEM, help="CPU offload of the pipeline.")]
+                    typer.Option("--offload", case_sensitive=False, rich_help_panel=MEM,
+                                 help="CPU offload of the pipeline.")]
 VaeTiling = Annotated[bool, typer.Option("--vae-tiling/--no-vae-tiling", rich_help_panel=MEM, help="Decode in tiles.")]
 VaeSlicing = Annotated[bool, typer.Option("--vae-slicing/--no-vae-slicing", rich_help_panel=MEM,
                                           help="Decode one video/image at a time.")]
@@ -73,7 +74,7 @@ CudaGraphs = Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-gra
                                                "with --compile, --offload, --cp or --sparse. Default: on for "
                                                "--linear fp8 on an image model on a GPU (those eager steps wait "
                                                "on the host), when none of those is set; off otherwise.")]
-Warmup = Annotated[int, typer.Option(min=0, rich_help_panel=MEM, help="Untimed warm-up calls per variant "
+Warmup = Annotated[int, typer.Option("--warmup", min=0, rich_help_panel=MEM, help="Untimed warm-up calls per variant "
                                                                       "(JIT compilation, autotuning).")]
 Kernel = Annotated[Optional[list[str]], typer.Option("--kernel", "-k", metavar="KEY=VALUE", rich_help_panel=KER,
                                                      show_default=False,
@@ -87,11 +88,11 @@ FpFirst = Annotated[int, typer.Option("--fp-first-steps", min=0, rich_help_panel
 FpLast = Annotated[int, typer.Option("--fp-last-steps", min=0, rich_help_panel=KER,
                                      help="Keep the last N denoising steps in full precision.")]
 Backend = Annotated[Literal["auto", "triton", "reference"],
-                    typer.Option(case_sensitive=False, rich_help_panel=KER,
+                    typer.Option("--backend", case_sensitive=False, rich_help_panel=KER,
                                  help="sagegen backend: auto (Triton on a supported GPU, else the emulation), "
                                       "triton or reference (the PyTorch emulation).")]
 Linear = Annotated[Literal["none", "fp8"],
-                   typer.Option(case_sensitive=False, rich_help_panel=KER,
+                   typer.Option("--linear", case_sensitive=False, rich_help_panel=KER,
                                 help="The sage variant's denoiser linears: none (as the model) or fp8 (FP8 GEMMs, "
                                      "sm89+ GPU; emulated on the CPU; docs/fp8-linear.md).")]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="DIR", rich_help_panel=OUT, show_default=False,

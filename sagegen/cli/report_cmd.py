@@ -13,17 +13,20 @@ from rich.markup import escape
 def report_command(
     run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under "
                                                            "$SAGEGEN_RUNS or runs/).")] = None,
-    max_side: Annotated[int, typer.Option(min=32, max=4096, help="Longest side (px) of the frames embedded in "
-                                                                 "report.html.")] = 384,
-    max_frames: Annotated[int, typer.Option(min=2, help="Frames per player in report.html; longer clips show "
-                                                        "every k-th frame.")] = 64,
-    gain: Annotated[float, typer.Option(min=1.0, max=255.0, help="Amplification of the |sagegen − baseline| "
+    max_side: Annotated[int, typer.Option("--max-side", min=32, max=4096,
+                                          help="Longest side (px) of the frames embedded in "
+                                               "report.html.")] = 384,
+    max_frames: Annotated[int, typer.Option("--max-frames", min=2,
+                                            help="Frames per player in report.html; longer clips show "
+                                                 "every k-th frame.")] = 64,
+    gain: Annotated[float, typer.Option("--gain", min=1.0, max=255.0, help="Amplification of the |sagegen − baseline| "
                                                                  "difference view.")] = 8.0,
     mp4: Annotated[bool, typer.Option("--mp4/--no-mp4", help="Write side-by-side MP4s (PNGs for image "
                                                              "models).")] = True,
     contact_sheet: Annotated[bool, typer.Option("--contact-sheet/--no-contact-sheet",
                                                 help="Write report/contact_sheet.png.")] = True,
-    screenshot: Annotated[Optional[Path], typer.Option(help="Also load the report in headless Chromium, check it, "
+    screenshot: Annotated[Optional[Path], typer.Option("--screenshot",
+                                                       help="Also load the report in headless Chromium, check it, "
                                                             "and save a PNG screenshot here.")] = None,
 ) -> None:
     """Side-by-side report of a run: report.html, side-by-side MP4s and a contact sheet.

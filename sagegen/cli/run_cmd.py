@@ -10,7 +10,7 @@ from . import jobs, sparse_opt
 from .errors import cli_command
 
 Attention = Annotated[Literal["sage", "sdpa"],
-                      typer.Option(case_sensitive=False, rich_help_panel=jobs.KER,
+                      typer.Option("--attention", case_sensitive=False, rich_help_panel=jobs.KER,
                                    help="sage: sagegen's quantized attention; sdpa: the stock attention.")]
 
 
