@@ -37,6 +37,6 @@ def test_fp8_image_run_replays_cuda_graphs_by_default_and_matches_eager(tmp_path
     assert len(graphed) == len(eager) == 2
     # replays answer each call as eager would (a stale input would give another seed's image: the two seeds'
     # images differ by far more than the bound)
-    assert np.abs(eager[0] - eager[1]).mean() > 10 * 1.5
+    assert np.abs(eager[0] - eager[1]).mean() > 5 * 1.5  # ~20 on the CPU
     for a, b in zip(graphed, eager):
         assert a.shape == b.shape and np.abs(a - b).mean() <= 1.5, np.abs(a - b).mean()
