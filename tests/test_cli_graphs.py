@@ -29,12 +29,17 @@ def test_cuda_graphs_usage_errors(extra, match):
     assert match in r.output and "--cuda-graphs" in r.output
 
 
-def test_compare_with_cuda_graphs_replays_both_variants(tmp_path, monkeypatch):
+@pytest.fixture
+def graphs_on_the_cpu(monkeypatch):
+    """CUDA graphs as on a GPU (the recording capture stand-in of test_patch_graphs); the device stays the CPU."""
     from test_patch_graphs import recording_capture
 
     monkeypatch.setattr(graphs, "on_gpu", lambda t: True)
     monkeypatch.setattr(graphs, "capture", recording_capture)
-    monkeypatch.setattr(jobs, "_check_device", lambda device: True)  # the device stays the CPU
+    monkeypatch.setattr(jobs, "_check_device", lambda device: True)
+
+
+def test_compare_with_cuda_graphs_replays_both_variants(tmp_path, graphs_on_the_cpu):
     out = tmp_path / "cmp"
     r = runner.invoke(app, ["compare", "tiny-sd3", "--prompt", "a", "--seed", "0-1", "--steps", "2",
                             "--device", "cpu", "--cuda-graphs", "--out", str(out), "--quiet"])
@@ -65,15 +70,10 @@ def test_graphs_by_default_only_for_eager_fp8_image_runs_on_a_gpu(video, linear,
 
 
 @pytest.mark.parametrize("flag, expected", [([], True), (["--no-cuda-graphs"], False)])
-def test_run_with_fp8_linears_on_an_image_model_takes_cuda_graphs_unless_told_not_to(tmp_path, monkeypatch, flag,
-                                                                                     expected):
+def test_run_with_fp8_linears_on_an_image_model_takes_cuda_graphs_unless_told_not_to(tmp_path, graphs_on_the_cpu,
+                                                                                     flag, expected):
     """Without --cuda-graphs/--no-cuda-graphs, an FP8 image run on a GPU replays its denoiser calls as graphs and
     says so in a note; --no-cuda-graphs keeps it eager (the manifest records which)."""
-    from test_patch_graphs import recording_capture
-
-    monkeypatch.setattr(graphs, "on_gpu", lambda t: True)
-    monkeypatch.setattr(graphs, "capture", recording_capture)
-    monkeypatch.setattr(jobs, "_check_device", lambda device: True)  # the device stays the CPU
     out = tmp_path / "run"
     r = runner.invoke(app, ["run", "tiny-sd3", "--prompt", "a", "--steps", "2", "--linear", "fp8", "--device", "cpu",
                             *flag, "--out", str(out), "--quiet"])

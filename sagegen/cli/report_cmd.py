@@ -19,8 +19,9 @@ def report_command(
     max_frames: Annotated[int, typer.Option("--max-frames", min=2,
                                             help="Frames per player in report.html; longer clips show "
                                                  "every k-th frame.")] = 64,
-    gain: Annotated[float, typer.Option("--gain", min=1.0, max=255.0, help="Amplification of the |sagegen − baseline| "
-                                                                 "difference view.")] = 8.0,
+    gain: Annotated[float, typer.Option("--gain", min=1.0, max=255.0,
+                                        help="Amplification of the |sagegen − baseline| "
+                                             "difference view.")] = 8.0,
     mp4: Annotated[bool, typer.Option("--mp4/--no-mp4", help="Write side-by-side MP4s (PNGs for image "
                                                              "models).")] = True,
     contact_sheet: Annotated[bool, typer.Option("--contact-sheet/--no-contact-sheet",
