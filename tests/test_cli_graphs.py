@@ -83,3 +83,18 @@ def test_run_with_fp8_linears_on_an_image_model_takes_cuda_graphs_unless_told_no
     assert manifest["runtime"]["cuda_graphs"] is expected
     info = manifest["setup"]["sage"]["rank0"].get("cuda_graphs")
     assert (info is not None and info["calls"]["captured"] == 1) is expected, info
+
+
+def test_a_graph_run_counts_its_attention_calls_as_an_eager_run_does(tmp_path, graphs_on_the_cpu):
+    """The manifest's attention calls (the timed samples') under CUDA graphs equal the eager run's: replays
+    add what their capture counted (a graph run once listed none)."""
+    calls = {}
+    for name, flag in (("graphs", "--cuda-graphs"), ("eager", "--no-cuda-graphs")):
+        out = tmp_path / name
+        r = runner.invoke(app, ["run", "tiny-sd3", "--prompt", "a", "--steps", "3", "--device", "cpu", flag,
+                                "--out", str(out), "--quiet"])
+        assert r.exit_code == 0, r.output
+        setup = json.loads((out / "manifest.json").read_text())["setup"]["sage"]["rank0"]
+        calls[name] = setup["attention_calls"]
+    assert calls["eager"].get("processor_calls", 0) > 0, calls
+    assert calls["graphs"] == calls["eager"]

@@ -12,7 +12,7 @@ from conftest import gpu
 from helpers import rel_l1
 from sagegen.linear import LinearPolicy, fp8_capable
 from sagegen.models import arch as archs
-from sagegen.patch import graphs, patch_info
+from sagegen.patch import graphs, patch_info, reset_stats
 
 pytestmark = gpu
 
@@ -34,6 +34,10 @@ def _same(a, b):
     assert torch.equal(a, b), f"replay differs from eager: rel-L1 {rel_l1(a, b):.3g}"
 
 
+def _counts(info) -> tuple[dict, int | None]:
+    return dict(info["stats"]), (info["linear"] or {}).get("fp8_calls")
+
+
 @pytest.mark.parametrize("linear", [None, "fp8"])
 @pytest.mark.parametrize("name", ["flux.1-dev", "wan2.1-t2v-1.3b"])
 def test_replays_answer_each_call_like_eager(name, linear):
@@ -44,11 +48,16 @@ def test_replays_answer_each_call_like_eager(name, linear):
     policy = LinearPolicy(keep_blocks=(), min_rows=1) if linear else None  # the smoke models have one block
     with torch.inference_mode():
         sagegen.patch(model, linear=linear, linear_policy=policy)
+        reset_stats(model)
         eager = [model(**x)[0] for x in inputs]
+        eager_counts = _counts(patch_info(model))
         sagegen.patch(model, linear=linear, linear_policy=policy, cuda_graphs=True)
+        reset_stats(model)
         got = [model(**x)[0] for x in inputs]
         info = patch_info(model)["cuda_graphs"]
         assert info["calls"] == {"warmup": 1, "captured": 1, "replayed": 3}, info
+        # a replay runs no Python: it adds what its capture counted, so the counts are the eager calls'
+        assert _counts(patch_info(model)) == eager_counts and eager_counts[0].get("processor_calls"), eager_counts
         for a, b in zip(got, eager):
             _same(a, b)
         assert not torch.equal(got[1], got[2])

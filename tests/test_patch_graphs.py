@@ -2,10 +2,11 @@
 
 No CUDA graph can be captured here, so `graphs.capture` is replaced by a recording stand-in whose replay runs
 the captured function again on the graph's own inputs and writes into the captured outputs, as a real replay
-writes into its buffers. Like a real capture it runs the function under `HostConstants` (a torch-function
-mode), and so does each replay: a replay repeats whatever path the capture took. What these tests check is
-the wrapper's bookkeeping: keys, static-input copies, cloned outputs, warm-up, invalidation, fallbacks,
-patch/unpatch, and that a capture takes the eager paths. tests/test_gpu_graphs.py captures for real."""
+writes into its buffers (and puts back the counters that Python moved: a real replay runs no Python). Like a
+real capture it runs the function under `HostConstants` (a torch-function mode), and so does each replay: a
+replay repeats whatever path the capture took. What these tests check is the wrapper's bookkeeping: keys,
+static-input copies, cloned outputs, warm-up, invalidation, fallbacks, patch/unpatch, counters, and that a
+capture takes the eager paths. tests/test_gpu_graphs.py captures for real."""
 
 from __future__ import annotations
 
@@ -20,13 +21,14 @@ from conftest import interpreted
 from helpers import rel_l1
 from sagegen.models import arch as archs
 from sagegen.linear import LinearPolicy
-from sagegen.patch import graphs, patch_info, set_attention_override
+from sagegen.patch import graphs, patch_info, reset_stats, set_attention_override
 from sagegen.patch.host_constants import HostConstants
 
 
 class _RecordedGraph:
     def __init__(self, fn):
         self.fn, self.replays = fn, 0
+        self.counters = graphs.capture_counters
         self.output = self._run()
 
     def _run(self):
@@ -34,8 +36,11 @@ class _RecordedGraph:
             return self.fn()
 
     def replay(self):
+        before = self.counters.snapshot() if self.counters is not None else None
         for dst, src in zip(pytree.tree_leaves(self.output), pytree.tree_leaves(self._run())):
             dst.copy_(src)
+        if before is not None:  # a real replay runs no Python: it moves no counter itself
+            self.counters.restore(before)
         self.replays += 1
 
 
@@ -279,6 +284,62 @@ def test_captured_fp8_model_takes_the_eager_paths(fake_gpu):
         counts["routed_fp8_out"] * stats["processor_calls"]), (counts, stats)
     for a, b in zip(got[1:], eager):
         assert torch.equal(a, b)
+
+
+def _counts(model) -> tuple[dict, dict]:
+    info = patch_info(model)
+    return dict(info["stats"]), {name: layer["calls"] for name, layer in info["linear"]["layers"].items()}
+
+
+def test_replays_count_their_calls_as_eager_calls_do(fake_gpu):
+    """A replay runs no Python, so the capture's counts are added at each replay: a run as graphs reports the
+    attention calls and FP8 calls an eager run reports (it once reported none: an empty manifest entry)."""
+    model, inputs = _tiny()
+    policy = LinearPolicy(keep_blocks=(), min_rows=1)
+    with torch.inference_mode():
+        sagegen.patch(model, linear="fp8", linear_policy=policy)
+        reset_stats(model)
+        model(**inputs)
+        one_stats, one_layers = _counts(model)
+        for _ in range(4):
+            model(**inputs)
+        eager_stats, eager_layers = _counts(model)
+        sagegen.patch(model, linear="fp8", linear_policy=policy, cuda_graphs=True)
+        reset_stats(model)
+        assert _counts(model) == ({}, dict.fromkeys(eager_layers, 0))
+        for _ in range(5):
+            model(**inputs)
+        graphed_stats, graphed_layers = _counts(model)
+        assert patch_info(model)["cuda_graphs"]["calls"] == {"warmup": 1, "captured": 1, "replayed": 4}
+        assert one_stats.get("processor_calls", 0) > 0 and sum(one_layers.values()) > 0, (one_stats, one_layers)
+        assert graphed_stats == eager_stats and graphed_layers == eager_layers
+        assert patch_info(model)["linear"]["fp8_calls"] == sum(eager_layers.values())
+        reset_stats(model)  # then replays alone: one call's counts each
+        model(**inputs)
+        assert _counts(model) == (one_stats, one_layers)
+    sagegen.unpatch(model)
+
+
+def test_a_failed_capture_leaves_the_counters_as_one_eager_call_would(fake_gpu, monkeypatch):
+    model, inputs = _tiny()
+
+    def failing(fn):
+        fn()  # the forward ran (and counted) before the capture failed
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    with torch.inference_mode():
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        reset_stats(model)
+        model(**inputs), model(**inputs)
+        eager = _counts(model)
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1), cuda_graphs=True)
+        reset_stats(model)
+        monkeypatch.setattr(graphs, "capture", failing)
+        with pytest.warns(RuntimeWarning, match="could not be captured"):
+            model(**inputs), model(**inputs)
+        assert patch_info(model)["cuda_graphs"]["calls"] == {"warmup": 1, "capture_failed": 1}
+        assert _counts(model) == eager and graphs.capture_counters is None
+    sagegen.unpatch(model)
 
 
 def test_patched_context_keeps_the_previous_cuda_graphs_setting(fake_gpu):

@@ -101,8 +101,8 @@ class FP8Linear(torch.nn.Module):
 
     @property
     def fp8_calls(self) -> int:
-        """Eager calls that ran the FP8 product (not counted under torch.compile); a stacked call counts for
-        each of its layers."""
+        """Calls that ran the FP8 product, eager or replayed in a CUDA graph (not counted under
+        torch.compile); a stacked call counts for each of its layers."""
         return self._fp8_calls[0]
 
     def count_fp8_call(self) -> None:

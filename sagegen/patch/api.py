@@ -35,6 +35,7 @@ from . import fused_blocks as _blocks
 from . import graphs as _graphs
 from . import linear_patch as _linear
 from . import processors as _proc
+from .graph_counts import ForwardCounters
 from .policy import PrecisionPolicy, resolve_blocks
 from .sparse_policy import SparseState, resolve_sparse
 from .steps import StepTracker, pipeline_scheduler_source
@@ -166,7 +167,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
                       attention_names=list(modules))
         _install_sparse(state.session, sparse_state, state.tracker, transformer)
         if cuda_graphs:  # last: FP8 layers swapped in above change the parameters the graphs read
-            _graphs.enable(transformer, state_fn=functools.partial(_graph_state, state.session))
+            _graphs.enable(transformer, state_fn=functools.partial(_graph_state, state.session),
+                           counters=ForwardCounters(state.session.stats, transformer))
         else:
             _graphs.disable(transformer)
     return obj
@@ -371,9 +373,11 @@ def set_attention_override(obj, fn) -> None:
 
 
 def reset_stats(obj) -> None:
-    """Zero the counters of a patched object (and forget the step tracker's history)."""
-    for state in _states(obj).values():
+    """Zero the counters of a patched object, its FP8 layers' call counts included (and forget the step
+    tracker's history)."""
+    for transformer, state in _with_models(obj, _states(obj)).values():
         state.session.stats.clear()
+        _linear.reset_counts(transformer)
         if state.session.sparse is not None:
             state.session.sparse.records.clear()
         if state.tracker is not None:

@@ -23,8 +23,10 @@ other than tensors, numbers, strings, dtypes, devices and enums (nested in lists
 once, with the reason). A small host tensor the forward itself copies to the GPU (Qwen-Image's text length)
 is captured as a constant (`host_constants`).
 
-Costs: each graph keeps a private memory pool the size of the forward's activations. Counters inside the
-forward (`patch_info` stats, FP8 call counts) see the eager and capture calls, not the replays.
+Costs: each graph keeps a private memory pool the size of the forward's activations.
+Counters: a replay runs no Python, so the counters the forward moves (given as ``counters``: `patch_info`
+stats, FP8 call counts) would stop at the capture. What the capture moved them by is added again at each later
+replay (the capture's own pass counts for the replay that follows it).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from __future__ import annotations
 import enum
 import warnings
 from collections import Counter
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -40,9 +42,15 @@ from torch.utils import _pytree as pytree
 from ..kernels.spec import capturing
 from .host_constants import HostConstants
 
+if TYPE_CHECKING:
+    from .graph_counts import ForwardCounters
+
 _ATTR = "_sagegen_graphs"
 # non-tensor arguments keyed by value (anything else makes the call eager)
 _VALUE_TYPES = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.memory_format, enum.Enum)
+# the counters of the capture under way (a seam: the CPU stand-in of `capture` re-runs Python at each replay,
+# which a real replay does not, and puts these counters back afterwards)
+capture_counters: ForwardCounters | None = None
 
 
 def value_checks_allowed() -> bool:
@@ -87,18 +95,19 @@ def _end_generator_capture() -> None:
 
 
 class _Graph:
-    __slots__ = ("graph", "tensor_positions", "static_leaves", "output")
+    __slots__ = ("graph", "tensor_positions", "static_leaves", "output", "counts")
 
-    def __init__(self, graph, tensor_positions, static_leaves, output):
+    def __init__(self, graph, tensor_positions, static_leaves, output, counts=None):
         self.graph, self.tensor_positions = graph, tensor_positions
         self.static_leaves, self.output = static_leaves, output
+        self.counts = counts  # what the capture moved the counters by (a `CountDelta`), or None
 
 
 class GraphedForward:
     """A module's forward answered by CUDA graph replays (see the module doc)."""
 
     def __init__(self, module: torch.nn.Module, forward: Callable, state_fn: Callable[[], object] | None = None,
-                 max_graphs: int = 4):
+                 max_graphs: int = 4, counters: ForwardCounters | None = None):
         if not isinstance(max_graphs, int) or max_graphs < 1:
             raise ValueError(f"max_graphs must be a positive int, got {max_graphs!r}")
         self.forward = forward
@@ -107,6 +116,7 @@ class GraphedForward:
         self._training = lambda: module.training
         self.state_fn = state_fn
         self.max_graphs = max_graphs
+        self.counters = counters
         self.graphs: dict = {}
         self.seen: set = set()       # keys that ran their eager warm-up call
         self.failed: dict = {}       # key -> why its capture failed
@@ -140,6 +150,7 @@ class GraphedForward:
             entry = self._capture(key, leaves, spec)
             if entry is None:
                 return self.forward(*args, **kwargs)
+            return self._replay(entry, leaves, counted=True)  # the capture's pass counted this call
         return self._replay(entry, leaves)
 
     # -- keys -------------------------------------------------------------------------------------------------
@@ -179,29 +190,41 @@ class GraphedForward:
         for i in positions:
             static[i] = torch.empty_like(leaves[i]).copy_(leaves[i])  # strides kept where dense (else contiguous)
         args, kwargs = pytree.tree_unflatten(static, spec)
+        global capture_counters
+        before = self.counters.snapshot() if self.counters is not None else None
+        capture_counters = self.counters
         try:
             graph, output = capture(lambda: self.forward(*args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - anything the forward cannot do under capture: eager from now on
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
             self.failed[key] = reason
             self.stats["capture_failed"] += 1
+            if before is not None:  # the call runs eagerly next and counts itself
+                self.counters.restore(before)
             warnings.warn(f"sagegen cuda_graphs: {self.module_type}.forward could not be captured ({reason}); "
                           "these calls run eagerly", RuntimeWarning, stacklevel=3)
             return None
+        finally:
+            capture_counters = None
         out_leaves = pytree.tree_leaves(output)
         if any(isinstance(t, torch.Tensor) and not on_gpu(t) for t in out_leaves):
             self.failed[key] = "the forward returned a CPU tensor"
             self.stats["capture_failed"] += 1
+            if before is not None:
+                self.counters.restore(before)
             return None
-        entry = _Graph(graph, positions, static, output)
+        counts = self.counters.delta(before) if self.counters is not None else None
+        entry = _Graph(graph, positions, static, output, counts or None)
         self.graphs[key] = entry
         self.stats["captured"] += 1
         return entry
 
-    def _replay(self, entry: _Graph, leaves):
+    def _replay(self, entry: _Graph, leaves, counted: bool = False):
         for i in entry.tensor_positions:
             entry.static_leaves[i].copy_(leaves[i])
         entry.graph.replay()
+        if entry.counts is not None and not counted:
+            self.counters.add(entry.counts)
         self.stats["replayed"] += 1
         return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, entry.output)
 
@@ -216,12 +239,13 @@ class GraphedForward:
         return {"graphs": len(self.graphs), "failed": list(self.failed.values()), "calls": dict(self.stats)}
 
 
-def enable(module: torch.nn.Module, state_fn: Callable[[], object] | None = None, max_graphs: int = 4
-           ) -> GraphedForward:
-    """Answer ``module``'s forward with CUDA graph replays (see the module doc). Enabling again replaces the
-    previous wrapper (its graphs are dropped)."""
+def enable(module: torch.nn.Module, state_fn: Callable[[], object] | None = None, max_graphs: int = 4,
+           counters: ForwardCounters | None = None) -> GraphedForward:
+    """Answer ``module``'s forward with CUDA graph replays (see the module doc). ``counters``: what the forward
+    counts, advanced at each replay as the capture advanced them. Enabling again replaces the previous wrapper
+    (its graphs are dropped)."""
     disable(module)
-    graphed = GraphedForward(module, module.forward, state_fn, max_graphs)
+    graphed = GraphedForward(module, module.forward, state_fn, max_graphs, counters)
     object.__setattr__(module, "forward", graphed)
     object.__setattr__(module, _ATTR, graphed)
     return graphed

@@ -127,8 +127,19 @@ def current(transformer: torch.nn.Module) -> tuple[str | None, LinearPolicy | No
     return ("fp8", state.policy) if state is not None else (None, None)
 
 
+def reset_counts(transformer: torch.nn.Module) -> None:
+    """Zero the FP8 layers' call counts (`sagegen.patch.reset_stats`)."""
+    state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
+    if state is None:
+        return
+    for parent, key, _ in state.originals.values():
+        module = parent._modules.get(key)
+        if isinstance(module, FP8Linear):
+            module._fp8_calls[0] = 0
+
+
 def info(transformer: torch.nn.Module) -> dict | None:
-    """What ran FP8: the policy, the FP8 layers (with their eager FP8 call counts), the bf16 ones and why."""
+    """What ran FP8: the policy, the FP8 layers (with their FP8 call counts), the bf16 ones and why."""
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return None
