@@ -56,6 +56,7 @@ from sagegen.stepbench_compile import SCOPES, compiled, repeated_blocks
 from sagegen.stepbench_measure import (
     HOST_BOUND_RATIO,
     Timer,
+    cpu_loop_ms,
     device_info,
     host_check,
     profile_step,
@@ -254,10 +255,13 @@ def main(argv=None) -> dict:
         """Time ``fn``; returns the variant's result entry (None when --only skips it)."""
         if args.only is not None and variant != "stock" and variant not in args.only:
             return None
+        cpu_before = cpu_loop_ms()
         out, times, peak = timer.measure(fn, args.warmup, args.repeats)
         outputs[variant] = out.float().cpu()
         results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak,
-                            "host_median_s": statistics.median(timer.host_times), "host_times_s": timer.host_times}
+                            "host_median_s": statistics.median(timer.host_times), "host_times_s": timer.host_times,
+                            # the host CPU's speed before / after (`cpu_loop_ms`): what host-bound times follow
+                            "cpu_loop_ms": [round(cpu_before, 2), round(cpu_loop_ms(), 2)]}
         replayed = variant.endswith("_graphs")  # a CUDA graph replay: profiled, not judged host-bound
         busy = host_check(results[variant], fn, replayed=replayed) if device.type == "cuda" else ""
         print(f"{variant:>17}: {statistics.median(times) * 1000:9.1f} ms  (runs: "
@@ -379,7 +383,8 @@ def main(argv=None) -> dict:
     if report.get("host_bound_variants"):
         print(f"note: {', '.join(report['host_bound_variants'])} waited on the host (wall time > "
               f"{HOST_BOUND_RATIO:.2f}x GPU busy time): their times depend on this machine's CPU as much as on the "
-              "GPU; --cuda-graphs replays each step without the host")
+              "GPU (its speed can change from second to second on a shared host: see 'CPU loop'); --cuda-graphs "
+              "replays each step without the host")
     print(f"wrote {args.out}")
     return report
 

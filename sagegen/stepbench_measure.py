@@ -50,6 +50,20 @@ class Timer:
         return out, times, peak
 
 
+def cpu_loop_ms() -> float:
+    """Milliseconds this thread takes for a fixed pure-Python loop (best of 3): the host CPU's speed right now.
+    Host-bound eager steps track it, not the code: on the H200 hosts of 2026-11-29/30 the same vCPU ran it in
+    ~12 or ~24 ms from one second to the next (hypervisor contention; bench/NOTES.md v8.0)."""
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        total = 0
+        for i in range(300_000):
+            total += i & 7
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
 def compare(out: torch.Tensor, ref: torch.Tensor) -> dict:
     a, b = out.double().flatten(), ref.double().flatten()
     return {"cosine": float(torch.nn.functional.cosine_similarity(a, b, dim=0)),
@@ -118,6 +132,8 @@ def host_check(entry: dict, fn, replayed: bool = False) -> str:
     gpu = profile_step(fn)["total_s"]
     entry.update(gpu_busy_s=gpu, host_bound=None if replayed else host_bound(entry["median_s"], gpu))
     host = f"  host {entry['host_median_s'] * 1000:.1f} ms" if entry.get("host_median_s") is not None else ""
+    if entry.get("cpu_loop_ms"):
+        host += f" (CPU loop {'/'.join(f'{t:.0f}' for t in entry['cpu_loop_ms'])} ms)"
     return f"  GPU busy {gpu * 1000:.1f} ms" + host + ("  HOST-BOUND" if entry["host_bound"] else "")
 
 

@@ -34,6 +34,8 @@ def test_tiny_mode_writes_a_complete_report(model, tmp_path, seed):
     assert on_disk["sage_config"]["smooth_v"] is True
     assert set(on_disk["results"]) == {"stock", "sagegen", "no_attention", "stock_compiled", "sagegen_compiled"}
     assert all(r["median_s"] > 0 and len(r["times_s"]) == 1 for r in on_disk["results"].values())
+    eager = [r for name, r in on_disk["results"].items() if not name.endswith("_compiled")]
+    assert all(len(r["cpu_loop_ms"]) == 2 and min(r["cpu_loop_ms"]) > 0 for r in eager)  # the CPU's speed
     assert report["patch_stats"]["routed"] > 0 and not report["patch_stats"].get("fallback")
     diff = on_disk["diff_vs_stock"]
     assert 0 < diff["sagegen"]["rel_l1"] < 0.05 and diff["sagegen"]["cosine"] > 0.999
@@ -157,6 +159,17 @@ def test_timer_records_the_host_time_of_each_timed_run(monkeypatch):
     note = m.host_check(entry, None)
     assert "GPU busy 79.0 ms  host 118.0 ms  HOST-BOUND" in note
     assert "host " not in m.host_check({"median_s": 0.12}, None)  # an entry without host times
+    # with the CPU's speed around the timed runs (a contended vCPU runs the loop ~2x slower)
+    entry = {"median_s": 0.12, "host_median_s": 0.118, "cpu_loop_ms": [12.3, 24.6]}
+    assert "host 118.0 ms (CPU loop 12/25 ms)  HOST-BOUND" in m.host_check(entry, None)
+
+
+def test_cpu_loop_times_a_fixed_loop(monkeypatch):
+    from sagegen import stepbench_measure as m
+
+    clock = iter([0.0, 0.020, 1.0, 1.012, 2.0, 2.015])  # three tries: the best is kept
+    monkeypatch.setattr(m.time, "perf_counter", lambda: next(clock))
+    assert m.cpu_loop_ms() == pytest.approx(12.0)
 
 
 def test_bad_arguments(tmp_path):
@@ -322,7 +335,7 @@ def test_cuda_graph_variants_time_replays(tmp_path, monkeypatch):
     replays = []
     original = graphs.GraphedForward._replay
     monkeypatch.setattr(graphs.GraphedForward, "_replay",
-                        lambda self, entry, leaves: replays.append(1) or original(self, entry, leaves))
+                        lambda self, entry, leaves, **kw: replays.append(1) or original(self, entry, leaves, **kw))
     report = load_bench().main(["flux.1-dev", "--tiny", "--out", str(tmp_path / "t.json"), "--warmup", "1",
                                 "--repeats", "2", "--cuda-graphs", "--linear", "fp8", "--no-zero-attention"])
     assert {"stock_graphs", "sagegen_graphs", "sagegen_fp8_graphs"} <= set(report["results"])
