@@ -62,6 +62,32 @@ def test_out_in_a_read_only_folder(fake_model, tmp_path):  # noqa: F811
     assert fake_model.loads == [] and list(ro.iterdir()) == []
 
 
+def test_out_that_cannot_be_created_is_a_usage_error(fake_model, tmp_path):  # noqa: F811
+    """Even where `os.access` says yes (root; /proc), a folder that cannot be made is refused by name; a folder
+    that can be made is not left behind by the check."""
+    r = runner.invoke(app, [*BASE, "--out", "/proc/sagegen-no-such-dir/run"])
+    assert r.exit_code == 2 and "--out" in _error(r) and "cannot be created" in _error(r), r.output
+    assert fake_model.loads == []
+    r = runner.invoke(app, [*BASE, "--fp-blocks", "99", "--out", str(tmp_path / "new" / "run")])
+    assert r.exit_code == 2 and not (tmp_path / "new").exists()  # checked, then refused later: nothing made
+
+
+def test_out_holding_other_files_is_refused_unless_it_is_a_run_directory(fake_model, tmp_path):  # noqa: F811
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("README.md", "a.txt", "b.txt", "c.txt"):
+        (mine / name).write_text("x")
+    r = runner.invoke(app, [*BASE, "--out", str(mine)])
+    assert r.exit_code == 2 and "--out" in _error(r) and "not a sagegen run directory" in _error(r)
+    assert "README.md, a.txt, b.txt and 1 more" in _error(r)
+    assert fake_model.loads == [] and sorted(p.name for p in mine.iterdir()) == ["README.md", "a.txt", "b.txt",
+                                                                              "c.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert runner.invoke(app, [*BASE, "--out", str(empty)]).exit_code == 0  # an empty folder, then its run again
+    assert runner.invoke(app, [*BASE, "--out", str(empty)]).exit_code == 0
+
+
 def test_fp_blocks_out_of_range_before_loading(fake_model, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     r = runner.invoke(app, [*BASE, "--fp-blocks", "99", "--out", str(out)])

@@ -174,6 +174,45 @@ def test_keyboard_interrupt_exits_130(monkeypatch):
     assert r.exit_code == 130 and "resumes" in _one_error_line(r)
 
 
+def test_sigterm_unwinds_like_ctrl_c_and_removes_an_unfinished_run_dir(tmp_path):
+    """`timeout` and job schedulers send SIGTERM: the run stops with exit 143 and the same cleanup as Ctrl-C (a
+    run directory this run created, with no finished sample, is removed), in a real process."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "new" / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "sagegen", "run", "tiny-flux", "--prompt", "a", "--steps", "2000",
+                             "--device", "cpu", "--out", str(out)], stderr=subprocess.PIPE, text=True,
+                            env={**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},  # (faster)
+                                 "PYTHONUNBUFFERED": "1"})
+    lines = []
+    try:
+        for line in proc.stderr:  # the denoising loop has started once the sample says so
+            lines.append(line)
+            if "started" in line:
+                break
+        assert out.is_dir(), "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, "".join(lines) + rest
+    assert "terminated (SIGTERM)" in rest and "Traceback" not in rest
+    assert not (tmp_path / "new").exists()  # removed up to the first folder the run created
+
+
+def test_sigterm_handler_is_restored_after_a_command():
+    import signal
+
+    from sagegen.cli.errors import cli_command
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli_command(lambda: signal.getsignal(signal.SIGTERM))() is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def _fake_cache(root, repo, components=("scheduler", "transformer", "vae")):
     snap = root / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / "abc123"
     snap.mkdir(parents=True)

@@ -15,6 +15,7 @@ from sagegen import runlock
 from sagegen.cli.app import app
 from sagegen.cli.progress import LineReporter, RichReporter, make_reporter
 from sagegen.generate import Sample
+from sagegen.models.presets import resolve
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,13 +57,32 @@ def test_long_samples_get_step_lines(monkeypatch):
                      "[rank 1] sage 1/1 p000-s0: step 4/50, 70 s"]
 
 
-def test_random_weights_on_cpu_warns_with_an_estimate(fake_model, tmp_path):  # noqa: F811
+def test_random_weights_on_cpu_warns_with_an_estimate(fake_model, tmp_path, monkeypatch):  # noqa: F811
+    from sagegen.cli import estimate
+
+    monkeypatch.setattr(estimate, "available_bytes", lambda: 2**40)  # (the fake model needs none)
     r = runner.invoke(app, ["run", "flux.1-dev", "--random-weights", "-p", "x", "--device", "cpu", "-q",
                             "--steps", "1", "--warmup", "0", "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
     line = next(ln for ln in r.output.splitlines() if ln.startswith("warning: --random-weights"))
     assert "flux.1-dev" in line and "per sample" in line and "GFLOP/s" in line
     assert r.output.index("warning: --random-weights") < r.output.index("sage 1/1 p000-s0:")  # before the work
+
+
+def test_random_weights_that_cannot_fit_in_memory_are_refused_before_loading(fake_model, tmp_path,  # noqa: F811
+                                                                             monkeypatch):
+    """Flux's 11.9B-parameter transformer is 22.2 GiB of bf16 weights: on a machine with less memory the run
+    was killed minutes later (exit 137); now it is a usage error naming the sizes, before anything loads."""
+    from sagegen.cli import estimate
+
+    need = estimate.transformer_bytes(resolve("flux.1-dev"), "bfloat16")
+    assert 23.5e9 < need < 24.0e9  # 11.90B parameters, counted on the meta device
+    monkeypatch.setattr(estimate, "available_bytes", lambda: 16 * 2**30)
+    r = runner.invoke(app, ["run", "flux.1-dev", "--random-weights", "-p", "x", "--device", "cpu", "-q",
+                            "--steps", "1", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2 and "--random-weights" in r.output and "22.2 GiB" in r.output, r.output
+    assert "16.0 GiB available" in r.output and fake_model.loads == [] and not (tmp_path / "run").exists()
+    assert estimate.memory_problem(resolve("tiny-flux"), {"dtype": "bfloat16"}) is None  # no full-size arch
 
 
 def test_lock_refuses_a_second_writer_and_is_released(tmp_path):

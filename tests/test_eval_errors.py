@@ -159,3 +159,16 @@ def test_one_mismatched_sample_is_that_samples_error_only(tmp_path):
         assert e["status"] == "ok" and e["samples"] == ["p000-s0", "p002-s0"] and e["aggregate"]["sage"]["n"] == 2
         assert "frame shapes differ" in e["sample_errors"]["sage"]["p001-s0"]
         assert "1 sample(s) failed" in e["warning"] and "p001-s0" in e["warning"]
+
+
+def test_a_metric_named_for_the_other_kind_of_run_is_a_usage_error(tmp_path):
+    """`-m clipsim` on an image run (or clipscore on a video run) is refused (exit 2) before anything is
+    evaluated; ``all`` and no --metric leave such metrics out and name them instead."""
+    run = make_synthetic_run(tmp_path / "img", kind="image", prompts=["a lone cat"], height=48, width=48)
+    res = CliRunner().invoke(_app(), ["eval", str(run), "-m", "psnr,clipsim"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "clipsim is for video models" in " ".join(res.output.split()), res.output
+    assert "CLIP mode" not in res.output and not (run / "metrics.json").exists()
+    res = CliRunner().invoke(_app(), ["eval", str(run), "-m", "psnr,foo"], env={"COLUMNS": "200"})
+    assert res.exit_code == 2 and "unknown metric 'foo'" in res.output and "psnr,foo" not in res.output
+    res = CliRunner().invoke(_app(), ["eval", str(run), "-m", "psnr,all"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "clipsim not applicable" in " ".join(res.output.split()), res.output

@@ -48,6 +48,37 @@ def check_out_dir(path: Path, option: str = "--out") -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
         raise UsageProblem(f"{path} {what}; choose another folder (or fix its permissions)", option)
+    if existing != path:  # os.access says yes to root everywhere (and on /proc): create it to know
+        top = path
+        while not top.parent.exists():
+            top = top.parent
+        try:
+            path.mkdir(parents=True, exist_ok=True)  # (exist_ok: torchrun's ranks check at the same time)
+        except OSError as e:
+            raise UsageProblem(f"{path} cannot be created ({e.strerror or e}); choose another folder", option) from None
+        _remove_created(path, top)
+    elif any(True for _ in path.iterdir()) and not any((path / name).exists() for name in _RUN_DIR_MARKS):
+        held = sorted(p.name for p in path.iterdir())
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise UsageProblem(f"{path} holds other files ({shown}) and is not a sagegen run directory; give a new or "
+                           "empty folder (or an earlier run's, to resume it)", option)
+
+
+# what an existing run directory holds from its first moment (`generate`, `runlock`)
+_RUN_DIR_MARKS = ("manifest.json", ".sagegen-run.lock", "samples")
+
+
+def _remove_created(path: Path, top: Path) -> None:
+    """Remove the empty folders `check_out_dir` made, from `path` up to `top`."""
+    here = path
+    while True:
+        try:
+            here.rmdir()
+        except OSError:  # another rank's, or no longer empty: leave it
+            return
+        if here == top:
+            return
+        here = here.parent
 
 
 def check_video_encoder(preset) -> None:

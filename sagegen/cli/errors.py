@@ -7,6 +7,7 @@ get the same behaviour by decorating their function with `cli_command`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -26,6 +27,11 @@ PASS_THROUGH = tuple({typer.Exit, typer.Abort, ClickException, *(
 
 DEBUG_ENV = "SAGEGEN_DEBUG"
 _state = {"debug": False}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``timeout``, ``kill``, a job scheduler): unwinds like Ctrl-C, so that a run cleans up the same
+    way (finished samples kept, a run directory without any removed) before exiting 143."""
 
 
 class UsageProblem(Exception):
@@ -80,8 +86,9 @@ def describe(exc: BaseException) -> str:
 def handle(exc: BaseException) -> int:
     """Print `exc` as a one-line error and return the exit code (2: usage, 1: runtime, 130: interrupted)."""
     if isinstance(exc, KeyboardInterrupt):
-        print_error("interrupted; finished samples are kept, and running the same command again resumes")
-        return 130
+        what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        print_error(f"{what}; finished samples are kept, and running the same command again resumes")
+        return 143 if isinstance(exc, Terminated) else 130
     if isinstance(exc, usage_error_types()):
         from ..generate import BadPolicy
 
@@ -102,7 +109,8 @@ def cli_command(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with _sigterm_unwinds():
+                return fn(*args, **kwargs)
         except PASS_THROUGH:
             raise
         except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the CLI's last line of defence
@@ -113,6 +121,28 @@ def cli_command(fn):
             raise typer.Exit(handle(exc)) from None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """While a command runs (main thread only), SIGTERM raises `Terminated` instead of ending the process
+    at once; the previous handler comes back afterwards. Not under torchrun: there SIGTERM is how the launcher
+    stops the other ranks when one fails, and a rank waiting in a collective must still end at once."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or os.environ.get("WORLD_SIZE", "1") != "1":
+        yield
+        return
+
+    def on_term(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def format_click_error(exc) -> str:

@@ -1,6 +1,8 @@
-"""A rough time estimate for a full-size model run on the CPU (``--random-weights`` without a GPU), so that
-the user is warned before waiting hours: the transformer's matmul work at this CPU's measured float32 matmul
-rate (bfloat16 and the attention emulation are slower, the machine's load may differ: an order of magnitude)."""
+"""A full-size model run on the CPU (``--random-weights`` without a GPU), judged before it starts: a rough time
+estimate, so that the user is warned before waiting hours (the transformer's matmul work at this CPU's measured
+float32 matmul rate; bfloat16 and the attention emulation are slower, the machine's load may differ: an order of
+magnitude), and whether its weights fit in this machine's memory at all (else the kernel kills the run minutes
+later)."""
 
 from __future__ import annotations
 
@@ -57,3 +59,41 @@ def cpu_warning(preset, settings: dict, n_samples: int, n_variants: int) -> str 
             f"{rate / 1e9:.0f} GFLOP/s measured just now), {_human(total)} for this run, plus the VAE and the "
             "model load. Use a GPU "
             "(--device cuda) or a tiny-* preset for a quick check; Ctrl-C stops it.")
+
+
+def transformer_bytes(preset, dtype: str) -> int | None:
+    """Bytes of the full-size transformer's weights in ``dtype`` (counted on the meta device: nothing is
+    allocated), or None when the architecture is not known."""
+    import torch
+
+    from ..models.arch import ARCHS, build_transformer
+
+    if preset.name not in ARCHS:
+        return None
+    size = {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype, 2)
+    model = build_transformer(preset.name, dtype=torch.bfloat16, device="meta")
+    return sum(p.numel() for p in model.parameters()) * size
+
+
+def available_bytes() -> int | None:
+    """Memory this machine can still give (MemAvailable + free swap, /proc/meminfo), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:]}
+    except (OSError, ValueError, IndexError):
+        return None
+    if "MemAvailable" not in info:
+        return None
+    return info["MemAvailable"] + info.get("SwapFree", 0)
+
+
+def memory_problem(preset, settings: dict) -> str | None:
+    """Why a full-size random-weights run cannot fit in this machine's memory (its transformer's weights alone
+    exceed what is available), or None."""
+    need = transformer_bytes(preset, settings.get("dtype", "bfloat16"))
+    have = available_bytes()
+    if need is None or have is None or need <= have:
+        return None
+    return (f"the full-size {preset.name}'s transformer alone holds {need / 2**30:.1f} GiB of "
+            f"{settings.get('dtype', 'bfloat16')} weights, and this machine has {have / 2**30:.1f} GiB available "
+            "(memory and swap): the run would be killed. Use a GPU (--device cuda) or a tiny-* preset")

@@ -72,6 +72,7 @@ A metric whose weights are missing offline is skipped with a one-line
     from sagegen.eval.weights import BadOption
 
     console = Console()
+    err_console = Console(stderr=True, highlight=False, soft_wrap=True)
     if clip_mode not in MODES:
         raise typer.BadParameter(f"must be one of {', '.join(MODES)}; got {clip_mode!r}", param_hint="--clip-mode")
     if reference is not None and not reference.is_dir():
@@ -81,10 +82,13 @@ A metric whose weights are missing offline is skipped with a one-line
         kind = load_run(path).kind
         names = parse_metrics(metric, kind)
     except RunDirError as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
+        err_console.print(f"[bold red]Error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     except BadOption as e:
         raise typer.BadParameter(str(e).split(": ", 1)[-1], param_hint="--metric") from e
+    asked_for = [m for m in names if m in not_applicable(kind)] if not _all_metrics(metric) else []
+    if asked_for:  # named explicitly, but not for this kind of run: a usage mistake
+        raise typer.BadParameter("; ".join(not_applicable(kind)[m] for m in asked_for), param_hint="--metric")
     console.print(f"Evaluating [bold]{escape(str(path))}[/] ({kind} model): {', '.join(names)}")
     if set(names) & {"clipsim", "clipt"}:
         console.print(f"CLIP mode: [bold]{clip_mode}[/] — {MODE_NOTES[clip_mode]}")
@@ -99,12 +103,12 @@ A metric whose weights are missing offline is skipped with a one-line
         opt = str(e).split(":", 1)[0] if str(e).startswith("--") else None
         raise typer.BadParameter(str(e).split(": ", 1)[-1] if opt else str(e), param_hint=opt) from e
     except RunDirError as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
+        err_console.print(f"[bold red]Error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     console.print(metrics_table(doc, names))
     for line in skip_lines(doc, names):
         console.print(line, style="yellow", highlight=False, soft_wrap=True, markup=False)
-    if not any(str(x).strip(" ,") for x in metric) or any(str(x).strip().lower() == "all" for x in metric):
+    if _all_metrics(metric):
         for m, why in not_applicable(kind).items():  # what "all" left out, so the list is complete
             console.print(f"{m} not applicable: {why}", style="dim", highlight=False, soft_wrap=True, markup=False)
     for m in names:
@@ -114,10 +118,16 @@ A metric whose weights are missing offline is skipped with a one-line
     console.print(f"Wrote {path / 'metrics.json'}", highlight=False, soft_wrap=True, markup=False)
     # not a success: nothing the user asked for came out (reasons printed above)
     if not (doc.get("last_eval") or {}).get("computed"):
-        console.print(f"[red]error:[/] none of the requested metrics ({', '.join(names)}) could be computed; "
-                      "see the reasons above (results of earlier calls in metrics.json are kept)", highlight=False,
-                      soft_wrap=True)
+        err_console.print(f"[bold red]Error:[/] none of the requested metrics ({', '.join(names)}) could be computed; "
+                          "see the reasons above (results of earlier calls in metrics.json are kept)", highlight=False,
+                          soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _all_metrics(metric) -> bool:
+    """No --metric, or ``all`` among them: every metric that applies (the others named, not refused)."""
+    return not any(str(x).strip(" ,") for x in metric) or any(
+        p.strip().lower() == "all" for x in metric for p in str(x).split(","))
 
 
 def register(app: typer.Typer) -> None:

@@ -177,8 +177,11 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                 "max_sequence_length": preset.max_sequence_length,
                 "vae_tiling": vae_tiling, "vae_slicing": vae_slicing, "random_weights": random_weights}
     if random_weights and not on_gpu:
-        from .estimate import cpu_warning
+        from .estimate import cpu_warning, memory_problem
 
+        problem = memory_problem(preset, settings)
+        if problem:
+            raise UsageProblem(problem, "--random-weights")
         warning = cpu_warning(preset, settings, len(prompts_list) * len(seeds), len(variants))
         if warning:
             warnings.append(warning)

@@ -45,17 +45,18 @@ def report_command(
     from sagegen.report.builder import ReportOptions, build_report
 
     console = Console()
+    err_console = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         path = resolve_run_dir(run_dir)
     except RunDirError as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
+        err_console.print(f"[bold red]Error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     console.print(f"Reporting [bold]{escape(str(path))}[/]", highlight=False)
     opts = ReportOptions(max_side=max_side, max_frames=max_frames, gain=gain, mp4=mp4, contact=contact_sheet)
     try:
         written = build_report(path, opts, log=lambda s: console.print(s, style="dim", highlight=False, markup=False))
     except (RunDirError, ValueError) as e:
-        console.print(f"[red]error:[/] {escape(str(e))}")
+        err_console.print(f"[bold red]Error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
     if not (path / "metrics.json").is_file():
         typed = shlex.quote(str(path))  # a path with spaces still works when pasted

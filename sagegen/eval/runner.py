@@ -45,8 +45,8 @@ def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
         names = ["all"]
     want: list[str] = []
     for raw in names:
-        for n in str(raw).split(","):
-            n = n.strip().lower().replace("-", "").replace("_", "")
+        for piece in str(raw).split(","):
+            n = piece.strip().lower().replace("-", "").replace("_", "")
             if not n:
                 continue
             if n == "all":
@@ -54,7 +54,7 @@ def parse_metrics(names: Iterable[str], kind: str | None = None) -> list[str]:
             elif n in METRICS:
                 want.append(n)
             else:
-                raise BadOption(f"--metric: unknown metric {raw!r}; choose from {', '.join(METRICS)}, or all")
+                raise BadOption(f"--metric: unknown metric {piece.strip()!r}; choose from {', '.join(METRICS)}, or all")
     return list(dict.fromkeys(want))
 
 
