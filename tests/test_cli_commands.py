@@ -242,6 +242,11 @@ def test_models_lists_presets_and_local_weights(tmp_path):
     assert r.exit_code == 0
     for text in ("cogvideox1.5-5b", "THUDM/CogVideoX1.5-5B", "1360x768", "built-in", "cached", "not usable"):
         assert text in r.output
+    # piped (not a terminal), even at 80 columns: whole cells, no "…"
+    r = runner.invoke(app, ["models"], env={"COLUMNS": "80"})
+    table = [line for line in r.output.splitlines() if line.startswith(("┃", "│"))]
+    assert "frames@fps" in table[0] and "guidance" in table[0] and not any("…" in line for line in table)
+    assert any("hunyuanvideo-1.5" in line and "not downloaded" in line for line in table), r.output
 
 
 def test_cached_weights_are_located_without_network(tmp_path):

@@ -44,8 +44,6 @@ def models_command(
     if as_json:
         console.print_json(json.dumps(rows))
         return
-    if not console.is_terminal:
-        console.width = max(console.width, 150)
     table = Table(title="sagegen model presets", title_justify="left",
                   caption=f"Hugging Face cache: {hf_cache_dir()}", caption_justify="left")
     for col in ("name", "hub id", "size", "frames@fps", "steps", "guidance", "dtype", "weights"):
@@ -56,6 +54,8 @@ def models_command(
         table.add_row(r["name"], r["hub_id"] or "—", f"{r['width']}x{r['height']}",
                       f"{r['frames']}@{r['fps']}" if r["frames"] else "image", str(r["steps"]), f"{r['guidance']:g}",
                       r["dtype"], f"[{style.get(r['weights'], '')}]{weights}[/]")
+    if not console.is_terminal:  # piped or logged: whole cells, however wide (a terminal keeps its width)
+        console.width = max(console.width, console.measure(table, options=console.options.update_width(1000)).maximum)
     console.print(table)
     aliases = ", ".join(f"{a} → {r['name']}" for r in rows for a in r["aliases"] if "/" not in a)
     console.print(f"aliases: {aliases}", style="dim", markup=False)
