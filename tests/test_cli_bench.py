@@ -49,6 +49,11 @@ def test_unknown_and_tiny_models_are_usage_errors():
     assert r.exit_code == 2 and "did you mean" in _error(r)
     r = runner.invoke(app, ["bench", "tiny-flux"])
     assert r.exit_code == 2 and "flux.1-dev" in _error(r) and "--tiny" in _error(r)
+    # with --tiny, a tiny preset stands for its family's architecture, shrunk
+    assert bench_architecture("tiny-flux", tiny=True) == "flux.1-dev"
+    from sagegen.models import arch
+
+    assert arch.get_arch(bench_architecture("tiny-wan2.1", tiny=True)).family == "wan"
 
 
 def test_bad_benchmark_option_exits_2_with_argparse_message(tmp_path):
@@ -67,7 +72,7 @@ def test_tiny_smoke_through_the_cli(tmp_path):
     r = runner.invoke(app, ["bench", "flux", "--tiny", "--warmup", "0", "--repeats", "1", "--no-zero-attention",
                             "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert out.is_file()
+    assert out.is_file() and "not a speed measurement" in r.output
 
 
 def test_the_help_names_every_benchmark_option():

@@ -14,8 +14,9 @@ NO_GPU = ("sagegen bench times the GPU kernels, and no CUDA GPU is visible to Py
           "run it on a machine with an NVIDIA GPU, or add --tiny for the CPU smoke test of the same code path")
 
 
-def bench_architecture(model: str) -> str:
-    """The stepbench architecture for a model name, accepting every name and alias that `run` accepts."""
+def bench_architecture(model: str, tiny: bool = False) -> str:
+    """The stepbench architecture for a model name, accepting every name and alias that `run` accepts; with
+    ``tiny`` (the --tiny smoke test) a ``tiny-`` preset stands for its family's first full-size architecture."""
     from ..models import arch
     from ..models.presets import resolve
 
@@ -26,6 +27,8 @@ def bench_architecture(model: str) -> str:
         except ValueError:
             pass
     full = [p for p in arch.ARCHS if arch.ARCHS[p].family == preset.family]
+    if tiny and full and preset.name.startswith("tiny-"):
+        return full[0]
     hint = f" (the full-size {preset.family} architectures: {', '.join(full)}; --tiny shrinks them)" if full else ""
     raise UsageProblem(f"{preset.name} has no full-size architecture to benchmark{hint}; choose one of "
                        f"{', '.join(arch.ARCHS)}", "MODEL")
@@ -52,8 +55,8 @@ topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --pro
 
     Examples: sagegen bench cogvideox-5b --compile; sagegen bench flux --tiny --out /tmp/smoke.json
     """
-    name = bench_architecture(model)
     extra = list(ctx.args)
+    name = bench_architecture(model, tiny="--tiny" in extra)
     args = [name, *extra]
     if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -67,6 +70,9 @@ topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --pro
 
             if not torch.cuda.is_available():
                 raise UsageProblem(NO_GPU)
+        else:
+            print(f"note: --tiny: {name}'s architecture shrunk to a few layers, timed on this machine; a smoke test "
+                  "of the code path, not a speed measurement", flush=True)
         stepbench.main(args)
     except SystemExit as exc:
         if isinstance(exc.code, str):  # a message from the benchmark itself
