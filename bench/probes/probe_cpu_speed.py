@@ -12,15 +12,10 @@ import argparse
 import json
 import os
 import platform
-import time
+import sys
 
-
-def loop_ms() -> float:
-    t = time.perf_counter()
-    total = 0
-    for i in range(300_000):
-        total += i & 7
-    return (time.perf_counter() - t) * 1e3
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from sagegen.stepbench_measure import cpu_loop_ms  # noqa: E402  (the loop `sagegen bench` records)
 
 
 def main():
@@ -33,7 +28,7 @@ def main():
     for _ in range(args.rounds):
         for c in cores:
             os.sched_setaffinity(0, {c})
-            rows[c].append(min(loop_ms() for _ in range(3)))
+            rows[c].append(cpu_loop_ms())
     os.sched_setaffinity(0, set(cores))
     best = {c: min(v) for c, v in rows.items()}
     for c in cores:

@@ -51,14 +51,9 @@ def _clocked_run(original):
 
 def _python_ms() -> float:
     """A fixed pure-Python loop (best of 3): how fast this process's interpreter runs, apart from torch and Triton."""
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        total = 0
-        for i in range(300_000):
-            total += i & 7
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+    from sagegen.stepbench_measure import cpu_loop_ms
+
+    return cpu_loop_ms()
 
 
 def _process_facts() -> dict:
