@@ -65,7 +65,7 @@ def check_out_dir(path: Path, option: str = "--out") -> None:
 
 
 # what an existing run directory holds from its first moment (`generate`, `runlock`)
-_RUN_DIR_MARKS = ("manifest.json", ".sagegen-run.lock", "samples")
+_RUN_DIR_MARKS = ("manifest.json", ".manifest.lock", ".sagegen-run.lock", "samples")
 
 
 def _remove_created(path: Path, top: Path) -> None:
