@@ -48,12 +48,14 @@ def check_out_dir(path: Path, option: str = "--out") -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
         raise UsageProblem(f"{path} {what}; choose another folder (or fix its permissions)", option)
-    if existing != path:  # os.access says yes to root everywhere (and on /proc): create it to know
+    # os.access says yes to root everywhere (and on /proc): create it to know. Rank 0 only under torchrun: another
+    # rank's probe could remove the folder rank 0 has just made for its lock.
+    if existing != path and os.environ.get("RANK", "0") == "0":
         top = path
         while not top.parent.exists():
             top = top.parent
         try:
-            path.mkdir(parents=True, exist_ok=True)  # (exist_ok: torchrun's ranks check at the same time)
+            path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageProblem(f"{path} cannot be created ({e.strerror or e}); choose another folder", option) from None
         _remove_created(path, top)
