@@ -48,17 +48,19 @@ def check_out_dir(path: Path, option: str = "--out") -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
         raise UsageProblem(f"{path} {what}; choose another folder (or fix its permissions)", option)
-    # os.access says yes to root everywhere (and on /proc): create it to know. Rank 0 only under torchrun: another
-    # rank's probe could remove the folder rank 0 has just made for its lock.
-    if existing != path and os.environ.get("RANK", "0") == "0":
-        top = path
-        while not top.parent.exists():
-            top = top.parent
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise UsageProblem(f"{path} cannot be created ({e.strerror or e}); choose another folder", option) from None
-        _remove_created(path, top)
+    # os.access says yes to root everywhere (and on /proc): create it to know. Not under torchrun: the probe's
+    # removal could take away the folder another rank has just made.
+    if existing != path:
+        if os.environ.get("WORLD_SIZE", "1") == "1":
+            top = path
+            while not top.parent.exists():
+                top = top.parent
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise UsageProblem(f"{path} cannot be created ({e.strerror or e}); choose another folder",
+                                   option) from None
+            _remove_created(path, top)
     elif any(True for _ in path.iterdir()) and not any((path / name).exists() for name in _RUN_DIR_MARKS):
         held = sorted(p.name for p in path.iterdir())
         shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
