@@ -84,7 +84,8 @@ def describe(exc: BaseException) -> str:
 
 
 def handle(exc: BaseException) -> int:
-    """Print `exc` as a one-line error and return the exit code (2: usage, 1: runtime, 130: interrupted)."""
+    """Print `exc` as a one-line error and return the exit code (2: usage, 1: runtime, 130: interrupted, 143:
+    terminated)."""
     if isinstance(exc, KeyboardInterrupt):
         what = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
         print_error(f"{what}; finished samples are kept, and running the same command again resumes")
