@@ -12,6 +12,12 @@ and rounded once to x's dtype; the norm reads that rounded h back, as ``h.float(
 is two-pass (mean, then the centred variance) in fp32, where PyTorch's kernel uses Welford's update: the fp32
 results agree to a few ulps, so a normalised output can differ from eager by one step of bf16 in rare
 elements (tests/test_residual_norm.py bounds it).
+
+``fp8_out=True`` writes the normalised rows in FP8 (e4m3) with one scale per row instead of in the activations'
+dtype: the row is rounded to that dtype as it would be stored, then quantized exactly as
+`sagegen.kernels.fp8_quant` quantizes a stored row per token. That is, bit for bit, the copy an FP8 linear
+reading ``n`` makes, for a projection that is the norm's only reader (Wan's cross-attention Q): the norm writes
+one byte an element instead of two, and the quantization pass and its read of ``n`` are gone.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .fp8_quant import _quantize_tile, _scale_and_inverse
 from .spec import next_power_of_2
 from .triton_qk_prologue import FP_FUSION, _to_out
 from .triton_quant import interpreting
@@ -29,12 +36,13 @@ _HALF = (torch.float16, torch.bfloat16)
 
 @triton.jit
 def _residual_norm_kernel(
-    X, Y, Gate, W, Bias, Scale, Shift, HOut, NOut,
+    X, Y, Gate, W, Bias, Scale, Shift, HOut, NOut, NScale,
     S, C, eps,
     stride_xr, stride_yr, stride_hr, stride_nr,
     stride_gb, stride_gs, stride_scb, stride_scs, stride_shb, stride_shs,
     HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_AFFINE: tl.constexpr,
-    HAS_MOD: tl.constexpr, RMS: tl.constexpr, EXACT_CAST: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_MOD: tl.constexpr, RMS: tl.constexpr, EXACT_CAST: tl.constexpr, FP8_OUT: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     b = row // S
@@ -64,7 +72,13 @@ def _residual_norm_kernel(
             scale = tl.load(Scale + b * stride_scb + s * stride_scs + cols, mask=ok, other=0.0).to(tl.float32)
             shift = tl.load(Shift + b * stride_shb + s * stride_shs + cols, mask=ok, other=0.0).to(tl.float32)
             n = n * (1.0 + scale) + shift
-        tl.store(NOut + row * stride_nr + cols, _to_out(n, NOut.dtype.element_ty, EXACT_CAST), mask=ok)
+        if FP8_OUT:  # the row as it would be stored, quantized as the per-token quantizer reads it back
+            n = tl.where(ok, _to_out(n, X.dtype.element_ty, EXACT_CAST).to(tl.float32), 0.0)
+            scale, inv = _scale_and_inverse(tl.max(tl.abs(n), axis=0), False)
+            tl.store(NOut + row * stride_nr + cols, _quantize_tile(n, inv, EXACT_CAST), mask=ok)
+            tl.store(NScale + row, scale)
+        else:
+            tl.store(NOut + row * stride_nr + cols, _to_out(n, NOut.dtype.element_ty, EXACT_CAST), mask=ok)
 
 
 def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int, int]:
@@ -80,14 +94,16 @@ def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int
 def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Tensor | None = None, *,
                   norm: bool = True, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                   eps: float = 1e-6, scale: torch.Tensor | None = None, shift: torch.Tensor | None = None,
-                  rms: bool = False):
+                  rms: bool = False, fp8_out: bool = False):
     """``h = (x.float() + y.float() * gate).to(x.dtype)`` (or ``h = x`` without ``y``; no gate: a plain add),
     then ``n = (layer_norm(h.float(), weight, bias, eps) * (1 + scale) + shift).to(x.dtype)``
     (``rms=True``: an RMSNorm without weights, as diffusers' ``RMSNorm(elementwise_affine=False)``, in its place).
 
     Shapes: x, y [B, S, C] (fp16/bf16, rows contiguous over C); gate, scale, shift [B or 1, S or 1, C]
     (any float dtype, usually fp32: Wan's per-sample or per-token modulation); weight, bias [C] or None.
-    Returns (h, n): h is x itself without ``y``; n is None with ``norm=False``.
+    Returns (h, n): h is x itself without ``y``; n is None with ``norm=False``. With ``fp8_out=True``
+    (needs the norm) n is ``(n_fp8 [B, S, C] float8_e4m3fn, scales [B*S, 1] fp32)``: the per-token FP8 copy of
+    the rows above, quantized from their ``x.dtype`` rounding (see the module doc).
     """
     if x.dtype not in _HALF or x.ndim != 3 or x.stride(2) != 1:
         raise ValueError(f"x must be a [B, S, C] fp16/bf16 tensor with unit stride over C, got "
@@ -99,11 +115,15 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
         raise ValueError("scale and shift (and weight and bias) come together")
     if rms and weight is not None:
         raise ValueError("rms=True takes no weight or bias (an RMSNorm without elementwise affine)")
+    if fp8_out and not norm:
+        raise ValueError("fp8_out=True quantizes the normalised rows: it needs norm=True")
     if y is None and not norm:
         return x, None
     x2, y2 = x.reshape(B * S, C), (y.reshape(B * S, C) if y is not None else None)
     h = torch.empty_like(x) if y is not None else x
-    n = torch.empty_like(x) if norm else None
+    n = (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) if fp8_out
+         else torch.empty_like(x) if norm else None)
+    n_scale = torch.empty((B * S, 1), dtype=torch.float32, device=x.device) if fp8_out else None
     h2, n2 = h.view(B * S, C), (n.view(B * S, C) if norm else None)
     strides = (*_row_strides(gate, B, S, "gate"), *_row_strides(scale, B, S, "scale"),
                *_row_strides(shift, B, S, "shift"))
@@ -113,14 +133,14 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
         x2, y2 if y2 is not None else dummy, gate if gate is not None else dummy,
         weight if weight is not None else dummy, bias if bias is not None else dummy,
         scale if scale is not None else dummy, shift if shift is not None else dummy,
-        h2, n2 if n2 is not None else h2, S, C, float(eps),
+        h2, n2 if n2 is not None else h2, n_scale if fp8_out else dummy, S, C, float(eps),
         x2.stride(0), y2.stride(0) if y2 is not None else 0, h2.stride(0), n2.stride(0) if n2 is not None else 0,
         *strides,
         HAS_RES=y is not None, HAS_GATE=gate is not None, HAS_NORM=norm, HAS_AFFINE=weight is not None,
-        HAS_MOD=scale is not None, RMS=rms, EXACT_CAST=interpreting(), BLOCK_C=block_c,
+        HAS_MOD=scale is not None, RMS=rms, EXACT_CAST=interpreting(), FP8_OUT=fp8_out, BLOCK_C=block_c,
         num_warps=4 if block_c <= 1024 else (8 if block_c <= 4096 else 16), enable_fp_fusion=FP_FUSION,
     )
-    return h, n
+    return (h, (n, n_scale)) if fp8_out else (h, n)
 
 
 def residual_norm_reference(x, y=None, gate=None, *, norm=True, weight=None, bias=None, eps=1e-6,

@@ -213,12 +213,13 @@ class FP8Linear(torch.nn.Module):
                 and self.outlier_free() and rows >= self.min_rows and not torch.compiler.is_compiling())
 
     def forward_fp8(self, x8: torch.Tensor, row_scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        """This layer of an input that is already e4m3 with one scale for all of it (x8 [..., K]
-        float8_e4m3fn; row_scale fp32 [>= M, 1], contiguous, that scale repeated, M = x8's rows: an attention
-        output from `sagegen.api.sageattn_fp8_out`): the GEMM only, no quantization pass. The caller checks
+        """This layer of an input that is already e4m3, ``x8.float() * row_scale`` row by row (x8 [..., K]
+        float8_e4m3fn; row_scale fp32 [>= M, 1], contiguous, M = x8's rows): an attention output from
+        `sagegen.api.sageattn_fp8_out` (one scale, repeated), or a norm's per-token copy
+        (`residual_norm(fp8_out=True)`). The GEMM only, no quantization pass. The caller checks
         `takes_fp8_input`. Returns [..., N] in ``out_dtype``."""
         x2 = x8.reshape(-1, x8.shape[-1])  # (a copy only where the rows are not one strided block)
-        xs = row_scale[:x2.shape[0]]  # (every entry holds the same scale)
+        xs = row_scale[:x2.shape[0]]
         y = self._gemm((x2, xs), self.gemm_bias(), out_dtype)
         self.count_fp8_call()
         return y.reshape(*x8.shape[:-1], y.shape[-1])

@@ -34,7 +34,13 @@ class Fp8Rows(NamedTuple):
 
 def wanted(linear, rows: int) -> bool:
     """Whether ``linear`` (an attention's output projection) would take an FP8 input of ``rows`` tokens."""
-    return ENABLED and isinstance(linear, FP8Linear) and linear.takes_fp8_input(rows)
+    return ENABLED and takes_fp8_rows(linear, rows)
+
+
+def takes_fp8_rows(linear, rows: int) -> bool:
+    """Whether ``linear`` is an `FP8Linear` whose eager call of ``rows`` tokens may start from an input already in
+    e4m3 (per-token scales, no outlier handling, no fused GELU)."""
+    return isinstance(linear, FP8Linear) and linear.takes_fp8_input(rows)
 
 
 def tokens(x, rows: slice):

@@ -9,7 +9,7 @@ residual adds as eager fp32 ops around the three sub-layers; at 720p they cost a
 is swapped for a subclass whose forward computes the same values with four `residual_norm` passes:
 
     n1 = LN(x)·(1+scale)+shift                          -> attn1
-    x = x + attn1·gate;   n2 = norm2(x)                 -> attn2   (one pass)
+    x = x + attn1·gate;   n2 = norm2(x)                 -> attn2   (one pass; FP8 for an FP8 Q projection)
     x = x + attn2;        n3 = LN(x)·(1+c_scale)+c_shift -> ffn     (one pass)
     x = x + ffn·c_gate
 
@@ -37,12 +37,15 @@ from . import fused_blocks_ltx as _ltx
 from . import fused_blocks_qwen as _qwen
 from . import fused_blocks_sd3 as _sd3
 from .fused_common import _HALF, forward_subclass, swap_class
+from .fused_wan import cross_attention_fp8 as _cross_attention_fp8
 
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
 # SkyReels-V2's block: Wan 2.1's forward plus an attention mask for self-attention (diffusion forcing) and a
 # per-token modulation laid out [B, 6, S, C]
 _SKYREELS_BLOCK = ("diffusers.models.transformers.transformer_skyreels_v2", "SkyReelsV2TransformerBlock")
 _SUBCLASSES: dict[type, type] = {}
+# False: the cross-attention Q projection quantizes the bf16 norm output itself (an A/B switch for the probes)
+CROSS_Q_FP8 = True
 
 
 @functools.cache
@@ -133,22 +136,29 @@ def _fused_body(self, hidden_states, encoder_hidden_states, temb, rotary_emb, at
     norm2 = self.norm2
     if type(norm2) is torch.nn.Identity:
         x, _ = _residual_norm(x, y, gate, norm=False)
-        n = x
+        y = self.attn2(x, encoder_hidden_states, None, None)
     else:
-        x, n = _residual_norm(x, y, gate, weight=norm2.weight, bias=norm2.bias, eps=norm2.eps)
-    y = self.attn2(n, encoder_hidden_states, None, None)
+        # cross-attention's Q projection is this norm's only reader: where it runs FP8 on the fused route, the
+        # norm writes the per-token FP8 copy instead of the bf16 rows (`fused_wan.cross_attention_fp8`)
+        cross = _cross_attention_fp8(self.attn2, encoder_hidden_states, x) if CROSS_Q_FP8 else None
+        x, n = _residual_norm(x, y, gate, weight=norm2.weight, bias=norm2.bias, eps=norm2.eps,
+                              fp8_out=cross is not None)
+        y = cross(*n) if isinstance(n, tuple) else self.attn2(n, encoder_hidden_states, None, None)
     x, n = _residual_norm(x, y, scale=c_scale, shift=c_shift, eps=self.norm3.eps)
     x, _ = _residual_norm(x, self.ffn(n), c_gate, norm=False)
     return x
 
 
-def _residual_norm(x, y=None, gate=None, **kwargs):
+def _residual_norm(x, y=None, gate=None, fp8_out=False, **kwargs):
     """The kernel where it reproduces the stock ops (a sub-layer output of x's dtype and shape), else the
-    eager ops themselves."""
+    eager ops themselves. ``fp8_out``: the normalised rows as (e4m3 copy, per-token scales) from the kernel;
+    the eager ops give them in x's dtype (the caller takes either)."""
     from ..kernels.triton_residual_norm import residual_norm, residual_norm_reference
 
     if y is not None and (y.dtype != x.dtype or y.shape != x.shape):
         return residual_norm_reference(x, y, gate, **kwargs)
+    if fp8_out:
+        kwargs["fp8_out"] = True
     if y is not None and y.stride(2) != 1:
         y = y.contiguous()
     return residual_norm(x, y, gate, **kwargs)
