@@ -57,9 +57,9 @@ def test_fp8_rows_are_the_quantizer_of_the_bf16_rows(seed, dtype, B, S, C, gated
         n64 = n64 * weight.double() + bias.double()
     if scale is not None:
         n64 = n64 * (1 + scale.double()) + shift.double()
-    got = n8.double().reshape(-1, C) * ns.double()
-    step = torch.maximum(n64.reshape(-1, C).abs() * 2.0 ** -4, ns.double() * 2.0 ** -9) + n64.abs().reshape(-1, C) * 2.0 ** -7
-    assert ((got - n64.reshape(-1, C)).abs() <= step * 1.001).all()
+    got, n64 = n8.double().reshape(-1, C) * ns.double(), n64.reshape(-1, C)
+    step = torch.maximum(n64.abs() * 2.0 ** -4, ns.double() * 2.0 ** -9) + n64.abs() * 2.0 ** -7
+    assert ((got - n64).abs() <= step * 1.001).all()
 
 
 def test_fp8_out_needs_the_norm():

@@ -22,6 +22,8 @@ one byte an element instead of two, and the quantization pass and its read of ``
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -37,48 +39,61 @@ _HALF = (torch.float16, torch.bfloat16)
 @triton.jit
 def _residual_norm_kernel(
     X, Y, Gate, W, Bias, Scale, Shift, HOut, NOut, NScale,
-    S, C, eps,
+    M, S, C, eps,
     stride_xr, stride_yr, stride_hr, stride_nr,
     stride_gb, stride_gs, stride_scb, stride_scs, stride_shb, stride_shs,
     HAS_RES: tl.constexpr, HAS_GATE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_AFFINE: tl.constexpr,
     HAS_MOD: tl.constexpr, RMS: tl.constexpr, EXACT_CAST: tl.constexpr, FP8_OUT: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    b = row // S
-    s = row % S
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
+    rows = rows.to(tl.int64)
+    b = (rows // S)[:, None]
+    s = (rows % S)[:, None]
+    r = rows[:, None]
     cols = tl.arange(0, BLOCK_C)
-    ok = cols < C
-    x = tl.load(X + row * stride_xr + cols, mask=ok, other=0.0).to(tl.float32)
+    col_ok = cols < C
+    ok = row_ok[:, None] & col_ok[None, :]
+    cols = cols[None, :]
+    x = tl.load(X + r * stride_xr + cols, mask=ok, other=0.0).to(tl.float32)
     if HAS_RES:
-        y = tl.load(Y + row * stride_yr + cols, mask=ok, other=0.0).to(tl.float32)
+        y = tl.load(Y + r * stride_yr + cols, mask=ok, other=0.0).to(tl.float32)
         if HAS_GATE:
             y = y * tl.load(Gate + b * stride_gb + s * stride_gs + cols, mask=ok, other=0.0).to(tl.float32)
         h = _to_out(x + y, HOut.dtype.element_ty, EXACT_CAST)
-        tl.store(HOut + row * stride_hr + cols, h, mask=ok)
+        tl.store(HOut + r * stride_hr + cols, h, mask=ok)
         x = h.to(tl.float32)
     if HAS_NORM:
         if RMS:  # diffusers' RMSNorm: no centring
-            n = x * tl.math.rsqrt(tl.sum(x * x, axis=0) / C + eps)
+            n = x * tl.math.rsqrt(tl.sum(x * x, axis=1) / C + eps)[:, None]
         else:
-            mean = tl.sum(x, axis=0) / C
-            centred = tl.where(ok, x - mean, 0.0)
-            var = tl.sum(centred * centred, axis=0) / C
-            n = centred * tl.math.rsqrt(var + eps)
+            mean = tl.sum(x, axis=1) / C
+            centred = tl.where(ok, x - mean[:, None], 0.0)
+            var = tl.sum(centred * centred, axis=1) / C
+            n = centred * tl.math.rsqrt(var + eps)[:, None]
         if HAS_AFFINE:
-            n = n * tl.load(W + cols, mask=ok, other=0.0).to(tl.float32)
-            n = n + tl.load(Bias + cols, mask=ok, other=0.0).to(tl.float32)
+            n = n * tl.load(W + cols, mask=col_ok[None, :], other=0.0).to(tl.float32)
+            n = n + tl.load(Bias + cols, mask=col_ok[None, :], other=0.0).to(tl.float32)
         if HAS_MOD:
             scale = tl.load(Scale + b * stride_scb + s * stride_scs + cols, mask=ok, other=0.0).to(tl.float32)
             shift = tl.load(Shift + b * stride_shb + s * stride_shs + cols, mask=ok, other=0.0).to(tl.float32)
             n = n * (1.0 + scale) + shift
         if FP8_OUT:  # the row as it would be stored, quantized as the per-token quantizer reads it back
             n = tl.where(ok, _to_out(n, X.dtype.element_ty, EXACT_CAST).to(tl.float32), 0.0)
-            scale, inv = _scale_and_inverse(tl.max(tl.abs(n), axis=0), False)
-            tl.store(NOut + row * stride_nr + cols, _quantize_tile(n, inv, EXACT_CAST), mask=ok)
-            tl.store(NScale + row, scale)
+            scale, inv = _scale_and_inverse(tl.max(tl.abs(n), axis=1), False)
+            tl.store(NOut + r * stride_nr + cols, _quantize_tile(n, inv[:, None], EXACT_CAST), mask=ok)
+            tl.store(NScale + rows, scale, mask=row_ok)
         else:
-            tl.store(NOut + row * stride_nr + cols, _to_out(n, NOut.dtype.element_ty, EXACT_CAST), mask=ok)
+            tl.store(NOut + r * stride_nr + cols, _to_out(n, NOut.dtype.element_ty, EXACT_CAST), mask=ok)
+
+
+@functools.cache
+def launch(C: int, fp8_out: bool) -> dict:
+    """Rows a program and warps for rows of C channels (the probes override it; the caller must not change
+    the dict)."""
+    block_c = next_power_of_2(C)
+    return dict(ROWS=1, num_warps=4 if block_c <= 1024 else (8 if block_c <= 4096 else 16))
 
 
 def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int, int]:
@@ -129,16 +144,17 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
                *_row_strides(shift, B, S, "shift"))
     block_c = next_power_of_2(C)
     dummy = x2
-    _residual_norm_kernel[(B * S,)](
+    config = launch(C, fp8_out)
+    _residual_norm_kernel[(triton.cdiv(B * S, config["ROWS"]),)](
         x2, y2 if y2 is not None else dummy, gate if gate is not None else dummy,
         weight if weight is not None else dummy, bias if bias is not None else dummy,
         scale if scale is not None else dummy, shift if shift is not None else dummy,
-        h2, n2 if n2 is not None else h2, n_scale if fp8_out else dummy, S, C, float(eps),
+        h2, n2 if n2 is not None else h2, n_scale if fp8_out else dummy, B * S, S, C, float(eps),
         x2.stride(0), y2.stride(0) if y2 is not None else 0, h2.stride(0), n2.stride(0) if n2 is not None else 0,
         *strides,
         HAS_RES=y is not None, HAS_GATE=gate is not None, HAS_NORM=norm, HAS_AFFINE=weight is not None,
         HAS_MOD=scale is not None, RMS=rms, EXACT_CAST=interpreting(), FP8_OUT=fp8_out, BLOCK_C=block_c,
-        num_warps=4 if block_c <= 1024 else (8 if block_c <= 4096 else 16), enable_fp_fusion=FP_FUSION,
+        enable_fp_fusion=FP_FUSION, **config,
     )
     return (h, (n, n_scale)) if fp8_out else (h, n)
 
