@@ -90,10 +90,20 @@ def _residual_norm_kernel(
 
 @functools.cache
 def launch(C: int, fp8_out: bool) -> dict:
-    """Rows a program and warps for rows of C channels (the probes override it; the caller must not change
-    the dict)."""
+    """Rows a program and warps for rows of C channels (the caller must not change the dict).
+
+    One row a program; fewer warps than a row's width would suggest, since the row's two or three reductions
+    cross warps through shared memory and wait on it. H200, Triton 3.6, Wan's widths at 27-76k rows
+    (bench/probes/probe_cross_q_fp8.py --sweep, bench/NOTES.md v8.1), against 8 / 8 / 16 warps before:
+    bf16 rows 2 / 2 / 4 warps at 1536 / 3072 / 5120 channels, 8-17% faster; FP8 rows 1 / 4 / 8 warps, 21% / 6% /
+    4% faster. The warps set the order of a row's sums, so outputs move by a bf16 step in ~1e-5 of the elements
+    from one launch to another."""
     block_c = next_power_of_2(C)
-    return dict(ROWS=1, num_warps=4 if block_c <= 1024 else (8 if block_c <= 4096 else 16))
+    if block_c <= 1024:
+        return dict(ROWS=1, num_warps=4)
+    if fp8_out:
+        return dict(ROWS=1, num_warps=1 if block_c <= 2048 else min(16, block_c // 1024))
+    return dict(ROWS=1, num_warps=max(2, min(8, block_c // 2048)))
 
 
 def _row_strides(t: torch.Tensor | None, B: int, S: int, name: str) -> tuple[int, int]:
