@@ -6,7 +6,8 @@ weights (the preset's size), one stock step, then patched steps with the switch 
     python bench/probes/ab_step_flag.py sd3.5-large fp8_quant.GELU_CHUNKS --linear fp8 --out $OUT/ab-step.json
     python bench/probes/ab_step_flag.py flux.1-dev sagegen.patch.fused_blocks.NORM_FP8 --linear fp8 --out ...
 
-Also reports whether the A and B steps' outputs are bit-identical (and their rel. L1 if not).
+Also reports whether the A and B steps' outputs are bit-identical (and their rel. L1 if not), and each one's
+rel. L1 against the stock step.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def main():
     ms = {"stock": [], "A": [], "B": []}
     outputs = {}
     with torch.inference_mode():
-        step()
+        stock = step().clone()
         ms["stock"].append(event_ms(step))
         if not args.cuda_graphs:
             sagegen.patch(model, linear=args.linear)
@@ -74,6 +75,9 @@ def main():
               "ms": ms, "median_ms": med,
               "outputs_identical": bool(torch.equal(a, b)),
               "rel_l1_A_vs_B": ((a - b).abs().sum() / b.abs().sum()).item(),
+              # (the scale of A vs B: each against the stock step of the same inputs)
+              **{f"rel_l1_{k}_vs_stock": ((t - stock.float()).abs().sum() / stock.float().abs().sum()).item()
+                 for k, t in (("A", a), ("B", b))},
               "speedup_A": med["stock"] / med["A"], "speedup_B": med["stock"] / med["B"],
               "A_over_B": med["B"] / med["A"]}
     print({k: v for k, v in result.items() if k != "ms"}, flush=True)
