@@ -1,7 +1,8 @@
-"""Wan's cross-attention Q projection fed by its norm in FP8 (`residual_norm(fp8_out=True)`,
-`fused_wan.cross_attention_fp8`) on the CPU: the kernel's FP8 rows against the per-token quantizer of its own
-bf16 rows (bit for bit, interpreter), against the emulation and against an fp64 norm; tiny patched Wan models
-(2.1, 2.2 TI2V, SkyReels-V2) whose fused blocks take the route give the very output of the bf16 norm plus the
+"""Cross-attention Q projections fed by the pass that produces their input, in FP8, on the CPU: Wan's norm
+(`residual_norm(fp8_out=True)`, `fused_wan.cross_attention_fp8`) and LTX-Video's residual add (the sum's copy,
+`fp8_out.offer`). The kernel's FP8 rows against the per-token quantizer of its own bf16 rows (bit for bit,
+interpreter), against the emulation and against an fp64 norm; tiny patched Wan models (2.1, 2.2 TI2V,
+SkyReels-V2) and LTX-Video whose fused blocks take the route give the very output of the bf16 rows plus the
 projection's own quantization, and every case that could differ steps aside (GPU: tests/test_gpu_fp8.py)."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from sagegen.kernels.fp8_quant import quantize_fp8_rows
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.linear import FP8Linear, LinearPolicy, numerics
 from sagegen.models.tiny_video import build_tiny_wan_transformer
-from sagegen.patch import fused_blocks, patch_info, reset_stats
+from sagegen.patch import fp8_out, patch_info, reset_stats
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernel runs in the interpreter
 
@@ -50,6 +51,10 @@ def test_fp8_rows_are_the_quantizer_of_the_bf16_rows(seed, dtype, B, S, C, gated
     assert torch.equal(_bits(n8.reshape(-1, C)), _bits(q)) and torch.equal(ns, s)
     q_emu, s_emu = numerics.quantize_activations(n.reshape(-1, C))
     assert torch.equal(_bits(n8.reshape(-1, C)), _bits(q_emu)) and torch.equal(ns, s_emu)
+    # without the norm: the residual sum, and its copy (LTX-Video's cross-attention Q)
+    h9, (c8, cs) = residual_norm(x, y, gate, norm=False, fp8_out=True)
+    q, s = quantize_fp8_rows(h.reshape(-1, C))
+    assert torch.equal(h9, h) and torch.equal(_bits(c8.reshape(-1, C)), _bits(q)) and torch.equal(cs, s)
     # against an fp64 norm: within half an e4m3 step of each value (plus the bf16 rounding before it)
     d = h.double()
     n64 = (d - d.mean(-1, keepdim=True)) / torch.sqrt(d.var(-1, unbiased=False, keepdim=True) + 1e-6)
@@ -62,10 +67,10 @@ def test_fp8_rows_are_the_quantizer_of_the_bf16_rows(seed, dtype, B, S, C, gated
     assert ((got - n64).abs() <= step * 1.001).all()
 
 
-def test_fp8_out_needs_the_norm():
+def test_fp8_out_needs_the_norm_or_a_residual():
     x = torch.zeros(1, 2, 16, dtype=torch.bfloat16, device=DEVICE)
-    with pytest.raises(ValueError, match="fp8_out=True .* needs norm=True"):
-        residual_norm(x, x, norm=False, fp8_out=True)
+    with pytest.raises(ValueError, match="fp8_out=True .* needs norm=True or y"):
+        residual_norm(x, None, norm=False, fp8_out=True)
 
 
 def _model(kind="wan2.1"):
@@ -105,11 +110,11 @@ def test_patched_wan_cross_q_takes_the_norms_fp8_rows(kind):
         stats = dict(patch_info(model)["stats"])
         calls = [b.attn2.to_q.fp8_calls for b in blocks]
         reset_stats(model)
-        saved, fused_blocks.CROSS_Q_FP8 = fused_blocks.CROSS_Q_FP8, False
+        saved, fp8_out.CROSS_Q_FP8 = fp8_out.CROSS_Q_FP8, False
         try:
             plain = model(**inputs)[0]
         finally:
-            fused_blocks.CROSS_Q_FP8 = saved
+            fp8_out.CROSS_Q_FP8 = saved
         stats_plain = dict(patch_info(model)["stats"])
         calls_plain = [b.attn2.to_q.fp8_calls for b in blocks]
         sagegen.unpatch(model)
@@ -132,11 +137,11 @@ def test_skyreels_blocks_take_it_too():
         sagegen.patch(model, backend="reference", linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
         taken = model(**inputs)[0]
         stats = dict(patch_info(model)["stats"])
-        fused_blocks.CROSS_Q_FP8 = False
+        fp8_out.CROSS_Q_FP8 = False
         try:
             plain = model(**inputs)[0]
         finally:
-            fused_blocks.CROSS_Q_FP8 = True
+            fp8_out.CROSS_Q_FP8 = True
         sagegen.unpatch(model)
     assert stats.get("cross_q_from_norm") == len(_blocks_of(model))
     assert torch.equal(taken, plain)
@@ -202,3 +207,31 @@ def test_cases_that_could_differ_step_aside():
     sagegen.patch(model, backend="reference")  # no FP8 linears: nothing to feed
     assert _taken(model, inputs) == 0
     sagegen.unpatch(model)
+
+
+@interpreted
+def test_ltx_cross_q_takes_the_residual_adds_fp8_copy(monkeypatch):
+    """LTX-Video: the residual add before cross-attention also writes the sum's FP8 copy, and the Q projection
+    takes it instead of quantizing (one quantization fewer a block); the output is bit-identical."""
+    from sagegen.linear import module as linear_module
+    from sagegen.models.tiny_classes import build_tiny_class, tiny_class_inputs
+
+    model = build_tiny_class("ltx", dtype=torch.bfloat16, seed=0).to(DEVICE)
+    inputs = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in tiny_class_inputs("ltx", model).items()}
+    real, quantized = linear_module.quantize_eager, []
+    monkeypatch.setattr(linear_module, "quantize_eager", lambda *a, **k: quantized.append(1) or real(*a, **k))
+    with torch.no_grad():
+        stock = model(**inputs)[0]
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        assert patch_info(model)["fused_blocks"] == len(model.transformer_blocks)
+        taken = model(**inputs)[0]
+        n_taken, quantized[:] = len(quantized), []
+        saved, fp8_out.CROSS_Q_FP8 = fp8_out.CROSS_Q_FP8, False
+        try:
+            plain = model(**inputs)[0]
+        finally:
+            fp8_out.CROSS_Q_FP8 = saved
+        sagegen.unpatch(model)
+        again = model(**inputs)[0]
+    assert n_taken == len(quantized) - len(model.transformer_blocks)
+    assert torch.equal(taken, plain) and torch.equal(again, stock)

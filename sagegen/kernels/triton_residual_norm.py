@@ -17,7 +17,9 @@ elements (tests/test_residual_norm.py bounds it).
 dtype: the row is rounded to that dtype as it would be stored, then quantized exactly as
 `sagegen.kernels.fp8_quant` quantizes a stored row per token. That is, bit for bit, the copy an FP8 linear
 reading ``n`` makes, for a projection that is the norm's only reader (Wan's cross-attention Q): the norm writes
-one byte an element instead of two, and the quantization pass and its read of ``n`` are gone.
+one byte an element instead of two, and the quantization pass and its read of ``n`` are gone. Without the norm,
+``fp8_out=True`` adds the same copy of the residual sum h to h itself (LTX-Video's cross-attention Q reads h,
+and so does the next residual add).
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ def _residual_norm_kernel(
         h = _to_out(x + y, HOut.dtype.element_ty, EXACT_CAST)
         tl.store(HOut + r * stride_hr + cols, h, mask=ok)
         x = h.to(tl.float32)
+        if FP8_OUT and not HAS_NORM:  # the stored residual's per-token FP8 copy (LTX-Video's cross-attention Q)
+            scale, inv = _scale_and_inverse(tl.max(tl.abs(x), axis=1), False)
+            tl.store(NOut + r * stride_nr + cols, _quantize_tile(x, inv[:, None], EXACT_CAST), mask=ok)
+            tl.store(NScale + rows, scale, mask=row_ok)
     if HAS_NORM:
         if RMS:  # diffusers' RMSNorm: no centring
             n = x * tl.math.rsqrt(tl.sum(x * x, axis=1) / C + eps)[:, None]
@@ -126,9 +132,10 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
 
     Shapes: x, y [B, S, C] (fp16/bf16, rows contiguous over C); gate, scale, shift [B or 1, S or 1, C]
     (any float dtype, usually fp32: Wan's per-sample or per-token modulation); weight, bias [C] or None.
-    Returns (h, n): h is x itself without ``y``; n is None with ``norm=False``. With ``fp8_out=True``
-    (needs the norm) n is ``(n_fp8 [B, S, C] float8_e4m3fn, scales [B*S, 1] fp32)``: the per-token FP8 copy of
-    the rows above, quantized from their ``x.dtype`` rounding (see the module doc).
+    Returns (h, n): h is x itself without ``y``; n is None with ``norm=False``. With ``fp8_out=True`` n is
+    ``(n_fp8 [B, S, C] float8_e4m3fn, scales [B*S, 1] fp32)``: the per-token FP8 copy of the normalised rows,
+    quantized from their ``x.dtype`` rounding (see the module doc); with ``norm=False`` (and ``y``) the copy of
+    h, which is written as well.
     """
     if x.dtype not in _HALF or x.ndim != 3 or x.stride(2) != 1:
         raise ValueError(f"x must be a [B, S, C] fp16/bf16 tensor with unit stride over C, got "
@@ -140,8 +147,9 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
         raise ValueError("scale and shift (and weight and bias) come together")
     if rms and weight is not None:
         raise ValueError("rms=True takes no weight or bias (an RMSNorm without elementwise affine)")
-    if fp8_out and not norm:
-        raise ValueError("fp8_out=True quantizes the normalised rows: it needs norm=True")
+    if fp8_out and not norm and y is None:
+        raise ValueError("fp8_out=True quantizes the normalised rows, or with norm=False the residual sum: it "
+                         "needs norm=True or y")
     if y is None and not norm:
         return x, None
     x2, y2 = x.reshape(B * S, C), (y.reshape(B * S, C) if y is not None else None)
@@ -149,7 +157,7 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
     n = (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) if fp8_out
          else torch.empty_like(x) if norm else None)
     n_scale = torch.empty((B * S, 1), dtype=torch.float32, device=x.device) if fp8_out else None
-    h2, n2 = h.view(B * S, C), (n.view(B * S, C) if norm else None)
+    h2, n2 = h.view(B * S, C), (n.view(B * S, C) if n is not None else None)
     strides = (*_row_strides(gate, B, S, "gate"), *_row_strides(scale, B, S, "scale"),
                *_row_strides(shift, B, S, "shift"))
     block_c = next_power_of_2(C)

@@ -16,9 +16,13 @@ from typing import NamedTuple
 import torch
 
 from ..linear.module import FP8Linear
+from ..linear.shared import shared
 
 # False runs every output projection on the bf16 output with its own quantization (only to measure the difference)
 ENABLED = True
+# False: cross-attention Q projections quantize their input themselves, rather than take the FP8 copy written by the
+# pass that produces it (Wan's norm, LTX-Video's residual add; an A/B switch for the probes)
+CROSS_Q_FP8 = True
 
 
 class Fp8Rows(NamedTuple):
@@ -41,6 +45,16 @@ def takes_fp8_rows(linear, rows: int) -> bool:
     """Whether ``linear`` is an `FP8Linear` whose eager call of ``rows`` tokens may start from an input already in
     e4m3 (per-token scales, no outlier handling, no fused GELU)."""
     return isinstance(linear, FP8Linear) and linear.takes_fp8_input(rows)
+
+
+def offer(linear, x: torch.Tensor, copy) -> None:
+    """Hand ``copy`` = (x's per-token e4m3 rows [..., C], scales fp32 [rows, 1]), written by the pass that
+    produced x (`residual_norm(fp8_out=True)`), to ``linear``'s next eager call on x itself: the `shared` cache
+    of the enclosing `sharing()` scope, so the call quantizes nothing. Any other call (another tensor, a hook
+    that changes x, outlier handling) misses and quantizes as usual."""
+    cache = shared()
+    if cache is not None and isinstance(linear, FP8Linear):
+        cache.put(x, linear.act_granularity, linear.emulate, (copy[0].view(-1, x.shape[-1]), copy[1]))
 
 
 def tokens(x, rows: slice):

@@ -36,6 +36,7 @@ from . import fused_blocks_flux as _flux
 from . import fused_blocks_ltx as _ltx
 from . import fused_blocks_qwen as _qwen
 from . import fused_blocks_sd3 as _sd3
+from . import fp8_out as _fp8_out
 from .fused_common import _HALF, forward_subclass, swap_class
 from .fused_wan import cross_attention_fp8 as _cross_attention_fp8
 
@@ -44,8 +45,6 @@ _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBl
 # per-token modulation laid out [B, 6, S, C]
 _SKYREELS_BLOCK = ("diffusers.models.transformers.transformer_skyreels_v2", "SkyReelsV2TransformerBlock")
 _SUBCLASSES: dict[type, type] = {}
-# False: the cross-attention Q projection quantizes the bf16 norm output itself (an A/B switch for the probes)
-CROSS_Q_FP8 = True
 
 
 @functools.cache
@@ -140,7 +139,7 @@ def _fused_body(self, hidden_states, encoder_hidden_states, temb, rotary_emb, at
     else:
         # cross-attention's Q projection is this norm's only reader: where it runs FP8 on the fused route, the
         # norm writes the per-token FP8 copy instead of the bf16 rows (`fused_wan.cross_attention_fp8`)
-        cross = _cross_attention_fp8(self.attn2, encoder_hidden_states, x) if CROSS_Q_FP8 else None
+        cross = _cross_attention_fp8(self.attn2, encoder_hidden_states, x) if _fp8_out.CROSS_Q_FP8 else None
         x, n = _residual_norm(x, y, gate, weight=norm2.weight, bias=norm2.bias, eps=norm2.eps,
                               fp8_out=cross is not None)
         y = cross(*n) if isinstance(n, tuple) else self.attn2(n, encoder_hidden_states, None, None)
@@ -151,8 +150,9 @@ def _fused_body(self, hidden_states, encoder_hidden_states, temb, rotary_emb, at
 
 def _residual_norm(x, y=None, gate=None, fp8_out=False, **kwargs):
     """The kernel where it reproduces the stock ops (a sub-layer output of x's dtype and shape), else the
-    eager ops themselves. ``fp8_out``: the normalised rows as (e4m3 copy, per-token scales) from the kernel;
-    the eager ops give them in x's dtype (the caller takes either)."""
+    eager ops themselves. ``fp8_out``: the normalised rows as (e4m3 copy, per-token scales) from the kernel,
+    or with ``norm=False`` that copy of the residual sum; the eager ops give the rows in x's dtype and no copy
+    (the caller takes either)."""
     from ..kernels.triton_residual_norm import residual_norm, residual_norm_reference
 
     if y is not None and (y.dtype != x.dtype or y.shape != x.shape):

@@ -3,7 +3,7 @@
 diffusers' ``LTXVideoTransformerBlock.forward``:
 
     n1 = RMSNorm(x)·(1+scale_msa)+shift_msa                -> attn1 (self-attention)  (one pass)
-    x = x + attn1·gate_msa                                  -> attn2 (cross-attention) (one pass)
+    x = x + attn1·gate_msa                                  -> attn2 (cross-attention) (one pass; + FP8 copy)
     x = x + attn2;  n2 = RMSNorm(x)·(1+scale_mlp)+shift_mlp -> ff                      (one pass)
     x = x + ff·gate_mlp                                                                (one pass)
 
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from ..linear.shared import sharing
+from . import fp8_out as _fp8_out
 from .fused_common import diffusers_class
 
 
@@ -67,9 +69,16 @@ def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hi
     x = hidden_states.contiguous()
     _, n = residual_norm(x, scale=scale_msa, shift=shift_msa, eps=self.norm1.eps, rms=True)
     y = self.attn1(hidden_states=n, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
-    x, _ = residual_norm(x, y, gate_msa, norm=False)
-    y = self.attn2(x, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                   attention_mask=encoder_attention_mask)
+    # cross-attention's Q projection reads this residual sum (as does the next pass): where it runs FP8, the
+    # pass writes the sum's per-token FP8 copy too, and the projection takes it (fp8_out.offer)
+    to_q = self.attn2.to_q
+    copy = _fp8_out.CROSS_Q_FP8 and _fp8_out.takes_fp8_rows(to_q, x.shape[0] * x.shape[1])
+    x, copy = residual_norm(x, y, gate_msa, norm=False, fp8_out=copy)
+    with sharing():
+        if copy is not None:
+            _fp8_out.offer(to_q, x, copy)
+        y = self.attn2(x, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                       attention_mask=encoder_attention_mask)
     x, n = residual_norm(x, y, scale=scale_mlp, shift=shift_mlp, eps=self.norm2.eps, rms=True)
     x, _ = residual_norm(x, self.ff(n), gate_mlp, norm=False)
     return x
