@@ -1,9 +1,11 @@
 """Wan's cross-attention Q projection fed by its norm in FP8 (`residual_norm(fp8_out=True)` + `forward_fp8`)
-against what runs without it, at the presets' shapes (Wan2.1-1.3B 480p, Wan2.2-TI2V-5B 720p, Wan2.1-14B 720p).
+against what runs without it, at the presets' shapes (Wan2.1-1.3B 480p, Wan2.2-TI2V-5B 720p, Wan2.1-14B 720p);
+and LTX-Video's (704x512x161, CFG 2), whose Q reads a residual sum that the add writes with its FP8 copy.
 
 Per shape, every variant once a round (triton.testing.do_bench, median), --rounds rounds:
   norm_eager   diffusers' eager ops for ``x + y·gate`` and norm2 (what stock runs)
   norm_plain   sagegen's `residual_norm` kernel, bf16 rows;   norm_fp8   the same writing the per-token FP8 copy
+               (LTX-Video's rows: the residual add alone, whose sum Q reads; fp8: the sum and its copy)
   quant        the per-token quantizer on the bf16 rows (what the Q projection ran before)
   gemm_bf16    F.linear (cuBLAS);   gemm_fp8   `FP8Linear.forward_fp8` (the `_scaled_mm` alone)
   proj_fp8     `FP8Linear` on the bf16 rows (quantizer + GEMM)
@@ -37,14 +39,16 @@ from sagegen.kernels.fp8_quant import quantize_per_token_unchecked  # noqa: E402
 from sagegen.kernels.triton_residual_norm import residual_norm, residual_norm_reference  # noqa: E402
 from sagegen.linear import FP8Linear  # noqa: E402
 
-SHAPES = [("wan2.1-t2v-1.3b", 32760, 1536), ("wan2.2-ti2v-5b", 27280, 3072), ("wan2.1-t2v-14b", 75600, 5120)]
+# (model, tokens, channels, the pass producing the Q projection's input: Wan's norm2, LTX-Video's residual add)
+SHAPES = [("wan2.1-t2v-1.3b", 32760, 1536, "norm"), ("wan2.2-ti2v-5b", 27280, 3072, "norm"),
+          ("wan2.1-t2v-14b", 75600, 5120, "norm"), ("ltx-video", 14784, 2048, "add")]
 
 
 def _rel_l1(a, b) -> float:
     return float((a.float() - b.float()).abs().sum() / b.float().abs().sum().clamp_min(1e-30))
 
 
-def run_shape(model, M, C, rounds, bench) -> dict:
+def run_shape(model, M, C, producer, rounds, bench) -> dict:
     g = torch.Generator(device="cuda").manual_seed(0)
     rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g, device="cuda") * scale
     x = rnd(1, M, C, scale=2.0).to(torch.bfloat16)
@@ -53,8 +57,9 @@ def run_shape(model, M, C, rounds, bench) -> dict:
     w_n, b_n = (rnd(C, scale=0.1) + 1).to(torch.bfloat16), rnd(C, scale=0.1).to(torch.bfloat16)
     lin = torch.nn.Linear(C, C, device="cuda", dtype=torch.bfloat16)
     fp8 = FP8Linear(lin)
-    kw = dict(weight=w_n, bias=b_n, eps=1e-6)
-    _, n = residual_norm(x, y, gate, **kw)
+    kw = dict(weight=w_n, bias=b_n, eps=1e-6) if producer == "norm" else dict(norm=False)
+    h, n = residual_norm(x, y, gate, **kw)
+    n = n if producer == "norm" else h  # (LTX: Q reads the residual sum)
     _, (n8, ns) = residual_norm(x, y, gate, fp8_out=True, **kw)
     q, s = quantize_per_token_unchecked(n.view(M, C))
     differ = int((n8.view(M, C).view(torch.uint8) != q.view(torch.uint8)).sum())
@@ -77,7 +82,7 @@ def run_shape(model, M, C, rounds, bench) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     before = med["gemm_fp8"] + med["quant"]
     added = med["norm_fp8"] - med["norm_plain"]
-    row = dict(model=model, M=M, C=C, ms=med, ms_rounds=times,
+    row = dict(model=model, M=M, C=C, producer=producer, ms=med, ms_rounds=times,
                codes_differing=differ, codes=M * C, scales_equal=bool(torch.equal(ns, s)),
                rel_l1_new_vs_before=_rel_l1(out_new, out_old),
                max_abs_new_vs_before=float((out_new.float() - out_old.float()).abs().max()),
@@ -134,10 +139,11 @@ def main(argv=None) -> dict:
     bench = lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50)
     rows, sweeps = [], []
     with torch.inference_mode():
-        for model, M, C in SHAPES if args.sweep else ():
-            sweeps.append(sweep_shape(model, M, C, args.rounds, bench))
-        for model, M, C in SHAPES:
-            row = run_shape(model, M, C, args.rounds, bench)
+        for model, M, C, producer in SHAPES if args.sweep else ():
+            if producer == "norm":
+                sweeps.append(sweep_shape(model, M, C, args.rounds, bench))
+        for model, M, C, producer in SHAPES:
+            row = run_shape(model, M, C, producer, args.rounds, bench)
             rows.append(row)
             m = row["ms"]
             print(f"{model:16s} M={M} C={C}: norm eager {m['norm_eager']:.3f} plain {m['norm_plain']:.3f} "
