@@ -134,9 +134,13 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out")
     p.add_argument("--sweep", action="store_true", help="the norm kernel's launches first (see sweep_shape)")
+    p.add_argument("--graphs", action="store_true",
+                   help="time each variant replayed as a CUDA graph (do_bench_cudagraph): no host time, which "
+                        "sets the time of the ~50-100 us launches on a slow host")
     args = p.parse_args(argv)
 
-    bench = lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50)
+    bench = ((lambda fn: triton.testing.do_bench_cudagraph(fn, rep=50)) if args.graphs
+             else (lambda fn: triton.testing.do_bench(fn, warmup=10, rep=50)))
     rows, sweeps = [], []
     with torch.inference_mode():
         for model, M, C, producer in SHAPES if args.sweep else ():
@@ -153,7 +157,7 @@ def main(argv=None) -> dict:
                   f"{row['pair_vs_sagegen_bf16']:.2f}x (before {row['pair_before_vs_sagegen_bf16']:.2f}x), "
                   f"vs stock {row['pair_vs_stock']:.2f}x | codes differing {row['codes_differing']}, "
                   f"rel-L1 new/before {row['rel_l1_new_vs_before']:.2e}", flush=True)
-    result = dict(environment=environment(), rounds=args.rounds, rows=rows, sweeps=sweeps)
+    result = dict(environment=environment(), rounds=args.rounds, graphs=args.graphs, rows=rows, sweeps=sweeps)
     write_json(args.out, **result)
     return result
 
