@@ -140,3 +140,33 @@ def half_model_with_distinct_norms(model, inputs, device, seed: int = 0):
     inputs = {k: (v.to(device, torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point()
                   else v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
     return model, inputs
+
+
+def cross_q_on_and_off(model, inputs, monkeypatch) -> dict:
+    """``model`` run stock, then patched with FP8 linears in every block with `fp8_out.CROSS_Q_FP8` on and off
+    (cross-attention Q from the FP8 copy of the pass before it, or quantizing itself), then unpatched: the
+    outputs, the fused blocks, the first patched run's stats and each patched run's eager quantizations."""
+    import sagegen
+    from sagegen.linear import LinearPolicy
+    from sagegen.linear import module as linear_module
+    from sagegen.patch import fp8_out, patch_info
+
+    real, quantized = linear_module.quantize_eager, []
+    monkeypatch.setattr(linear_module, "quantize_eager", lambda *a, **k: quantized.append(1) or real(*a, **k))
+    r = {}
+    with torch.inference_mode():
+        r["stock"] = model(**inputs)[0]
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        r["blocks"] = patch_info(model)["fused_blocks"]
+        r["taken"] = model(**inputs)[0]
+        r["stats"], r["quantized_taken"], quantized[:] = dict(patch_info(model)["stats"]), len(quantized), []
+        saved, fp8_out.CROSS_Q_FP8 = fp8_out.CROSS_Q_FP8, False
+        try:
+            r["plain"] = model(**inputs)[0]
+        finally:
+            fp8_out.CROSS_Q_FP8 = saved
+        r["quantized_plain"] = len(quantized)
+        sagegen.unpatch(model)
+        r["again"] = model(**inputs)[0]
+    monkeypatch.undo()
+    return r

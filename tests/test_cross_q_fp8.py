@@ -12,6 +12,7 @@ import torch
 
 import sagegen
 from conftest import interpreted
+from patch_support import cross_q_on_and_off
 from sagegen.kernels.fp8_quant import quantize_fp8_rows
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.linear import FP8Linear, LinearPolicy, numerics
@@ -213,25 +214,11 @@ def test_cases_that_could_differ_step_aside():
 def test_ltx_cross_q_takes_the_residual_adds_fp8_copy(monkeypatch):
     """LTX-Video: the residual add before cross-attention also writes the sum's FP8 copy, and the Q projection
     takes it instead of quantizing (one quantization fewer a block); the output is bit-identical."""
-    from sagegen.linear import module as linear_module
     from sagegen.models.tiny_classes import build_tiny_class, tiny_class_inputs
 
     model = build_tiny_class("ltx", dtype=torch.bfloat16, seed=0).to(DEVICE)
     inputs = {k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in tiny_class_inputs("ltx", model).items()}
-    real, quantized = linear_module.quantize_eager, []
-    monkeypatch.setattr(linear_module, "quantize_eager", lambda *a, **k: quantized.append(1) or real(*a, **k))
-    with torch.no_grad():
-        stock = model(**inputs)[0]
-        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
-        assert patch_info(model)["fused_blocks"] == len(model.transformer_blocks)
-        taken = model(**inputs)[0]
-        n_taken, quantized[:] = len(quantized), []
-        saved, fp8_out.CROSS_Q_FP8 = fp8_out.CROSS_Q_FP8, False
-        try:
-            plain = model(**inputs)[0]
-        finally:
-            fp8_out.CROSS_Q_FP8 = saved
-        sagegen.unpatch(model)
-        again = model(**inputs)[0]
-    assert n_taken == len(quantized) - len(model.transformer_blocks)
-    assert torch.equal(taken, plain) and torch.equal(again, stock)
+    r = cross_q_on_and_off(model, inputs, monkeypatch)
+    assert r["blocks"] == len(model.transformer_blocks)
+    assert r["quantized_taken"] == r["quantized_plain"] - r["blocks"]
+    assert torch.equal(r["taken"], r["plain"]) and torch.equal(r["again"], r["stock"])

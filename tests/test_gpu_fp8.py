@@ -315,31 +315,18 @@ def test_cross_q_from_the_producers_fp8_rows_on_gpu(monkeypatch, name):
     copy is the quantizer's bit for bit (the same output); Wan's norm sums a row in another order than the bf16
     norm's launch, so its step stays as close as the kernels' rare one-step differences allow."""
     _need_fp8()
-    from sagegen.linear import module as linear_module
-    from sagegen.patch import fp8_out
+    from patch_support import cross_q_on_and_off
 
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,
                                     config_overrides=archs.smoke_overrides(name))
     inputs = archs.example_inputs(name, batch=1, dtype=torch.bfloat16, device="cuda", seed=1, height=256,
                                   width=256, frames=9, text_tokens=archs.smoke_text_tokens(name))
-    real, quantized = linear_module.quantize_eager, []
-    monkeypatch.setattr(linear_module, "quantize_eager", lambda *a, **k: quantized.append(1) or real(*a, **k))
-    with torch.inference_mode():
-        stock = model(**inputs)[0]
-        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
-        blocks = patch_info(model)["fused_blocks"]
-        taken = model(**inputs)[0]
-        stats, n_taken, quantized[:] = dict(patch_info(model)["stats"]), len(quantized), []
-        saved, fp8_out.CROSS_Q_FP8 = fp8_out.CROSS_Q_FP8, False
-        try:
-            plain = model(**inputs)[0]
-        finally:
-            fp8_out.CROSS_Q_FP8 = saved
-        sagegen.unpatch(model)
-    assert blocks > 0 and n_taken == len(quantized) - blocks, (blocks, n_taken, len(quantized))
+    r = cross_q_on_and_off(model, inputs, monkeypatch)
+    blocks, taken, plain = r["blocks"], r["taken"], r["plain"]
+    assert blocks > 0 and r["quantized_taken"] == r["quantized_plain"] - blocks, r
     if name.startswith("wan"):
-        assert stats.get("cross_q_from_norm", 0) == blocks
+        assert r["stats"].get("cross_q_from_norm", 0) == blocks
         assert rel_l1(taken, plain) < 5e-3, rel_l1(taken, plain)
     else:
         assert torch.equal(taken, plain)
-    assert rel_l1(taken, stock) < 0.1, rel_l1(taken, stock)
+    assert rel_l1(taken, r["stock"]) < 0.1, rel_l1(taken, r["stock"])
