@@ -157,11 +157,9 @@ def _residual_norm(x, y=None, gate=None, fp8_out=False, **kwargs):
 
     if y is not None and (y.dtype != x.dtype or y.shape != x.shape):
         return residual_norm_reference(x, y, gate, **kwargs)
-    if fp8_out:
-        kwargs["fp8_out"] = True
     if y is not None and y.stride(2) != 1:
         y = y.contiguous()
-    return residual_norm(x, y, gate, **kwargs)
+    return residual_norm(x, y, gate, fp8_out=fp8_out, **kwargs)
 
 
 def _with_kernel(family_forward):

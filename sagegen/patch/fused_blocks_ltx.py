@@ -72,8 +72,8 @@ def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hi
     # cross-attention's Q projection reads this residual sum (as does the next pass): where it runs FP8, the
     # pass writes the sum's per-token FP8 copy too, and the projection takes it (fp8_out.offer)
     to_q = self.attn2.to_q
-    copy = _fp8_out.CROSS_Q_FP8 and _fp8_out.takes_fp8_rows(to_q, x.shape[0] * x.shape[1])
-    x, copy = residual_norm(x, y, gate_msa, norm=False, fp8_out=copy)
+    want_copy = _fp8_out.CROSS_Q_FP8 and _fp8_out.takes_fp8_rows(to_q, x.shape[0] * x.shape[1])
+    x, copy = residual_norm(x, y, gate_msa, norm=False, fp8_out=want_copy)
     with sharing():
         if copy is not None:
             _fp8_out.offer(to_q, x, copy)
