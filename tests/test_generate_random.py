@@ -49,9 +49,11 @@ def test_real_configs_with_shrunk_depth_and_full_vae(name):
     the random embeddings must fit the real text/pooled widths (4096, 768, 2048) end to end."""
     arch = pytest.importorskip("sagegen.models.arch")
     preset = resolve(name)
-    transformer = arch.build_transformer(name, dtype=torch.bfloat16, device="cpu", seed=0,
+    # float32: the shapes are what is checked, and bf16 convolutions on a CPU are ~170x slower (the HunyuanVideo
+    # VAE's decode: 520 s against 3 s), which made this test CI's slowest.
+    transformer = arch.build_transformer(name, dtype=torch.float32, device="cpu", seed=0,
                                          config_overrides=arch.smoke_overrides(name))
-    pipe, overrides = random_weights.build_random_pipeline(preset, dtype=torch.bfloat16, transformer=transformer)
+    pipe, overrides = random_weights.build_random_pipeline(preset, dtype=torch.float32, transformer=transformer)
     assert overrides("p", 0)["prompt_embeds"].shape[-1] == 4096
     place(pipe, torch.device("cpu"))
     size = 32 if preset.is_video else 64

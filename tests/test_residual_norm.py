@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import sagegen
+from conftest import interpreted
 from patch_support import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm, residual_norm_reference
@@ -86,6 +87,31 @@ def test_rms_mode_matches_eager_ops_and_fp64(seed, B, S, C, res, gated, mod):
     assert not torch.equal(ln, n)
     with pytest.raises(ValueError, match="rms=True takes no weight"):
         residual_norm(x, weight=torch.ones(C, device=DEVICE), bias=torch.zeros(C, device=DEVICE), rms=True)
+
+
+@interpreted
+@pytest.mark.parametrize("fp8_out", [False, True])
+def test_rows_a_program_do_not_change_the_rows(fp8_out, monkeypatch):
+    """Several rows a program (the interpreter's setting) with a ragged last program give the same bits as one
+    row a program (the GPU's)."""
+    monkeypatch.setattr(kernel, "INTERPRETER_ROWS", 64)
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(2, 75, 40, generator=g) * 3).to(DEVICE, torch.bfloat16)  # 150 rows: 3 programs of 64
+    y = torch.randn(2, 75, 40, generator=g).to(DEVICE, torch.bfloat16)
+    gate, scale, shift = (torch.randn(2, 1, 40, generator=g).to(DEVICE) * 0.3 for _ in range(3))
+    many = residual_norm(x, y, gate, scale=scale, shift=shift, fp8_out=fp8_out)
+    many_add = residual_norm(x, y, norm=False, fp8_out=fp8_out) if fp8_out else None
+    monkeypatch.undo()
+    monkeypatch.setattr(kernel, "INTERPRETER_ROWS", 1)
+    one = residual_norm(x, y, gate, scale=scale, shift=shift, fp8_out=fp8_out)
+    flat = lambda r: [t for part in r for t in (part if isinstance(part, tuple) else (part,))]
+    for a, b in zip(flat(many), flat(one)):
+        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+    if fp8_out:
+        for a, b in zip(flat(many_add), flat(residual_norm(x, y, norm=False, fp8_out=True))):
+            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
 
 
 def test_residual_norm_without_norm_and_validation():

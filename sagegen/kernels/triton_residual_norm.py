@@ -36,6 +36,9 @@ from .triton_qk_prologue import FP_FUSION, _to_out
 from .triton_quant import interpreting
 
 _HALF = (torch.float16, torch.bfloat16)
+# Rows a program under TRITON_INTERPRET=1: the interpreter's cost is per program (tens of ms each, whatever its
+# size), so one row a program made a tiny CogVideoX's 238-row calls take ~17 s each.
+INTERPRETER_ROWS = 256
 
 
 @triton.jit
@@ -163,6 +166,8 @@ def residual_norm(x: torch.Tensor, y: torch.Tensor | None = None, gate: torch.Te
     block_c = next_power_of_2(C)
     dummy = x2
     config = launch(C, fp8_out)
+    if interpreting():
+        config = {**config, "ROWS": min(INTERPRETER_ROWS, next_power_of_2(B * S))}
     _residual_norm_kernel[(triton.cdiv(B * S, config["ROWS"]),)](
         x2, y2 if y2 is not None else dummy, gate if gate is not None else dummy,
         weight if weight is not None else dummy, bias if bias is not None else dummy,
