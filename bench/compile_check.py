@@ -81,6 +81,8 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
                  SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, q_layout=q_l,
                  stride_qd=1, stride_od=1,  # unit strides: the JIT's for contiguous tensors
                  **{"SPARSE": False, "PAD_D": False, "OUT_FP8": False, **(extra_const or {})})
+    if "EARLY_INDEX" in names:  # a constexpr with a default: named here, or the signature would call it an i32
+        const.setdefault("EARLY_INDEX", False)
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}
@@ -124,6 +126,35 @@ def loop_spills(sass: str) -> int:
             loops.append((int(m.group(1), 16), addr))
     return sum(1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text)
                and any(lo <= addr <= hi for lo, hi in loops))
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.+?);", sass)]
+
+
+def loop_load_waits(sass: str) -> list[tuple[str, str]]:
+    """(load, consumer) pairs in the kernel's longest loop where a global load's result moves to a uniform register
+    (R2UR) later in the same iteration: the warp waits there for the load. The block-sparse loop's key-tile
+    indices must not (gluon_attn.early_index)."""
+    instrs = _instructions(sass)
+    exits = [a for a, text in instrs if re.search(r"\bEXIT\b", text)]
+    last_exit = max(exits) if exits else float("inf")
+    loops = [(int(m.group(1), 16), a) for a, text in instrs
+             if (m := re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)) and int(m.group(1), 16) < a < last_exit]
+    if not loops:
+        return []
+    lo, hi = max(loops, key=lambda span: span[1] - span[0])
+    body = [text for a, text in instrs if lo <= a <= hi]
+    waits = []
+    for i, text in enumerate(body):
+        m = re.match(r"(@!?U?P\w+ )?LDG\S* (R\d+),", text)
+        if not m:
+            continue
+        reg = re.compile(r"\b%s\b" % m.group(2))
+        use = next((later for later in body[i + 1:] if reg.search(later)), None)
+        if use is not None and "R2UR" in use:
+            waits.append((text, use))
+    return waits
 
 
 def summary(kernel) -> dict:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 34: the README's step table measured again on one GPU with today's code, a group a device call
 # (GROUP=a / a2: HunyuanVideo / HunyuanVideo-1.5; b: Wan 14B and the GPU test of the cross-attention Q route; c: the other
-# presets; wan: the two Wan T2V presets, for Triton 3.9), and the sparse attention benchmark (GROUP=sparse).
+# presets; wan: the two Wan T2V presets, for Triton 3.9), the sparse attention benchmark (GROUP=sparse), and the
+# sparse loop's index loads against the copy in .ab/sagegen_base with the kernel's GPU tests (GROUP=idx).
 # T3.9: ORDER=t39 after the split parts p0, p1 were stashed; carry [".big/p2", ".whl"]. Everything lands in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -30,6 +31,11 @@ group() {  # $1: group, $2: tag
        step "$2" flux.1-dev --linear fp8 --cuda-graphs --repeats 5 ;;
     wan) step "$2" wan2.1-t2v-14b --linear fp8 --repeats 2
          step "$2" wan2.1-t2v-1.3b --linear fp8 --repeats 3 ;;
+    idx) timeout 200 python3 bench/probes/probe_sparse_index_loads.py --base .ab \
+           --out "$OUT/probe-sparse-index-loads-$2.json" 2>&1 | quiet | grep -E "shape|wrote|Error" | tail -5
+         timeout "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gpu_sparse.py \
+           tests/test_gpu.py 2>&1 | quiet > "$OUT/gpu-tests-sparse-$2.log"
+         grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests-sparse-$2.log" | tail -6 ;;
     sparse) timeout "${STEP_LIMIT:-420}" python3 bench/bench_sparse.py --out "$OUT/sparse-attention-$2.json" 2>&1 \
               | quiet | tail -20 ;;
   esac

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -39,6 +40,7 @@ _MAGIC = gl.constexpr(0x4B400000)  # int32 bits of 1.5·2^23: (i + _MAGIC) read 
 _MAGIC_F = gl.constexpr(12582912.0)
 # The TMA load was renamed after Triton 3.6 (async_copy_global_to_shared -> async_load).
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 
 
 @gluon.jit
@@ -135,7 +137,7 @@ def _attn_fwd_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
     QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPARSE: gl.constexpr, OUT_FP8: gl.constexpr,
-    q_layout: gl.constexpr,
+    q_layout: gl.constexpr, EARLY_INDEX: gl.constexpr = False,
 ):
     gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -204,6 +206,9 @@ def _attn_fwd_sm90(
     s = warpgroup_mma_wait(0, deps=(s_tok,))
     tile = _kv_tile(idx_row, 0, n_blocks, SPARSE)
     tile_nxt = _kv_tile(idx_row, 1, n_blocks, SPARSE)  # indices are read a step ahead: no load on the path
+    if EARLY_INDEX:  # see `early_index`: the loop's loads run one more step ahead
+        tile_after = _kv_tile(idx_row, 2, n_blocks, SPARSE)
+        tile_far = _kv_tile(idx_row, STAGES, n_blocks, SPARSE)
     ks = gl.load(ks_base + tile * BLOCK_N)
 
     # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
@@ -211,8 +216,12 @@ def _attn_fwd_sm90(
     for j in range(0, n_blocks - 1):
         nxt = j + 1
         # indices first: their loads overlap the wait and the softmax below
-        tile_after = _kv_tile(idx_row, j + 2, n_blocks, SPARSE)
-        tile_far = _kv_tile(idx_row, j + STAGES, n_blocks, SPARSE)
+        if EARLY_INDEX:
+            tile_after_next = _kv_tile(idx_row, j + 3, n_blocks, SPARSE)
+            tile_far_next = _kv_tile(idx_row, j + 1 + STAGES, n_blocks, SPARSE)
+        else:
+            tile_after = _kv_tile(idx_row, j + 2, n_blocks, SPARSE)
+            tile_far = _kv_tile(idx_row, j + STAGES, n_blocks, SPARSE)
         mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
@@ -229,6 +238,9 @@ def _attn_fwd_sm90(
         ks = ks_next
         tile = tile_nxt
         tile_nxt = tile_after
+        if EARLY_INDEX:
+            tile_after = tile_after_next
+            tile_far = tile_far_next
 
     # The last block: the only one that can be partial.
     last = n_blocks - 1
@@ -316,6 +328,19 @@ def launch_settings(head_dim: int) -> tuple[int, int | None]:
     return (3, None) if head_dim >= 128 else (4, 168)
 
 
+def early_index(head_dim: int) -> bool:
+    """Whether a block-sparse launch loads its key-tile indices one more loop step ahead (``EARLY_INDEX``).
+
+    Triton 3.9 moves each loaded index into a uniform register a few instructions after its load, so every key
+    tile waited on a global load: at head dim 128 the sparse loop ran 6-8% slower than the dense one. Loaded a
+    step earlier, the value crosses the loop's back edge first and the wait is gone. H200, kernel alone, sparse
+    over dense with every tile listed (bench/probes/probe_sparse_index_loads.py, bench/NOTES.md v8.2):
+    Triton 3.9 hd128 1.084 -> 1.006 (32k), 1.057 -> 0.998 (75.6k); Triton 3.6, whose loop carries the indices
+    in ordinary registers already, 0.998 -> 1.019; head dim 64 1.045-1.049 -> 1.062-1.067 on both. Offline
+    SASS of Triton 3.8 shows 3.9's pattern."""
+    return head_dim >= 128 and _TRITON_VERSION >= (3, 8)
+
+
 def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, n_k: int, d: int,
            block_m: int, block_n: int, smooth_v: bool, sm_scale_log2: float, permuted_v: bool = True,
            q: torch.Tensor | None = None, tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -354,6 +379,6 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         H, group, n_q, n_k, nq_pad, nk_pad, d, sm_scale_log2,
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
-        PAD_D=d != d_pad, SPARSE=tiles is not None, OUT_FP8=out_inv_scale is not None, q_layout=q_l, num_warps=4,
-        enable_fp_fusion=True, **extra,
+        PAD_D=d != d_pad, SPARSE=tiles is not None, OUT_FP8=out_inv_scale is not None, q_layout=q_l,
+        EARLY_INDEX=tiles is not None and early_index(d_pad), num_warps=4, enable_fp_fusion=True, **extra,
     )
