@@ -25,41 +25,27 @@ SERIES = (
     ("sagegen attention + block-sparse top-k 0.5", "sagegen_sparse[topk=0.5]"),
 )
 
-# README row -> {variant key: result file}. The sparse runs name their variant with their options.
+# README row -> {variant key: result file}. The sparse runs name their variant with their options. One H200,
+# 2026-11-30, Triton 3.6 (bench/probes/gpu_session34.sh); image models' FP8 bars are their CUDA-graph runs.
+_T = "model-step-{}-table-h200-2026-11-30.json"
 ROWS: tuple[tuple[str, dict[str, str]], ...] = (
     ("HunyuanVideo 720p", {
-        "sagegen": "model-step-hunyuanvideo-720p-sparse-h200-2026-11-26.json",
-        "sagegen_sparse[topk=0.5]": "model-step-hunyuanvideo-720p-sparse-h200-2026-11-26.json#"
-                                    "sagegen_sparse[topk=0.5,blocks=none]"}),
-    ("Wan2.1-14B 720p", {
-        "sagegen": "model-step-wan2.1-t2v-14b-720p-fp8-t39-h100-2026-11-24.json",
-        "sagegen_fp8": "model-step-wan2.1-t2v-14b-720p-fp8-t39-h100-2026-11-24.json",
-        "sagegen_sparse[topk=0.5]": "model-step-wan2.1-t2v-14b-720p-sparse-h200-2026-11-26.json"}),
-    ("Wan2.1-1.3B 480p", {
-        "sagegen": "model-step-wan2.1-t2v-1.3b-480p-fp8-h100-2026-11-24.json",
-        "sagegen_fp8": "model-step-wan2.1-t2v-1.3b-480p-fp8-h100-2026-11-24.json"}),
-    ("Wan2.2-TI2V-5B 720p", {
-        "sagegen": "model-step-wan2.2-ti2v-5b-fp8-h100-2026-11-24.json",
-        "sagegen_fp8": "model-step-wan2.2-ti2v-5b-fp8-h100-2026-11-24.json"}),
+        "sagegen": _T.format("hunyuanvideo"), "sagegen_fp8": _T.format("hunyuanvideo"),
+        "sagegen_sparse[topk=0.5]": _T.format("hunyuanvideo") + "#sagegen_sparse[topk=0.5,blocks=none]"}),
     ("HunyuanVideo-1.5 720p¹", {
-        "sagegen": "model-step-hunyuanvideo-1.5-720p-fp8-sparse-h100-2026-11-28.json",
-        "sagegen_fp8": "model-step-hunyuanvideo-1.5-720p-fp8-sparse-h100-2026-11-28.json",
-        "sagegen_sparse[topk=0.5]": "model-step-hunyuanvideo-1.5-720p-fp8-sparse-h100-2026-11-28.json"}),
-    ("CogVideoX-5b, CFG 2", {
-        "sagegen": "model-step-cogvideox-5b-fusedblocks-fp8-h200-2026-11-26.json",
-        "sagegen_fp8": "model-step-cogvideox-5b-fusedblocks-fp8-h200-2026-11-26.json"}),
-    ("LTX-Video 704×512×161", {
-        "sagegen": "model-step-ltx-video-fusedblocks-fp8-h200-2026-11-26.json",
-        "sagegen_fp8": "model-step-ltx-video-fusedblocks-fp8-h200-2026-11-26.json"}),
-    ("Qwen-Image 1328²", {
-        "sagegen": "model-step-qwen-image-fusedblocks-fp8-graphs-h200-2026-11-26.json",
-        "sagegen_fp8": "model-step-qwen-image-fusedblocks-fp8-graphs-h200-2026-11-26.json"}),
-    ("SD3.5-large 1024², CFG 2", {
-        "sagegen": "model-step-sd3.5-large-fp8-graphs-geluchunks-h200-2026-11-27.json",
-        "sagegen_fp8_graphs": "model-step-sd3.5-large-fp8-graphs-geluchunks-h200-2026-11-27.json"}),
-    ("FLUX.1-dev 1024²", {
-        "sagegen": "model-step-flux.1-dev-jointviews-fp8-graphs-h200-2026-11-26.json",
-        "sagegen_fp8": "model-step-flux.1-dev-jointviews-fp8-graphs-h200-2026-11-26.json"}),
+        "sagegen": _T.format("hunyuanvideo-1.5-720p"), "sagegen_fp8": _T.format("hunyuanvideo-1.5-720p"),
+        "sagegen_sparse[topk=0.5]": _T.format("hunyuanvideo-1.5-720p")}),
+    ("Wan2.1-14B 720p", {
+        "sagegen": _T.format("wan2.1-t2v-14b"), "sagegen_fp8": _T.format("wan2.1-t2v-14b"),
+        "sagegen_sparse[topk=0.5]": _T.format("wan2.1-t2v-14b")}),
+    ("Wan2.1-1.3B 480p", {"sagegen": _T.format("wan2.1-t2v-1.3b"), "sagegen_fp8": _T.format("wan2.1-t2v-1.3b")}),
+    ("Wan2.2-TI2V-5B 720p", {"sagegen": _T.format("wan2.2-ti2v-5b"), "sagegen_fp8": _T.format("wan2.2-ti2v-5b")}),
+    ("CogVideoX-5b, CFG 2", {"sagegen": _T.format("cogvideox-5b"), "sagegen_fp8": _T.format("cogvideox-5b")}),
+    ("LTX-Video 704×512×161", {"sagegen": _T.format("ltx-video"), "sagegen_fp8": _T.format("ltx-video")}),
+    ("Qwen-Image 1328²", {"sagegen": _T.format("qwen-image"), "sagegen_fp8_graphs": _T.format("qwen-image")}),
+    ("SD3.5-large 1024², CFG 2", {"sagegen": _T.format("sd3.5-large"),
+                                  "sagegen_fp8_graphs": _T.format("sd3.5-large")}),
+    ("FLUX.1-dev 1024²", {"sagegen": _T.format("flux.1-dev"), "sagegen_fp8_graphs": _T.format("flux.1-dev")}),
 )
 
 
@@ -124,7 +110,7 @@ def plot(rows: list[dict], out: Path) -> Path:
     handles, labels = ax.get_legend_handles_labels()
     order = [labels.index(label) for label, _ in SERIES if label in labels]
     ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="lower right")
-    ax.set_title("sagegen.patch on full-size transformers with random weights (H100 / H200, torch 2.11)",
+    ax.set_title("sagegen.patch on full-size transformers with random weights (H200, torch 2.11)",
                  fontsize=9)
     fig.text(0.01, 0.005, "¹ stock hands SDPA a dense [B, 1, S, S] mask there; sagegen a key mask.", fontsize=7)
     fig.tight_layout()
