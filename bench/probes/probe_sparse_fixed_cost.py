@@ -43,6 +43,17 @@ def fixed_tiles(b, h, n_qt, n_kt, c, device):
     return torch.full((b, h, n_qt), c, dtype=torch.int32, device=device), idx
 
 
+def quantized_inputs(b, h, n, d):
+    """Random bf16 Q/K/V [b, h, n, d] on the GPU and what the Hopper kernel alone needs: (q, cfg, block_q,
+    block_k, out, qq), with qq from the K/V pass as the full call runs it (Q left to the kernel)."""
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cfg = sagegen.SageConfig()
+    block_q, block_k = cfg.blocks(d, torch.cuda.get_device_capability())
+    qq = triton_quant.quantize(q, k, v, cfg, block_q, block_k, d, None,
+                               permute_v_keys=triton_attn.gluon_permutes_v(), quantize_q=False)
+    return q, cfg, block_q, block_k, torch.empty_like(q), qq
+
+
 def ab_rows(launches: dict, base_gluon, rounds: int = 4) -> dict:
     """{label: {"base": [ms...], "new": [ms...]}}: each launch of both kernels timed in turn, `rounds` times."""
     out = {}

@@ -22,23 +22,17 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-import sagegen  # noqa: E402
 from bench_sparse import environment, random_block_mask  # noqa: E402
-from probe_sparse_fixed_cost import ab_rows, fixed_tiles  # noqa: E402
+from probe_sparse_fixed_cost import ab_rows, fixed_tiles, quantized_inputs  # noqa: E402
 from sagegen import BlockSparse  # noqa: E402
-from sagegen.kernels import triton_attn, triton_quant  # noqa: E402
+from sagegen.kernels import triton_attn  # noqa: E402
 from sagegen.kernels.block_sparse import kernel_tiles  # noqa: E402
 
 SHAPES = [(1, 24, 32768, 128), (1, 24, 75600, 128), (2, 48, 17776, 64)]
 
 
 def shape_row(b, h, n, d, gen, base_gluon) -> dict:
-    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cfg = sagegen.SageConfig()
-    block_q, block_k = cfg.blocks(d, torch.cuda.get_device_capability())
-    out = torch.empty_like(q)
-    qq = triton_quant.quantize(q, k, v, cfg, block_q, block_k, d, None,
-                               permute_v_keys=triton_attn.gluon_permutes_v(), quantize_q=False)
+    q, cfg, block_q, block_k, out, qq = quantized_inputs(b, h, n, d)
     c = d ** -0.5 * 1.4426950408889634
 
     def kernel(t, mod):
