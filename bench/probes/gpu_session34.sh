@@ -2,7 +2,8 @@
 # Session 34: the README's step table measured again on one GPU with today's code, a group a device call
 # (GROUP=a / a2: HunyuanVideo / HunyuanVideo-1.5; b: Wan 14B and the GPU test of the cross-attention Q route; c: the other
 # presets; wan: the two Wan T2V presets, for Triton 3.9), the sparse attention benchmark (GROUP=sparse), and the
-# sparse loop's index loads against the copy in .ab/sagegen_base with the kernel's GPU tests (GROUP=idx).
+# sparse loop's index loads against the copy in .ab/sagegen_base with the kernel's GPU tests (GROUP=idx; make the
+# copy with `mkdir .ab && git archive <rev> sagegen | tar -x -C .ab && mv .ab/sagegen .ab/sagegen_base`, carry .ab).
 # T3.9: ORDER=t39 after the split parts p0, p1 were stashed; carry [".big/p2", ".whl"]. Everything lands in $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
