@@ -111,25 +111,27 @@ def sass_of(kernel) -> str:
     return _cuobjdump(kernel, "-sass")
 
 
-def loop_spills(sass: str) -> int:
-    """LDL/STL instructions inside a loop: between the target and the source of a backward branch that comes
-    before the kernel's last EXIT (the out-of-line barrier-wait retries placed after it jump back to their wait
-    and are not loops of the kernel's own). A spill there costs every iteration; one outside (a few registers
-    parked across the loop and reloaded for the epilogue) costs once a tile."""
-    instrs = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.+?);", sass)]
-    exits = [a for a, text in instrs if re.search(r"\bEXIT\b", text)]
-    last_exit = max(exits) if exits else float("inf")
-    loops = []
-    for addr, text in instrs:
-        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr < last_exit:
-            loops.append((int(m.group(1), 16), addr))
-    return sum(1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text)
-               and any(lo <= addr <= hi for lo, hi in loops))
-
-
 def _instructions(sass: str) -> list[tuple[int, str]]:
     return [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(.+?);", sass)]
+
+
+def _loops(instrs: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(first, last) address of each loop: a backward branch that comes before the kernel's last EXIT (the
+    out-of-line barrier-wait retries placed after it jump back to their wait and are not loops of the kernel's
+    own)."""
+    exits = [a for a, text in instrs if re.search(r"\bEXIT\b", text)]
+    last_exit = max(exits) if exits else float("inf")
+    return [(int(m.group(1), 16), a) for a, text in instrs
+            if (m := re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)) and int(m.group(1), 16) < a < last_exit]
+
+
+def loop_spills(sass: str) -> int:
+    """LDL/STL instructions inside a loop (`_loops`). A spill there costs every iteration; one outside (a few
+    registers parked across the loop and reloaded for the epilogue) costs once a tile."""
+    instrs = _instructions(sass)
+    loops = _loops(instrs)
+    return sum(1 for addr, text in instrs if re.search(r"\b(LDL|STL)\b", text)
+               and any(lo <= addr <= hi for lo, hi in loops))
 
 
 def loop_load_waits(sass: str) -> list[tuple[str, str]]:
@@ -137,10 +139,7 @@ def loop_load_waits(sass: str) -> list[tuple[str, str]]:
     (R2UR) later in the same iteration: the warp waits there for the load. The block-sparse loop's key-tile
     indices must not (gluon_attn.early_index)."""
     instrs = _instructions(sass)
-    exits = [a for a, text in instrs if re.search(r"\bEXIT\b", text)]
-    last_exit = max(exits) if exits else float("inf")
-    loops = [(int(m.group(1), 16), a) for a, text in instrs
-             if (m := re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)) and int(m.group(1), 16) < a < last_exit]
+    loops = _loops(instrs)
     if not loops:
         return []
     lo, hi = max(loops, key=lambda span: span[1] - span[0])

@@ -104,14 +104,15 @@ def test_rows_a_program_do_not_change_the_rows(fp8_out, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(kernel, "INTERPRETER_ROWS", 1)
     one = residual_norm(x, y, gate, scale=scale, shift=shift, fp8_out=fp8_out)
-    flat = lambda r: [t for part in r for t in (part if isinstance(part, tuple) else (part,))]
-    for a, b in zip(flat(many), flat(one)):
-        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+    def bits(result):  # every tensor of (h, n) or (h, (n_fp8, scales)), FP8 as its bytes
+        flat = [t for part in result for t in (part if isinstance(part, tuple) else (part,))]
+        return [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in flat]
+
+    for a, b in zip(bits(many), bits(one)):
+        assert torch.equal(a, b)
     if fp8_out:
-        for a, b in zip(flat(many_add), flat(residual_norm(x, y, norm=False, fp8_out=True))):
-            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                               b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+        for a, b in zip(bits(many_add), bits(residual_norm(x, y, norm=False, fp8_out=True))):
+            assert torch.equal(a, b)
 
 
 def test_residual_norm_without_norm_and_validation():
