@@ -81,8 +81,9 @@ def compile_gluon(head_dim: int, arch: int = 90, smooth_v: bool = True, stages: 
                  SMOOTH_V=smooth_v, RETURN_LSE=False, PERMUTED_V=True, QUANT_Q=quant_q, q_layout=q_l,
                  stride_qd=1, stride_od=1,  # unit strides: the JIT's for contiguous tensors
                  **{"SPARSE": False, "PAD_D": False, "OUT_FP8": False, **(extra_const or {})})
-    if "EARLY_INDEX" in names:  # a constexpr with a default: named here, or the signature would call it an i32
-        const.setdefault("EARLY_INDEX", False)
+    for name, param in inspect.signature(fn.fn).parameters.items():  # constexprs with defaults (EARLY_INDEX, ...):
+        if param.default is not inspect.Parameter.empty:  # named here, or the signature would call them i32
+            const.setdefault(name, param.default)
     desc = {"q_desc": f"tensordesc<i8[{bq}, {head_dim}],{q_l!r}>",
             "k_desc": f"tensordesc<i8[{bk}, {head_dim}],{k_l!r}>",
             "v_desc": f"tensordesc<fp8e4nv[{head_dim}, {bk}],{v_l!r}>"}

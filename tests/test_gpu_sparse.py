@@ -142,3 +142,32 @@ def test_tile_conversion_matches_dense_form_at_real_size(seed):
         for kl in (None, lengths):
             got, want = kernel_tiles(mask, 64, 128, n, n, kl), kernel_tiles_dense(mask, 64, 128, n, n, kl)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_tile_list_in_shared_memory_changes_no_bit(seed, monkeypatch, d):
+    """The Gluon kernel's key-tile list staged in shared memory (gluon_attn.list_in_smem) against the same list
+    read from global memory in the loop: identical output and LSE, with GQA, both layouts, empty q-tiles, a
+    ragged last tile and key lengths; a list longer than LIST_LIMIT takes the global path."""
+    from sagegen.kernels import gluon_attn
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel is sm90-only")
+    monkeypatch.setenv("SAGEGEN_KERNEL", "gluon")
+    n_q, n_k = 3000 + 37, 6000 + 45
+    keep = torch.ones(2, 1, 1, n_k, dtype=torch.bool, device="cuda")
+    keep[1, ..., 4000:] = False  # a key-length prefix: tiles past it are dropped from the lists
+    for layout in ("HND", "NHD"):
+        q, k, v = qkv(2, 8, 4, n_q, n_k, d, dtype=torch.bfloat16, device="cuda", layout=layout)
+        bs = BlockSparse.from_block_dense(blocks(2, 8, -(-n_q // 128), -(-n_k // 128), 0.3), 128, 128)
+        for kw in ({}, {"attn_mask": keep}):
+            runs = {}
+            for limit in ({d: 512}, {}):  # staged (at either head dim), then global
+                monkeypatch.setattr(gluon_attn, "LIST_LIMIT", limit)
+                runs[bool(limit)] = sagegen.sageattn(q, k, v, tensor_layout=layout, backend="triton",
+                                                     block_mask=bs, return_lse=True, **kw)
+            (o1, l1), (o0, l0) = runs[True], runs[False]
+            assert torch.equal(o1, o0) and torch.equal(l1, l0)
+            check_empty(o1, l1, bs, n_q, layout)
+    monkeypatch.setattr(gluon_attn, "LIST_LIMIT", {d: 16})
+    assert gluon_attn.list_in_smem(d, 47) == 0 and gluon_attn.list_in_smem(d, 16) == 16

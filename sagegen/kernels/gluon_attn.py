@@ -30,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .block_sparse import sparse_args
+from .gluon_tile_list import scale_at, staged, tile_at, tile_list
 from .spec import EPS, INT8_MAX, LOG2_FP8_MAX, REF_WINDOW, cdiv
 
 _EPS = gl.constexpr(EPS)
@@ -52,15 +53,6 @@ def _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i, tile, ST
     mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [kv_row0 + tile * BLOCK_N, 0], bar, k_smem.index(slot))
     _tma_load(v_desc, [v_row0, tile * BLOCK_N], bar, v_smem.index(slot))
-
-
-@gluon.jit
-def _kv_tile(idx_row, i, n_iter, SPARSE: gl.constexpr):
-    """The key tile of the loop's i-th step: i, or the i-th listed tile of a block-sparse mask (0 past the end)."""
-    if SPARSE:
-        return gl.load(idx_row + i, mask=i < n_iter, other=0)
-    else:
-        return i + n_iter * 0  # a tensor either way: the loop carries it
 
 
 @gluon.jit
@@ -137,7 +129,8 @@ def _attn_fwd_sm90(
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
     HAS_KV_LEN: gl.constexpr, SMOOTH_V: gl.constexpr, RETURN_LSE: gl.constexpr, PERMUTED_V: gl.constexpr,
     QUANT_Q: gl.constexpr, PAD_D: gl.constexpr, SPARSE: gl.constexpr, OUT_FP8: gl.constexpr,
-    q_layout: gl.constexpr, EARLY_INDEX: gl.constexpr = False,
+    q_layout: gl.constexpr, EARLY_INDEX: gl.constexpr = False, LIST_IN_SMEM: gl.constexpr = False,
+    MAX_TILES: gl.constexpr = 1,
 ):
     gl.static_assert(BLOCK_M == 16 * gl.num_warps(), "one warpgroup per 64 rows")
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
@@ -181,10 +174,17 @@ def _attn_fwd_sm90(
     if not QUANT_Q:
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         _tma_load(q_desc, [pid_bh * NQ_PAD + start_m * BLOCK_M, 0], q_bar, q_smem)
+    tile_smem = idx_row
+    ks_smem = ks_base
+    if LIST_IN_SMEM:  # see `list_in_smem`
+        listed = tile_list(idx_row, cnt, MAX_TILES)
+        tile_smem = staged(listed, MAX_TILES, gl.int32)
     for i in gl.static_range(STAGES):
         if i < n_blocks:
             _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, kv_row0, v_row0, i,
-                      _kv_tile(idx_row, i, n_blocks, SPARSE), STAGES, BLOCK_N)
+                      tile_at(idx_row, tile_smem, i, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES), STAGES, BLOCK_N)
+    if LIST_IN_SMEM:  # K's scales of the listed tiles, gathered while the first tiles load
+        ks_smem = staged(gl.load(ks_base + listed * BLOCK_N), MAX_TILES, gl.float32)
 
     if QUANT_Q:  # while the first K/V tiles are on their way
         q_scale = _quantize_q_tile(Q, q_smem, b, h, start_m * BLOCK_M, N_Q, D, stride_qb, stride_qh, stride_qm,
@@ -204,12 +204,13 @@ def _attn_fwd_sm90(
     mbarrier.wait(bars.index(0), 0)
     s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=(s_tok,))
-    tile = _kv_tile(idx_row, 0, n_blocks, SPARSE)
-    tile_nxt = _kv_tile(idx_row, 1, n_blocks, SPARSE)  # indices are read a step ahead: no load on the path
+    tile = tile_at(idx_row, tile_smem, 0, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
+    # indices are read a step ahead: no load on the path
+    tile_nxt = tile_at(idx_row, tile_smem, 1, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
     if EARLY_INDEX:  # see `early_index`: the loop's loads run one more step ahead
-        tile_after = _kv_tile(idx_row, 2, n_blocks, SPARSE)
-        tile_far = _kv_tile(idx_row, STAGES, n_blocks, SPARSE)
-    ks = gl.load(ks_base + tile * BLOCK_N)
+        tile_after = tile_at(idx_row, tile_smem, 2, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
+        tile_far = tile_at(idx_row, tile_smem, STAGES, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
+    ks = scale_at(ks_base, ks_smem, tile, 0, LIST_IN_SMEM, MAX_TILES, BLOCK_N)
 
     # Steady state over every block but the last: issue block j+1's Q·Kᵀ, then block j's softmax runs while
     # the tensor cores work, then block j's P·V; the ring slot of block j is refilled once both are done.
@@ -217,15 +218,15 @@ def _attn_fwd_sm90(
         nxt = j + 1
         # indices first: their loads overlap the wait and the softmax below
         if EARLY_INDEX:
-            tile_after_next = _kv_tile(idx_row, j + 3, n_blocks, SPARSE)
-            tile_far_next = _kv_tile(idx_row, j + 1 + STAGES, n_blocks, SPARSE)
+            tile_after_next = tile_at(idx_row, tile_smem, j + 3, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
+            tile_far_next = tile_at(idx_row, tile_smem, j + 1 + STAGES, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
         else:
-            tile_after = _kv_tile(idx_row, j + 2, n_blocks, SPARSE)
-            tile_far = _kv_tile(idx_row, j + STAGES, n_blocks, SPARSE)
+            tile_after = tile_at(idx_row, tile_smem, j + 2, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
+            tile_far = tile_at(idx_row, tile_smem, j + STAGES, n_blocks, SPARSE, LIST_IN_SMEM, MAX_TILES)
         mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
         s_tok = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)
-        ks_next = gl.load(ks_base + tile_nxt * BLOCK_N)
+        ks_next = scale_at(ks_base, ks_smem, tile_nxt, nxt, LIST_IN_SMEM, MAX_TILES, BLOCK_N)
         p, alpha, m_i, r_i, l_i = _softmax_block(s, q_scale, ks, m_i, r_i, l_i, tile * BLOCK_N, n_keys, False,
                                                  s_layout)
         p8 = _p_operand(p, p_layout, PERMUTED_V)
@@ -341,6 +342,23 @@ def early_index(head_dim: int) -> bool:
     return head_dim >= 128 and _TRITON_VERSION >= (3, 8)
 
 
+# The longest key-tile list a CTA stages in shared memory (`list_in_smem`), per padded head dim: 8 bytes an
+# entry, within what an SM has left at that head dim's CTAs per SM (hd64: 68 KiB a CTA, three). At head dim 128
+# (104 KiB, two: room for 1024) the loop loads its indices early instead (`early_index`).
+LIST_LIMIT = {64: 512}
+
+
+def list_in_smem(head_dim: int, n_key_tiles: int) -> int:
+    """How many entries a block-sparse launch stages its key-tile list and K scales in shared memory with
+    (``LIST_IN_SMEM``, ``MAX_TILES``), or 0 to read them from global memory in the loop (`early_index`).
+
+    At head dim 64 the loop's register cap (168, three CTAs per SM) makes every Triton version move each loaded
+    index and K scale into a uniform register in the iteration that loads it, so each key tile waited on three
+    global loads (offline SASS); read from shared memory those waits are a few cycles."""
+    entries = triton.next_power_of_2(max(n_key_tiles, 1))
+    return entries if entries <= LIST_LIMIT.get(head_dim, 0) else 0
+
+
 def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, n_k: int, d: int,
            block_m: int, block_n: int, smooth_v: bool, sm_scale_log2: float, permuted_v: bool = True,
            q: torch.Tensor | None = None, tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -369,6 +387,7 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
     sparse_ptrs, sparse_strides = sparse_args(tiles, qq.k_scale)
     grid = (cdiv(n_q, block_m), out.shape[0] * H)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
+    max_tiles = list_in_smem(d_pad, nk_pad // block_n) if tiles is not None else 0
     _attn_fwd_sm90[grid](
         q_desc, k_desc, v_desc, q_arg, qs, qq.k_scale, qq.v_scale, vm,
         kv_len if kv_len is not None else qq.k_scale, out,
@@ -380,5 +399,6 @@ def launch(qq, out: torch.Tensor, lse, kv_len, *, H: int, group: int, n_q: int, 
         BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d_pad, STAGES=stages, HAS_KV_LEN=kv_len is not None,
         SMOOTH_V=smooth_v, RETURN_LSE=lse is not None, PERMUTED_V=permuted_v, QUANT_Q=q is not None,
         PAD_D=d != d_pad, SPARSE=tiles is not None, OUT_FP8=out_inv_scale is not None, q_layout=q_l,
-        EARLY_INDEX=tiles is not None and early_index(d_pad), num_warps=4, enable_fp_fusion=True, **extra,
+        EARLY_INDEX=tiles is not None and not max_tiles and early_index(d_pad), LIST_IN_SMEM=max_tiles > 0,
+        MAX_TILES=max(max_tiles, 1), num_warps=4, enable_fp_fusion=True, **extra,
     )
