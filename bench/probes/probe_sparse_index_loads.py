@@ -74,7 +74,10 @@ def main():
     args = ap.parse_args()
     for item in args.list_limit:
         hd, n = (int(x) for x in item.split("="))
-        gluon_attn.LIST_LIMIT.pop(hd, None) if n == 0 else gluon_attn.LIST_LIMIT.__setitem__(hd, n)
+        if n:
+            gluon_attn.LIST_LIMIT[hd] = n
+        else:
+            gluon_attn.LIST_LIMIT.pop(hd, None)
     sys.path.insert(0, args.base)
     base_gluon = importlib.import_module("sagegen_base.kernels.gluon_attn")
     gen = torch.Generator(device="cuda").manual_seed(0)

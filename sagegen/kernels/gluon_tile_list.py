@@ -35,10 +35,9 @@ def staged(values, MAX_TILES: gl.constexpr, dtype: gl.constexpr):
 
 @gluon.jit
 def tile_list(idx_row, cnt, MAX_TILES: gl.constexpr):
-    """A q-tile's key-tile list, read once (LIST_IN_SMEM); entries past it are tile 0, as
-    `kv_tile` gives."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [gl.num_warps(), 1], [1, 0])
-    offs = gl.arange(0, MAX_TILES, layout=gl.SliceLayout(1, layout))
+    """A q-tile's key-tile list, read once (LIST_IN_SMEM); entries past it are tile 0, as `kv_tile` gives."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    offs = gl.arange(0, MAX_TILES, layout=layout)
     return gl.load(idx_row + offs, mask=offs < cnt, other=0)
 
 
