@@ -3,10 +3,22 @@
 TRITON_INTERPRET must be set before any `@triton.jit` function is defined, so before sagegen's kernels load.
 """
 
+import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+# No test reaches the network: the guard is on here and in every Python the tests start (offline/sitecustomize.py
+# on PYTHONPATH), and the Hugging Face libraries are told to stay offline.
+_OFFLINE = Path(__file__).resolve().parent / "offline"
+os.environ.update(SAGEGEN_TESTS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                  HF_HUB_DISABLE_TELEMETRY="1", PYTHONPATH=os.pathsep.join(
+                      p for p in (str(_OFFLINE), os.environ.get("PYTHONPATH")) if p))
+_guard_spec = importlib.util.spec_from_file_location("sagegen_network_guard", _OFFLINE / "sitecustomize.py")
+_network_guard = importlib.util.module_from_spec(_guard_spec)
+_guard_spec.loader.exec_module(_network_guard)  # installs it (SAGEGEN_TESTS_OFFLINE is set)
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -58,7 +70,18 @@ def _fuse_interpreter_fma() -> None:
 
 _fuse_interpreter_fma()
 HAS_CUDA = torch.cuda.is_available()
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+# The `gpu` marker selects the GPU suite (`pytest -m gpu`, on the device: docs/testing.md); without CUDA every test
+# carrying it is skipped at collection (below).
+gpu = pytest.mark.gpu
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
 # CPU tests whose Triton kernels (fused prologues, attention) run on CPU tensors: only in Triton's interpreter, which
 # this file turns on where there is no GPU; on a GPU machine such tests skip (their GPU twins run there)
 interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",

@@ -1,17 +1,20 @@
 """Run tests/diffusers_compat.py against several diffusers versions, each beside the project's environment.
 
-For each version, pip works out what installing ``diffusers==V`` into the current environment would change
-(``pip install --dry-run --report``: diffusers itself, and e.g. an older huggingface_hub), installs just that
-into ``.diffusers/V`` (a folder put first on PYTHONPATH; built in a temporary folder and moved into place only
-when complete), and runs the compatibility check there. Prints a table and exits 1 if any version failed,
-2 on a usage error or a failed install.
+Each older version's stack is locked in requirements/diffusers/<V>.lock (diffusers with the transformers,
+huggingface-hub, tokenizers, ... of its era; `make lock` writes them). The pins that differ from
+requirements/dev.lock are installed with --no-deps into .diffusers/V (a folder put first on PYTHONPATH; built in
+a temporary folder and moved into place only when complete, rebuilt when its lock changes), so one version's
+dependencies cannot reach another's. `--install-only` builds the folders (the only step that reads the package
+index); checking never installs. Prints a table and exits 1 if any version failed, 2 on a usage error or a
+failed install.
 
-    python tests/diffusers_versions.py 0.36.0 0.40.0 [--out results.json]     (make test-diffusers)
+    python tests/diffusers_versions.py [0.36.0 0.40.0] [--install-only] [--out results.json]   (make test-diffusers)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -23,41 +26,66 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / ".diffusers"
-# The versions `make test-diffusers` checks: 0.35 is the first with an attention dispatcher (the backend needs
-# 0.36's registry); 0.42.1 is what the rest of the suite runs.
-DEFAULT_VERSIONS = ("0.35.2", "0.36.0", "0.37.1", "0.38.0", "0.39.0", "0.40.0", "0.41.0", "0.42.1")
+LOCKS = ROOT / "requirements" / "diffusers"
+_spec = importlib.util.spec_from_file_location("sagegen_lock", ROOT / "requirements" / "lock.py")
+lock = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lock)
+# 0.35 is the first with an attention dispatcher (the backend needs 0.36's registry); the newest is dev.lock's.
+DEFAULT_VERSIONS = lock.DIFFUSERS_VERSIONS
+NEWEST = DEFAULT_VERSIONS[-1]
 
 
 def _pip(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, **kwargs)
 
 
-def install(version: str) -> Path:
-    """.diffusers/<version>, holding what diffusers==version needs beyond the current environment."""
+def beside_pins(version: str) -> list[str]:
+    """The pins diffusers==version's locked stack has that requirements/dev.lock does not (empty for dev.lock's
+    own diffusers)."""
+    if version == NEWEST:
+        return []
+    path = LOCKS / f"{version}.lock"
+    if not path.exists():
+        raise RuntimeError(f"no lock for diffusers {version} ({path.relative_to(ROOT)}); the locked versions are "
+                           f"{', '.join(DEFAULT_VERSIONS)} (`make lock` writes them)")
+    dev = lock.read_pins(lock.DEV_LOCK)
+    return sorted(f"{name}=={v}" for name, v in lock.read_pins(path).items() if dev.get(name) != v)
+
+
+def installed(version: str) -> Path | None:
+    """.diffusers/<version> when it holds exactly what its lock asks for, else None."""
     target = CACHE / version
-    if (target / ".complete").exists():
+    done = target / ".complete"
+    if done.exists() and done.read_text().split() == beside_pins(version):
         return target
+    return None
+
+
+def install(version: str) -> Path:
+    """.diffusers/<version>, holding the locked pins diffusers==version needs beyond requirements/dev.lock."""
+    if (target := installed(version)) is not None:
+        return target
+    target = CACHE / version
+    pins = beside_pins(version)
     CACHE.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        report = Path(tmp) / "report.json"
-        r = _pip("install", "-q", "--dry-run", "--report", str(report), f"diffusers=={version}")
-        if r.returncode:
-            raise RuntimeError(f"pip could not resolve diffusers=={version}: {r.stderr.strip()[-600:]}")
-        planned = json.loads(report.read_text())["install"]
-        pins = [f"{i['metadata']['name']}=={i['metadata']['version']}" for i in planned]
         staging = Path(tmp) / "site"
         staging.mkdir()
         r = _pip("install", "-q", "--no-deps", "--no-cache-dir", "--target", str(staging), *pins) if pins else None
         if r is not None and r.returncode:
             raise RuntimeError(f"pip could not install {' '.join(pins)}: {r.stderr.strip()[-600:]}")
         (staging / ".complete").write_text("\n".join(pins) + "\n")
-        shutil.rmtree(target, ignore_errors=True)  # an earlier partial folder (no .complete)
+        shutil.rmtree(target, ignore_errors=True)  # an earlier partial or outdated folder
         os.replace(staging, target)
     return target
 
 
 def check(version: str) -> dict:
-    site = install(version)
+    """Run the compatibility check under diffusers==version (installed beforehand: checking never installs)."""
+    site = installed(version)
+    if site is None:
+        raise RuntimeError(f"diffusers {version} is not installed beside .venv: "
+                           f"`python tests/diffusers_versions.py --install-only {version}` (make test-diffusers)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
            "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
     with tempfile.TemporaryDirectory() as tmp:
@@ -67,9 +95,9 @@ def check(version: str) -> dict:
         if not out.exists():
             return {"version": version, "error": (r.stderr or r.stdout).strip()[-1500:]}
         result = json.loads(out.read_text())
-    installed = result["environment"]["diffusers"]
-    if installed != version:
-        return {"version": version, "error": f"ran diffusers {installed}, not {version}: is another copy first on "
+    ran = result["environment"]["diffusers"]
+    if ran != version:
+        return {"version": version, "error": f"ran diffusers {ran}, not {version}: is another copy first on "
                                              f"PYTHONPATH?"}
     return {"version": version, **result}
 
@@ -78,11 +106,26 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("versions", nargs="*", default=list(DEFAULT_VERSIONS), help="diffusers versions (X.Y.Z)")
     ap.add_argument("--out", help="write every version's rows here as JSON")
+    ap.add_argument("--install-only", action="store_true", help="build the .diffusers/<V> folders, check nothing")
     args = ap.parse_args(argv)
     bad = [v for v in args.versions if not re.fullmatch(r"\d+\.\d+\.\d+", v)]
     if bad:
         print(f"error: versions must look like 0.41.0; got {bad}", file=sys.stderr)
         return 2
+    unlocked = [v for v in args.versions if v not in DEFAULT_VERSIONS]
+    if unlocked:
+        print(f"error: no locked stack for diffusers {unlocked}; the locked versions are "
+              f"{', '.join(DEFAULT_VERSIONS)} (add one to requirements/lock.py, then `make lock`)", file=sys.stderr)
+        return 2
+    if args.install_only:
+        for version in args.versions:
+            try:
+                install(version)
+            except RuntimeError as e:
+                print(f"error: diffusers {version}: {e}", file=sys.stderr)
+                return 2
+            print(f"{version}: installed ({len(beside_pins(version))} pins beside .venv)", flush=True)
+        return 0
     results, failed = [], False
     for version in args.versions:
         try:

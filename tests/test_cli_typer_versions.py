@@ -1,20 +1,24 @@
 """The CLI under the oldest typer that pyproject.toml allows, and under typer 0.27 (which named an option
-declared without flags after its metavar: `--DEVICE`). Each version is installed beside this environment
-(`pip install --no-deps --target`, from the package index; skipped when the index cannot be reached) and must
-build the same commands with the same flags as the installed typer, and show `sagegen run --help`."""
+declared without flags after its metavar: `--DEVICE`). Each exact version is installed beside .venv when the
+Makefile builds it (`python tests/test_cli_typer_versions.py --install`: `pip install --no-deps --target
+.beside/typer-<V>`; the tests never reach the index) and must build the same commands with the same flags as
+the installed typer, and show `sagegen run --help`."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+BESIDE = ROOT / ".beside"
 VERSIONS = ("0.27.2",)  # besides pyproject's minimum, read below
 
 DUMP = """
@@ -48,19 +52,40 @@ def installed_flags():
     return _flags(None)[0]
 
 
+def install(version: str) -> Path:
+    """.beside/typer-<version>; built in a temporary folder, moved into place complete."""
+    target = BESIDE / f"typer-{version}"
+    if (target / "typer" / "__init__.py").exists():
+        return target
+    BESIDE.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=BESIDE) as tmp:
+        staging = Path(tmp) / "site"
+        # some releases (0.12-0.13) are an empty `typer` over `typer-slim`, which holds the code
+        for package in ("typer", "typer-slim"):
+            pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-cache-dir",
+                                  "--disable-pip-version-check", "--target", str(staging), f"{package}=={version}"],
+                                 capture_output=True, text=True, timeout=300)
+            if pip.returncode != 0:
+                raise SystemExit(f"error: {package}=={version} could not be installed: {pip.stderr.strip()[-300:]}")
+            if (staging / "typer" / "__init__.py").exists():
+                break
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)
+    return target
+
+
 @pytest.mark.parametrize("version", [_minimum(), *VERSIONS])
-def test_cli_builds_the_same_flags_under_other_typer_versions(version, installed_flags, tmp_path):
-    target = tmp_path / f"typer-{version}"
-    # some releases (0.12-0.13) are an empty `typer` over `typer-slim`, which holds the code
-    for package in ("typer", "typer-slim"):
-        pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                              "--target", str(target), f"{package}=={version}"], capture_output=True, text=True,
-                             timeout=300)
-        if pip.returncode != 0:
-            pytest.skip(f"{package}=={version} could not be installed here: {pip.stderr.strip()[-300:]}")
-        if (target / "typer" / "__init__.py").exists():
-            break
-    assert (target / "typer" / "__init__.py").exists(), sorted(p.name for p in target.iterdir())
+def test_cli_builds_the_same_flags_under_other_typer_versions(version, installed_flags):
+    target = BESIDE / f"typer-{version}"
+    if not (target / "typer" / "__init__.py").exists():
+        pytest.skip(f"typer {version} is not installed beside .venv (`make venv` installs it)")
     flags, helptext = _flags(str(target))
     assert flags == installed_flags
     assert "--device" in helptext and "--DEVICE" not in helptext
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--install"]:
+        sys.exit("usage: python tests/test_cli_typer_versions.py --install")
+    for v in (_minimum(), *VERSIONS):
+        print(f"typer {v}: {install(v).relative_to(ROOT)}")
