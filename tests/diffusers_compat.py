@@ -119,9 +119,11 @@ def main(argv=None) -> int:
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     import diffusers
+    import huggingface_hub
     import transformers
 
-    env = {"diffusers": diffusers.__version__, "transformers": transformers.__version__, "torch": torch.__version__}
+    env = {"diffusers": diffusers.__version__, "transformers": transformers.__version__,
+           "huggingface-hub": huggingface_hub.__version__, "torch": torch.__version__}
     rows = [_backend(), *_pipelines(), *_models()]
     for row in rows:
         print(json.dumps(row), flush=True)

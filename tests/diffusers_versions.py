@@ -39,12 +39,17 @@ def _pip(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, **kwargs)
 
 
+def lock_path(version: str) -> Path:
+    """The lock of diffusers==version's stack (dev.lock for the newest)."""
+    return lock.DEV_LOCK if version == NEWEST else LOCKS / f"{version}.lock"
+
+
 def beside_pins(version: str) -> list[str]:
     """The pins diffusers==version's locked stack has that requirements/dev.lock does not (empty for dev.lock's
     own diffusers)."""
     if version == NEWEST:
         return []
-    path = LOCKS / f"{version}.lock"
+    path = lock_path(version)
     if not path.exists():
         raise RuntimeError(f"no lock for diffusers {version} ({path.relative_to(ROOT)}); the locked versions are "
                            f"{', '.join(DEFAULT_VERSIONS)} (`make lock` writes them)")

@@ -1,5 +1,7 @@
-"""sagegen on the diffusers versions it supports: each installed beside the suite's own (needs the package
-index, as building the environment does), checked by tests/diffusers_compat.py in a subprocess."""
+"""sagegen on the diffusers versions it supports: each with the locked stack of its era, installed beside the
+suite's own by `make test-diffusers` (tests/diffusers_versions.py --install-only), checked by
+tests/diffusers_compat.py in a subprocess. The checks never install: a version not installed is skipped, with
+the command that installs it."""
 
 from __future__ import annotations
 
@@ -9,22 +11,37 @@ import torch
 import diffusers_compat
 import diffusers_versions
 
-# What each version must give (measured 2026-11-28): the backend's status, the checks that must pass, the model
-# classes that version lacks, and the models whose test inputs (written for 0.42) its forward rejects.
+# What each version must give (measured 2026-12-03 on the locked stacks): the backend's status, the checks that
+# must pass, the model classes that version lacks, and the models whose test inputs (written for 0.42) its forward
+# rejects.
 EXPECTED = {
     "0.35.2": ("unavailable", 9, {"ltx-2", "hunyuanvideo-1.5", "flux.2"}, {"qwen-image"}),
     "0.36.0": ("ok", 12, {"ltx-2"}, {"qwen-image"}),
+    "0.37.1": ("ok", 14, set(), set()),
     "0.38.0": ("ok", 14, set(), set()),
+    "0.39.0": ("ok", 14, set(), set()),
+    "0.40.0": ("ok", 14, set(), set()),
     "0.41.0": ("ok", 14, set(), set()),
+    "0.42.1": ("ok", 14, set(), set()),
 }
 
 
-@pytest.mark.slow
+def test_every_locked_version_has_its_expectation():
+    assert tuple(EXPECTED) == diffusers_versions.DEFAULT_VERSIONS
+
+
+@pytest.mark.diffusers_matrix
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("version", list(EXPECTED))
 def test_older_diffusers(version):
+    if diffusers_versions.installed(version) is None:
+        pytest.skip(f"diffusers {version} is not installed beside .venv (make test-diffusers installs it)")
     res = diffusers_versions.check(version)
     assert "error" not in res, res.get("error")
+    # hermetic: the run saw its own era's stack, exactly as locked
+    locked = diffusers_versions.lock.read_pins(diffusers_versions.lock_path(version))
+    for package in ("diffusers", "transformers", "huggingface-hub"):
+        assert res["environment"][package] == locked[package], (package, res["environment"], locked[package])
     s = res["summary"]
     backend, ok, absent, not_checked = EXPECTED[version]
     assert s["failed"] == [], [r for r in res["rows"] if r["status"] == "failed"]
