@@ -84,7 +84,7 @@ bench: $(STAMP)
 # pyflakes' checks (unused imports, undefined names) and line length (E501: 120, from pyproject.toml) through
 # ruff (locked in dev.lock), which honours `# noqa` re-exports.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check --no-cache --select F,E501 sagegen tests bench
+	$(VENV)/bin/ruff check --no-cache --select F,E501 sagegen tests bench requirements
 
 clean:
 	rm -rf $(VENV) .venv-latest .pytest_cache .diffusers .beside

@@ -118,6 +118,7 @@ def test_missing_weights_fail_fast_offline(tmp_path):
 
 def test_missing_weights_fail_fast_when_hub_unreachable(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: refused at once
     t0 = time.perf_counter()
     r = runner.invoke(app, ["compare", "flux-dev", "--prompt", "a"])
@@ -130,6 +131,8 @@ def test_missing_weights_fail_fast_when_hub_unreachable(tmp_path, monkeypatch):
 
 def test_hub_probe_gives_up_within_its_timeout(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://192.0.2.1")  # TEST-NET-1: never answers
+    # the tests are offline (conftest.py): a connection that never answers, without sending anything
+    monkeypatch.setattr(loading.socket, "create_connection", lambda *a, **k: time.sleep(10))
     t0 = time.perf_counter()
     ok, why = loading.hub_reachable(timeout=1.0)
     assert not ok and "192.0.2.1" in why

@@ -171,13 +171,14 @@ def test_run_hunyuanvideo15_sparse_under_ulysses(tmp_path):
     """`torchrun ... run tiny-hunyuanvideo-1.5 --cp ulysses=2 --sparse ...`: on both ranks every main-block call
     goes through sagegen's CP (its key-mask call on the patch's backend route, with its segments) and runs
     block-sparse; the manifest records each rank's density."""
-    m, _ = _torchrun(tmp_path, "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "2", "--quiet",
+    # one step: the interpreter's cost is per step, and step 0 is already sparse (steps=0)
+    m, _ = _torchrun(tmp_path, "run", "tiny-hunyuanvideo-1.5", "--prompt", "a cat", "--steps", "1", "--quiet",
                      "--cp", "ulysses=2", "--sparse", "topk=0.5,steps=0,blocks=none,min_tokens=0")
     for rank in ("rank0", "rank1"):
         setup = m["setup"]["sage"][rank]
         calls = setup["attention_calls"]
-        # 2 steps x 2 main blocks (with CFG as its guider runs it), split and sparse; the refiner stays dense
-        assert calls.get("sparse_calls", 0) >= 4 and calls["sparse_calls"] == calls["context_parallel"], calls
+        # 1 step x 2 main blocks (with CFG as its guider runs it), split and sparse; the refiner stays dense
+        assert calls.get("sparse_calls", 0) >= 2 and calls["sparse_calls"] == calls["context_parallel"], calls
         assert not calls.get("sparse_dense_unordered") and not calls.get("fallback"), calls
         assert 0 < setup["sparse"]["density"]["overall"] <= 1, setup["sparse"]
 

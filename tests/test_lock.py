@@ -85,7 +85,7 @@ def test_a_python_the_tests_start_cannot_reach_the_network():
     import subprocess
     import sys
 
-    code = "import socket\ntry:\n    socket.create_connection(('93.184.216.34', 80), timeout=5)\nexcept OSError as e:\n" \
-           "    print(e)\n"
+    code = ("import socket\ntry:\n    socket.create_connection(('93.184.216.34', 80), timeout=5)\n"
+            "except OSError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "the tests are offline" in r.stdout, r.stdout + r.stderr
