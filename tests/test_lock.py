@@ -89,3 +89,15 @@ def test_a_python_the_tests_start_cannot_reach_the_network():
             "except OSError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "the tests are offline" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_documented_make_targets_exist_and_ci_runs_the_readme_commands():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z-]*):", makefile, re.M))
+    documented = set()
+    for doc in ("README.md", "docs/testing.md"):
+        documented |= set(re.findall(r"`?make ([a-z][a-z-]*)", (ROOT / doc).read_text()))
+    assert documented and documented <= targets, documented - targets
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in ("make venv", "make test", "make test-diffusers"):
+        assert re.search(rf"^step {command}$", ci, re.M), command
