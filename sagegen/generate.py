@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 
 from . import distributed
 from .config import DIFFUSION_CONFIG, SageConfig
-from .manifest import RunDirConflict, _jsonable, build_manifest, merge_manifest  # noqa: F401 (re-exported)
+from .manifest import (RunDirConflict, _jsonable, build_manifest, check_samples,  # noqa: F401 (re-exported)
+                       expected_fingerprints, merge_manifest)
 from .models.presets import Preset
 from .rundir import DamagedFile, RunDir, runs_root
 
@@ -322,12 +323,18 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
         torch.cuda.set_device(device)  # one GPU per process: kernels and allocations stay on it
     rd = RunDir(job.resolve_out())
     new = build_manifest(job, dist, device)
+    planned = new
     if rd.exists():
         try:
             current = rd.manifest
         except DamagedFile as e:  # like a different run in that folder: the user picks what to do (exit 2)
             raise RunDirConflict(str(e)) from None
-        merge_manifest(current, new, rd.path)  # refuse a conflicting run before loading anything
+        planned = merge_manifest(current, new, rd.path)  # refuse a conflicting run before loading anything
+    # every sample already there must be this run's (identity), inside the folder (containment); damaged ones
+    # are redone (integrity)
+    redo = check_samples(rd, planned, adopting=not rd.exists())
+    for where, why in redo.items():
+        reporter.log(f"redoing {where}: {why}")
     cp = job.settings.get("cp")  # context parallelism: every process runs every sample, rank 0 writes it
     mine = list(job.samples) if cp else distributed.shard(job.samples, dist)
     todo = {v: [s for s in mine if not rd.finished(v, s.id)] for v in job.variants}
@@ -361,6 +368,7 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
                 context = attention(loaded.pipe, variant, job, setup)
             with context:
                 _run_variant(job, loaded, variant, todo[variant], device, rd, reporter, setup, result, dist.rank,
+                             expected_fingerprints(planned),
                              write=dist.is_main or not cp)
             result.setup[variant] = setup
             key = f"rank{dist.rank}"
@@ -379,7 +387,8 @@ def _with_setup(manifest: dict, variant: str, key: str, setup: dict) -> dict:
     return manifest
 
 
-def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, result, rank, write=True) -> None:
+def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, result, rank, fingerprints,
+                 write=True) -> None:
     if job.compile:
         t0 = time.perf_counter()
         _compile(loaded.pipe)
@@ -399,7 +408,8 @@ def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, res
                                                on_step=reporter.step)
         if not write:  # context parallelism: this rank computed its share of rank 0's sample
             continue
-        record = {**sample.to_dict(), "timings": timings, "rank": rank}
+        record = {**sample.to_dict(), "fingerprint": fingerprints[(variant, sample.id)], "timings": timings,
+                  "rank": rank}
         if not finite:
             record["nonfinite"] = True  # NaN/inf in the decoded output (written as 0)
         path = rd.write_sample(variant, record, frames, kind=job.preset.kind, fps=job.preset.fps)

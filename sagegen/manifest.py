@@ -9,6 +9,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from . import runcheck
 from .rundir import SCHEMA, now_iso
 
 # What changes the pixels: a run directory holds one value of each (resuming checks them).
@@ -130,3 +131,49 @@ def merge_manifest(current: dict | None, new: dict, where: Path) -> dict:
     if new_att.get("sage") is None:
         merged["attention"] = old_att or new_att
     return merged
+
+
+def expected_fingerprints(manifest: dict) -> dict[tuple[str, str], str]:
+    """{(variant, sample id): the fingerprint that sample must carry} for every sample `manifest` plans."""
+    return {(v, s["id"]): runcheck.fingerprint(runcheck.sample_identity(manifest, v, s))
+            for v in manifest.get("variants", []) for s in manifest.get("samples", [])}
+
+
+def check_samples(rd, manifest: dict, *, adopting: bool) -> dict[str, str]:
+    """Refuse (RunDirConflict) a run directory whose samples cannot be this run's; return {"variant/id": why}
+    for the damaged ones that generation will redo.
+
+    With a manifest (`adopting` False) the manifest already matched this run: a sample that carries another
+    fingerprint was put there from elsewhere. Without one (`adopting`, e.g. manifest.json deleted) every
+    finished sample must prove with its fingerprint that this command made it, or the folder is refused."""
+    expected = expected_fingerprints(manifest)
+    root = rd.path / "samples"
+    redo: dict[str, str] = {}
+    if not root.is_dir():
+        return redo
+    for sample_dir in sorted(p for p in root.glob("*/*") if p.is_dir() or p.is_symlink()):
+        variant, sid = sample_dir.parent.name, sample_dir.name
+        where = f"samples/{variant}/{sid}"
+        if not runcheck.inside(rd.path, sample_dir):
+            raise RunDirConflict(f"{rd.path}: {where} leads outside the run directory "
+                                 f"({sample_dir.resolve()}); sagegen reads and writes only inside it: remove the "
+                                 "link, or use another --out")
+        record, unreadable = runcheck.read_sample_record(sample_dir)
+        if record is None:
+            if (sample_dir / "sample.json").exists():
+                redo[f"{variant}/{sid}"] = unreadable
+            continue  # an interrupted attempt, or a damaged sample.json: redone
+        want = expected.get((variant, sid))
+        what = "is not one of this command's samples" if want is None else \
+            runcheck.identity_problem(record, sid, want, strict=adopting)
+        if what:
+            if adopting:
+                raise RunDirConflict(
+                    f"{rd.path} holds samples but no manifest.json, and {where} {what}; nothing proves these "
+                    "samples were made by this command: use another --out, or delete that folder to start over")
+            raise RunDirConflict(f"{rd.path}: {where} {what}: use another --out, or delete that sample folder "
+                                 "to generate it again")
+        why = runcheck.integrity_problem(rd.path, sample_dir, record)
+        if why:
+            redo[f"{variant}/{sid}"] = why
+    return redo

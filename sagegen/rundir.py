@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
+from . import runcheck
 from .runfiles import (  # noqa: F401 (re-exported: the run directory's file helpers)
     DamagedFile, WriteError, atomic_write_bytes, atomic_write_file, atomic_write_json,
     atomic_write_text, is_intact, read_json, read_record, write_error,
@@ -139,25 +140,42 @@ class RunDir:
         """The variants the manifest names (e.g. ["sdpa", "sage"])."""
         return list(self.manifest.get("variants", []))
 
-    def finished(self, variant: str, sample_id: str) -> bool:
-        """True when the sample's sample.json exists (it is written last) and is intact. A damaged one
-        (not a JSON object) means unfinished, everywhere: generation redoes the sample, eval and report
-        leave it out and say so (`damaged_ids`), the manifest's timings do not list it."""
-        return is_intact(self.sample_json_path(variant, sample_id))
+    def problem(self, variant: str, sample_id: str, *, expected: str | None = None, strict: bool = False,
+                deep: bool = False) -> str | None:
+        """Why this sample is not a trustworthy finished sample (None when it is): `sagegen.runcheck`."""
+        return runcheck.sample_problem(self.path, self.sample_dir(variant, sample_id), expected=expected,
+                                       strict=strict, deep=deep)
 
-    def damaged_ids(self, variant: str) -> list[str]:
-        """Samples of `variant` whose sample.json exists but is damaged (they count as unfinished)."""
+    def finished(self, variant: str, sample_id: str) -> bool:
+        """True when the sample's sample.json (written last) is intact and names this sample, and its frames
+        are all there and whole, inside the run directory (`runcheck`). Anything less means unfinished,
+        everywhere: generation redoes the sample, eval and report leave it out and say why (`damaged`), the
+        manifest's timings do not list it."""
+        return self.problem(variant, sample_id) is None
+
+    def damaged(self, variant: str) -> dict[str, str]:
+        """{sample id: why} for the samples of `variant` that have a sample.json but are not whole (they count
+        as unfinished)."""
         vdir = self.variant_dir(variant)
         if not vdir.is_dir():
-            return []
-        return sorted(p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}") if not is_intact(p))
+            return {}
+        out = {}
+        for sj in sorted(vdir.glob(f"*/{SAMPLE_JSON}")):
+            why = self.problem(variant, sj.parent.name)
+            if why:
+                out[sj.parent.name] = why
+        return out
+
+    def damaged_ids(self, variant: str) -> list[str]:
+        """Samples of `variant` whose sample.json exists but which are not whole (they count as unfinished)."""
+        return sorted(self.damaged(variant))
 
     def sample_ids(self, variant: str) -> list[str]:
         """Ids of the finished samples of `variant`, in manifest order (then any others, sorted)."""
         vdir = self.variant_dir(variant)
         if not vdir.is_dir():
             return []
-        done = {p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}") if is_intact(p)}
+        done = {p.parent.name for p in vdir.glob(f"*/{SAMPLE_JSON}") if self.finished(variant, p.parent.name)}
         order = []
         if self.exists():
             order = [s["id"] for s in self.manifest.get("samples", []) if s["id"] in done]
@@ -199,7 +217,9 @@ class RunDir:
         if not root.is_dir():
             return out
         for sj in sorted(root.glob(f"*/*/{SAMPLE_JSON}")):
-            with contextlib.suppress(OSError, ValueError):  # damaged: unfinished, redone by the generator
+            if not self.finished(sj.parent.parent.name, sj.parent.name):
+                continue  # damaged: unfinished, redone by the generator
+            with contextlib.suppress(OSError, ValueError):
                 rec = read_record(sj)
                 out.setdefault(sj.parent.parent.name, {})[sj.parent.name] = rec.get("timings", {})
         return out
@@ -224,9 +244,17 @@ class RunDir:
         """Rebuild the manifest's timings from the finished samples."""
         return self.update_manifest(lambda m: m if m is not None else {"schema": SCHEMA})
 
+    def ensure_inside(self, path: Path) -> Path:
+        """`path` when it lies inside the resolved run directory; OutsideRunDir (never followed) otherwise."""
+        if not runcheck.inside(self.path, path):  # resolves every link on the way, existing or not
+            raise runcheck.OutsideRunDir(
+                f"{path} leads outside the run directory {self.path} (a link to {os.path.realpath(path)}); sagegen "
+                "reads and writes only inside it: remove the link, or use another --out")
+        return path
+
     def clear_unfinished(self, variant: str, sample_id: str) -> None:
-        """Remove what an interrupted attempt left of a sample that never finished."""
-        d = self.sample_dir(variant, sample_id)
+        """Remove what an interrupted attempt (or a damaged sample) left of a sample that is not finished."""
+        d = self.ensure_inside(self.sample_dir(variant, sample_id))
         if d.is_dir() and not self.finished(variant, sample_id):
             shutil.rmtree(d, ignore_errors=True)
 
@@ -244,8 +272,9 @@ class RunDir:
             write_mp4(self.video_path(variant, sid), frames, fps=fps or 8)
         else:
             write_png(self.image_path(variant, sid), frames[0])
+        paths = sorted(self.frames_dir(variant, sid).glob("[0-9]*.png"))
         rec = dict(record, variant=variant, n_frames=int(frames.shape[0]), height=int(frames.shape[1]),
-                   width=int(frames.shape[2]), fps=fps)
+                   width=int(frames.shape[2]), fps=fps, frames_sha256=[runcheck.file_sha256(p) for p in paths])
         if isinstance(rec.get("timings"), dict):  # time spent writing the files (not part of total_s)
             rec["timings"] = dict(rec["timings"], save_s=round(time.perf_counter() - t0, 6))
         atomic_write_json(self.sample_json_path(variant, sid), rec)

@@ -157,7 +157,8 @@ def test_one_mismatched_sample_is_that_samples_error_only(tmp_path):
     for name in ("psnr", "ssim"):
         e = m[name]
         assert e["status"] == "ok" and e["samples"] == ["p000-s0", "p002-s0"] and e["aggregate"]["sage"]["n"] == 2
-        assert "frame shapes differ" in e["sample_errors"]["sage"]["p001-s0"]
+        # named for what it is (a missing frame), not as the shape mismatch it would cause
+        assert "1 of its 4 frames are missing" in e["sample_errors"]["sage"]["p001-s0"]
         assert "1 sample(s) failed" in e["warning"] and "p001-s0" in e["warning"]
 
 

@@ -137,5 +137,5 @@ def test_mismatched_sample_is_reported_not_fatal(tmp_path):
     written = build_report(run, log=lambda s: None)
     html = written["html"].read_text()
     assert [p["id"] for p in _players(html)] == ["p000-s0"]
-    assert 'id="sample-p001-s0"' in html and "p001-s0: sage frames (3, 32, 32, 3) differ from baseline" in html
+    assert "sage/p001-s0 left out: 1 of its 4 frames are missing" in html
     assert "side_by_side:p000-s0" in written and "side_by_side:p001-s0" not in written

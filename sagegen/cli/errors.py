@@ -59,9 +59,10 @@ def usage_error_types() -> tuple[type, ...]:
     from ..generate import BadPolicy, RunDirConflict
     from ..models.loading import BadModelPath
     from ..models.presets import UnknownModel
+    from ..runcheck import OutsideRunDir
     from ..runlock import RunDirBusy
 
-    return (UsageProblem, UnknownModel, BadModelPath, RunDirConflict, BadPolicy, RunDirBusy)
+    return (UsageProblem, UnknownModel, BadModelPath, RunDirConflict, BadPolicy, RunDirBusy, OutsideRunDir)
 
 
 def one_line(text: str) -> str:

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from sagegen import runcheck
 from sagegen import rundir as _rundir
+from sagegen.manifest import expected_fingerprints
 from sagegen.rundir import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401 (re-export)
 
 BASELINE = "sdpa"
@@ -31,7 +33,7 @@ class Sample:
     dirs: dict[str, Path] = field(default_factory=dict)  # variant -> samples/<variant>/<id>
 
     def frame_paths(self, variant: str) -> list[Path]:
-        return sorted((self.dirs[variant] / "frames").glob("*.png"))
+        return runcheck.frame_files(self.dirs[variant] / "frames")
 
 
 @dataclass
@@ -41,6 +43,8 @@ class Run:
     baseline: str
     candidates: list[str]
     samples: list[Sample]
+    # {(variant, sample id): why}: samples with a sample.json that are not this run's or not whole (left out)
+    left_out: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -92,28 +96,42 @@ def load_run(run_dir: str | os.PathLike, log=None) -> Run:
         )
     baseline = manifest.get("baseline") or (BASELINE if BASELINE in variants else variants[0])
     candidates = [v for v in variants if v != baseline]
-    done = {v: set(rd.sample_ids(v)) for v in variants}
+    # identity (the fingerprint the manifest implies), integrity (every frame whole, and byte for byte what was
+    # written) and containment (nothing outside the run), for every planned sample: sagegen.runcheck
+    expected = expected_fingerprints(manifest)
     samples: list[Sample] = []
     unfinished = []
+    left_out: dict[tuple[str, str], str] = {}
     for entry in manifest.get("samples") or []:
         sid = str(entry["id"])
-        if all(sid in done[v] and rd.frames(v, sid) for v in variants):
+        whole = True
+        for v in variants:
+            sample_dir = rd.sample_dir(v, sid)
+            if not os.path.lexists(sample_dir / "sample.json") and runcheck.inside(rd.path, sample_dir):
+                whole = False  # not generated yet
+                continue
+            why = rd.problem(v, sid, expected=expected.get((v, sid)), deep=True)
+            if why:
+                left_out[(v, sid)] = why
+                whole = False
+        if whole:
             s = Sample(id=sid, prompt=str(entry.get("prompt", "")), seed=entry.get("seed"))
             s.dirs = {v: rd.sample_dir(v, sid) for v in variants}
             samples.append(s)
-        else:
+        elif not any((v, sid) in left_out for v in variants):
             unfinished.append(sid)
-    damaged = [f"{v}/{sid}" for v in variants for sid in rd.damaged_ids(v)]
-    if damaged and log:
-        log(f"note: {len(damaged)} damaged sample.json file(s) (not valid JSON) count as unfinished and are left out; "
-            f"running the same `sagegen run`/`compare` command again redoes them: {', '.join(damaged[:5])}"
-            + (" ..." if len(damaged) > 5 else ""))
+    if left_out and log:
+        shown = "; ".join(f"{v}/{sid}: {why}" for (v, sid), why in list(left_out.items())[:5])
+        log(f"note: {len(left_out)} sample(s) left out as not whole or not this run's ({shown}"
+            + (" ..." if len(left_out) > 5 else "") + "); running the same `sagegen run`/`compare` command again "
+            "redoes damaged ones")
     if unfinished and log:
         log(f"note: {len(unfinished)} sample(s) not finished in every variant are left out: {', '.join(unfinished[:5])}"
             + (" ..." if len(unfinished) > 5 else ""))
     if not samples:
         raise RunDirError(f"{path}: no sample is finished in every variant ({', '.join(variants)})")
-    return Run(path=path, manifest=manifest, baseline=baseline, candidates=candidates, samples=samples)
+    return Run(path=path, manifest=manifest, baseline=baseline, candidates=candidates, samples=samples,
+               left_out=left_out)
 
 
 def load_frame(path: Path) -> np.ndarray:

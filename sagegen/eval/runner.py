@@ -167,9 +167,21 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
         except Exception as e:
             sample_errors[metric].setdefault(variant, {})[sid] = f"{type(e).__name__}: {e}"
 
+    per_sample = [m for m in todo if m not in SET_METRICS]
+    for (v, sid), why in run.left_out.items():  # not whole or not this run's: each metric names it, no mean has it
+        for m in per_sample:
+            sample_errors[m].setdefault(v, {})[sid] = f"left out: {why}"
     for i, s in enumerate(run.samples):
         log(f"  [{i + 1}/{len(run.samples)}] {s.id}")
-        frames = {v: load_frames(s.frame_paths(v)) for v in run.variants}
+        try:
+            frames = {v: load_frames(s.frame_paths(v)) for v in run.variants}
+        except (OSError, ValueError) as e:  # a frame that does not decode: this sample's error, not the run's
+            for m in per_sample:
+                sample_errors[m].setdefault(run.baseline, {})[s.id] = f"a frame cannot be read: {type(e).__name__}: {e}"
+            for m in SET_METRICS:
+                if m in todo:
+                    failed.setdefault(m, f"a frame of sample {s.id} cannot be read ({type(e).__name__}: {e})")
+            continue
         base = frames[run.baseline]
         for v in run.variants:
             fr = frames[v]

@@ -47,6 +47,7 @@ def make_synthetic_run(
     variants: tuple[str, str] = ("sdpa", "sage"),
 ) -> Path:
     """Write a finished run directory with one sample per prompt; the candidate is the baseline plus noise."""
+    from sagegen.runcheck import fingerprint, sample_identity
     from sagegen.rundir import RunDir, now_iso
 
     rd = RunDir(run)
@@ -75,7 +76,9 @@ def make_synthetic_run(
             clip = base if j == 0 else perturb(base, sigma, seed=100 + i)
             t = {"total_s": round(2.0 - 0.6 * j + 0.01 * i, 3), "encode_s": 0.1,
                  "denoise_s": round(1.5 - 0.6 * j + 0.01 * i, 3), "decode_s": 0.4}
-            rd.write_sample(v, dict(s, timings=t), clip, kind=kind, fps=fps if kind == "video" else None)
+            made_with = fingerprint(sample_identity(manifest, v, s))
+            rd.write_sample(v, dict(s, fingerprint=made_with, timings=t), clip, kind=kind,
+                            fps=fps if kind == "video" else None)
     rd.refresh_manifest()
     return Path(run)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from sagegen.eval.fidelity import psnr_frames
 from sagegen.eval.rundata import Run, Sample, load_frames, load_run
-from sagegen.rundir import atomic_write_text, write_error
+from sagegen.rundir import RunDir, atomic_write_text, write_error
 
 from . import html as H
 from .contact import write_contact_sheet
@@ -88,7 +88,7 @@ def build_report(
 ) -> dict[str, Path]:
     opts = opts or ReportOptions()
     run = load_run(run_dir, log=log)
-    out = run.path / "report"
+    out = RunDir(run.path).ensure_inside(run.path / "report")  # never write through a link out of the run
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # read-only or full disk: name the folder and what to do
@@ -106,7 +106,14 @@ def build_report(
     mismatched = []
     for i, s in enumerate(run.samples):
         log(f"  [{i + 1}/{len(run.samples)}] {s.id}")
-        frames = {v: load_frames(s.frame_paths(v)) for v in run.variants}
+        try:
+            frames = {v: load_frames(s.frame_paths(v)) for v in run.variants}
+        except (OSError, ValueError) as e:  # a frame that does not decode: this sample's error, not the report's
+            msg = f"sample {s.id}: a frame cannot be read ({type(e).__name__}: {e})"
+            log(f"warning: {msg}")
+            mismatched.append(msg)
+            rows.append({"id": s.id, "prompt": s.prompt, "seed": s.seed, "error": msg})
+            continue
         base = frames[run.baseline]
         differ = [f"{c} frames {frames[c].shape} differ from baseline {base.shape}"
                   for c in run.candidates if frames[c].shape != base.shape]
@@ -127,7 +134,8 @@ def build_report(
             title=f"sagegen: {model_name} — baseline vs sagegen")
         links.append(("contact sheet (PNG)", "contact_sheet.png"))
     metrics_html, warnings = summary_metrics(run, mdoc)
-    warnings = mismatched + warnings
+    left_out = [f"{v}/{sid} left out: {why}" for (v, sid), why in run.left_out.items()]
+    warnings = left_out + mismatched + warnings
     thead, trows = _timing_rows(run, timings, [s.id for s in run.samples])
     m = run.manifest
     model = m.get("model") or {}
