@@ -132,7 +132,14 @@ def test_missing_weights_fail_fast_when_hub_unreachable(tmp_path, monkeypatch):
 def test_hub_probe_gives_up_within_its_timeout(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://192.0.2.1")  # TEST-NET-1: never answers
     # the tests are offline (conftest.py): a connection that never answers, without sending anything
-    monkeypatch.setattr(loading.socket, "create_connection", lambda *a, **k: time.sleep(10))
+    class Silent:  # what a connection that never answers looks like from the probe's thread
+        def __init__(self, *a, **k):
+            time.sleep(10)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(loading.socket, "create_connection", Silent)
     t0 = time.perf_counter()
     ok, why = loading.hub_reachable(timeout=1.0)
     assert not ok and "192.0.2.1" in why
