@@ -193,7 +193,7 @@ def test_sigterm_unwinds_like_ctrl_c_and_removes_an_unfinished_run_dir(tmp_path)
     import sys
 
     out = tmp_path / "new" / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "sagegen", "run", "tiny-flux", "--prompt", "a", "--steps", "2000",
+    proc = subprocess.Popen([sys.executable, "-m", "sagegen", "run", "tiny-flux", "--prompt", "a", "--steps", "1000",
                              "--device", "cpu", "--out", str(out)], stderr=subprocess.PIPE, text=True,
                             env={**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},  # (faster)
                                  "PYTHONUNBUFFERED": "1"})

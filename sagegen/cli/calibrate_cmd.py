@@ -15,11 +15,12 @@ import typer
 
 from . import jobs
 from .errors import UsageProblem, cli_command
+from .options import finite_number
 
 CAL = "Calibration"
-Target = Annotated[float, typer.Option("--target", min=1e-6, rich_help_panel=CAL,
+Target = Annotated[float, typer.Option("--target", callback=finite_number(1e-6), rich_help_panel=CAL,
                                        help="Largest allowed relative L2 error of a layer's sparse attention "
-                                            "output against its dense output (worst call).")]
+                                            "output against its dense output (worst call), >= 1e-06.")]
 Mode = Annotated[Literal["cdf", "topk"], typer.Option("--mode", case_sensitive=False, rich_help_panel=CAL,
                                                       help="Predictor mode whose threshold is searched.")]
 Candidates = Annotated[Optional[str], typer.Option("--candidates", metavar="LIST", rich_help_panel=CAL,

@@ -1,6 +1,7 @@
 """Checks of a `run`/`compare` plan made before any model loads, each a `UsageProblem` (exit 2) naming the
-option (the plan's size, the run directory `--out`, the precision policy against the preset's blocks), and
-adjustments the user is told about (the frame count the VAE makes, options the stock attention ignores)."""
+option (the plan's size, the step count, the run directory `--out`, the precision policy against the preset's
+blocks; the memory a run's sizes need is `sagegen.cli.memory`), and adjustments the user is told about (the
+frame count the VAE makes, options the stock attention ignores)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,18 @@ def check_plan_size(n_prompts: int, n_seeds: int) -> None:
         raise UsageProblem(f"{n_prompts} prompt(s) x {n_seeds} seed(s) = {total:,} samples, more than the limit "
                            f"of {limit:,} per run directory; use fewer seeds or prompts (--max-prompts N), or "
                            f"raise the limit with {MAX_SAMPLES_ENV}=N", option)
+
+
+# Diffusers' DDIM-style schedulers (CogVideoX's) have 1000 training timesteps and refuse more; the flow-matching
+# ones take any count, but allocate a table per step (10^11 steps was a MemoryError) and gain nothing from more.
+MAX_STEPS = 1000
+
+
+def check_steps(steps: int | None) -> None:
+    """--steps at most `MAX_STEPS` (its lower bound, 1 or the preset's, is checked with the sizes)."""
+    if steps is not None and steps > MAX_STEPS:
+        raise UsageProblem(f"{steps} denoising steps is more than the {MAX_STEPS} allowed (the schedulers are "
+                           f"trained on 1000 timesteps; presets use 4-64); give 1 to {MAX_STEPS}", "--steps")
 
 
 def check_out_dir(path: Path, option: str = "--out") -> None:

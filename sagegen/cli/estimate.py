@@ -1,8 +1,8 @@
 """A full-size model run on the CPU (``--random-weights`` without a GPU), judged before it starts: a rough time
 estimate, so that the user is warned before waiting hours (the transformer's matmul work at this CPU's measured
 float32 matmul rate; bfloat16 and the attention emulation are slower, the machine's load may differ: an order of
-magnitude), and whether its weights fit in this machine's memory at all (else the kernel kills the run minutes
-later)."""
+magnitude), the bytes of its weights and VAE, and whether it fits in this machine's memory at all (else the
+kernel kills the run minutes later; `sagegen.cli.memory` counts the rest)."""
 
 from __future__ import annotations
 
@@ -66,12 +66,14 @@ def transformer_bytes(preset, dtype: str) -> int | None:
     allocated), or None when the architecture is not known."""
     import torch
 
-    from ..models.arch import ARCHS, build_transformer
+    from ..models.arch import build_transformer
+    from ..models.geometry import arch_name
 
-    if preset.name not in ARCHS:
+    name = arch_name(preset)
+    if name is None:
         return None
     size = {"bfloat16": 2, "float16": 2, "float32": 4}.get(dtype, 2)
-    model = build_transformer(preset.name, dtype=torch.bfloat16, device="meta")
+    model = build_transformer(name, dtype=torch.bfloat16, device="meta")
     return sum(p.numel() for p in model.parameters()) * size
 
 
@@ -87,13 +89,27 @@ def available_bytes() -> int | None:
     return info["MemAvailable"] + info.get("SwapFree", 0)
 
 
+def vae_bytes(preset) -> int:
+    """Bytes of the family's full-size VAE as `--random-weights` builds it: in float32, then cast (counted on
+    the meta device)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from ..models.geometry import denoiser_config
+    from ..models.random_weights import full_vae
+
+    config = denoiser_config(preset) or {}
+    with torch.device("meta"):
+        vae = full_vae(preset.family, 0, SimpleNamespace(in_channels=config.get("in_channels", 16)))
+    return sum(p.numel() for p in vae.parameters()) * 4
+
+
 def memory_problem(preset, settings: dict) -> str | None:
-    """Why a full-size random-weights run cannot fit in this machine's memory (its transformer's weights alone
-    exceed what is available), or None."""
-    need = transformer_bytes(preset, settings.get("dtype", "bfloat16"))
-    have = available_bytes()
-    if need is None or have is None or need <= have:
-        return None
-    return (f"the full-size {preset.name}'s transformer alone holds {need / 2**30:.1f} GiB of "
-            f"{settings.get('dtype', 'bfloat16')} weights, and this machine has {have / 2**30:.1f} GiB available "
-            "(memory and swap): the run would be killed. Use a GPU (--device cuda) or a tiny-* preset")
+    """Why a full-size random-weights run on the CPU cannot fit in this machine's memory (its weights, VAE,
+    activations and frames at its sizes, and the process: `sagegen.cli.memory`), or None."""
+    from .memory import fit_problem
+
+    full = dict(preset.defaults(), **{k: v for k, v in settings.items() if v is not None})
+    problem = fit_problem(preset, full, on_gpu=False, random_weights=True)
+    return problem[0] if problem else None

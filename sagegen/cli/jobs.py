@@ -12,7 +12,8 @@ import typer
 from .cp_option import Cp  # noqa: F401  (the --cp option of run and compare)
 from .errors import UsageProblem
 from . import checks
-from .options import command_line, count_seeds, kernel_config, load_prompts, parse_seeds, precision_policy
+from .options import (command_line, count_seeds, finite_number, kernel_config, load_prompts, parse_seeds,
+                      precision_policy)
 
 GEN = "Generation"
 MEM = "Memory and speed"
@@ -41,8 +42,9 @@ Height = Annotated[Optional[int], typer.Option("--height", min=1, rich_help_pane
                                                help="Height in pixels (default: the preset's).")]
 Width = Annotated[Optional[int], typer.Option("--width", min=1, rich_help_panel=GEN,
                                               help="Width in pixels (default: the preset's).")]
-Guidance = Annotated[Optional[float], typer.Option("--guidance", min=0.0, rich_help_panel=GEN,
-                                                   help="Guidance scale (default: the preset's).")]
+Guidance = Annotated[Optional[float], typer.Option("--guidance", callback=finite_number(0.0), rich_help_panel=GEN,
+                                                   help="Guidance scale, a finite number >= 0 (default: the "
+                                                        "preset's).")]
 Negative = Annotated[Optional[str], typer.Option("--negative-prompt", "-n", metavar="TEXT", rich_help_panel=GEN,
                                                  help="Negative prompt.")]
 Dtype = Annotated[Literal["auto", "bfloat16", "float16", "float32"],
@@ -135,6 +137,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     sparse_cfg = parse_sparse(sparse)
     if sparse_cfg is not None and "sage" not in variants:
         raise UsageProblem("--sparse applies to sagegen's attention; drop it or use --attention sage", "--sparse")
+    checks.check_steps(steps)
     h, w = height or preset.height, width or preset.width
     f, frame_note = checks.fitted_frames(preset, frames)
     errors, warnings = check_shape(preset, height=h, width=w, frames=f)
@@ -176,12 +179,16 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                 "dtype": preset.dtype if dtype == "auto" else dtype,
                 "max_sequence_length": preset.max_sequence_length,
                 "vae_tiling": vae_tiling, "vae_slicing": vae_slicing, "random_weights": random_weights}
-    if random_weights and not on_gpu:
-        from .estimate import cpu_warning, memory_problem
+    from .memory import check_fits
 
-        problem = memory_problem(preset, settings)
-        if problem:
-            raise UsageProblem(problem, "--random-weights")
+    # what the sizes need against the GPU and the host, before anything loads (also --random-weights' weights)
+    check_fits(preset, settings, on_gpu=on_gpu, device=device, variants=variants, offload=offload,
+               cp_world=cp_spec.world if cp_spec is not None else 1, random_weights=random_weights,
+               model_path=model_path, given=tuple(opt for opt, v in (("--frames", frames), ("--height", height),
+                                                                     ("--width", width)) if v is not None))
+    if random_weights and not on_gpu:
+        from .estimate import cpu_warning
+
         warning = cpu_warning(preset, settings, len(prompts_list) * len(seeds), len(variants))
         if warning:
             warnings.append(warning)

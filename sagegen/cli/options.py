@@ -6,6 +6,7 @@ Everything here raises `UsageProblem` (exit 2) naming the option and the allowed
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import sysconfig
@@ -171,6 +172,25 @@ def precision_policy(blocks: str | None, first_steps: int, last_steps: int):
         return PrecisionPolicy(blocks=tuple(entries), first_steps=first_steps, last_steps=last_steps)
     except (TypeError, ValueError) as e:
         raise UsageProblem(str(e).replace("PrecisionPolicy.", ""), "--fp-blocks") from None
+
+
+def finite_number(low: float | None = None, high: float | None = None):
+    """The callback of a float option: a finite number from `low` to `high`. Typer's own min/max let ``nan``
+    through (or refuse it naming a bound it does not cross) and let ``inf`` through where there is no max."""
+    bounds = [f">= {low:g}" if low is not None else "", f"<= {high:g}" if high is not None else ""]
+    allowed = (f"from {low:g} to {high:g}" if low is not None and high is not None else
+               "".join(bounds)).strip()
+
+    def check(value: float | None) -> float | None:
+        if value is None:
+            return value
+        if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+            import typer
+
+            raise typer.BadParameter(f"{value} is not allowed; give a finite number {allowed}".rstrip())
+        return value
+
+    return check
 
 
 def choice(value: str, allowed: Sequence[str], option: str) -> str:

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from sagegen.cli.options import finite_number
+
 
 def report_command(
     run_dir: Annotated[Optional[Path], typer.Argument(help="Run directory (default: the most recent under "
@@ -19,9 +21,9 @@ def report_command(
     max_frames: Annotated[int, typer.Option("--max-frames", min=2,
                                             help="Frames per player in report.html; longer clips show "
                                                  "every k-th frame.")] = 64,
-    gain: Annotated[float, typer.Option("--gain", min=1.0, max=255.0,
+    gain: Annotated[float, typer.Option("--gain", callback=finite_number(1.0, 255.0),
                                         help="Amplification of the |sagegen − baseline| "
-                                             "difference view.")] = 8.0,
+                                             "difference view, from 1 to 255.")] = 8.0,
     mp4: Annotated[bool, typer.Option("--mp4/--no-mp4", help="Write side-by-side MP4s (PNGs for image "
                                                              "models).")] = True,
     contact_sheet: Annotated[bool, typer.Option("--contact-sheet/--no-contact-sheet",
