@@ -54,7 +54,8 @@ class SageConfig:
         smooth_v: subtract V's per-channel mean (sampled like K's) before the FP8 cast and add it back to
             the output (default False here; the diffusion patcher turns it on). Cuts the error when V carries a bias.
         pv_precision: ``"fp8"`` (default; e4m3 P and V, needs sm89+) or ``"fp16"`` (P·V in fp16 with an fp32
-            accumulator, for Ampere).
+            accumulator, for Ampere). fp16 V is scaled by a power of two per channel where it would overflow
+            fp16 (bf16 V past 2^15; exact, ``kernels/spec.py`` FP16_V_EXP), at the cost of one read of V.
         pv_accum: ``"fp32"`` (default): two-level accumulation, each block's P·V starts from zero and is
             added into an FP32 accumulator, so the FP8 tensor cores' ~22-bit accumulator never spans more
             than one block. ``"fp22"`` emulates single-level FP22 accumulation over the whole sequence; it

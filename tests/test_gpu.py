@@ -263,3 +263,41 @@ def test_pre_hopper_variants_forced_on_this_card(seed, monkeypatch, cap):
     err = rel_l1(t.transpose(1, 2), ref)
     print(f"sm{cap[0]}{cap[1]} variant: vs emu {rel_l1(t, r):.2e}, vs fp64 {err:.4f}")
     assert rel_l1(t, r) < 1.5e-3 and err < 0.04
+
+
+@pytest.mark.parametrize("cap", [None, (8, 0)], ids=["this-card", "ampere-sm80"])
+@pytest.mark.parametrize("smooth_v", [False, True])
+def test_fp16_pv_with_v_beyond_fp16_range_on_hardware(seed, monkeypatch, cap, smooth_v):
+    """bf16 V at ~1e5 (past fp16's 65,504) on the fp16 P·V path, asked for (pv_precision="fp16") and as the
+    Ampere variant switches to it, with a key-padding mask and GQA: finite, as accurate against fp64 as at unit
+    scale, tracking the emulation; and exact: V with max |V| ~ 24,000 (scale 1) and the same V times 16 (scale
+    16) give outputs 16x apart bit for bit (spec.FP16_V_EXP). Before, inf/NaN everywhere."""
+    if cap is not None:
+        monkeypatch.setenv("SAGEGEN_CAPABILITY", f"{cap[0]}.{cap[1]}")
+    monkeypatch.setattr(sagegen.api, "_warned", set())
+    cfg = SageConfig(smooth_v=smooth_v, pv_precision="fp16" if cap is None else "fp8")
+    r_cfg = cfg.replace(pv_precision="fp16")
+    q, k, v = qkv(2, 8, 4, 3000 + 7, 2500 + 3, 128, dtype=torch.bfloat16, device="cuda", layout="NHD")
+    keep = torch.rand(2, 1, 1, 2503, device="cuda") > 0.2
+
+    def run(v_, c, backend):
+        return sagegen.sageattn(q, k, v_, tensor_layout="NHD", attn_mask=keep, config=c, backend=backend)
+
+    def ref(v_):
+        return attention_fp64(*(x.transpose(1, 2) for x in (q, k, v_)), sm_scale=128**-0.5,
+                              mask=sagegen.api.normalize_mask(keep, 2, 2503))[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the Ampere variant's switch to fp16 P·V
+        unit = rel_l1(run(v, cfg, "triton").transpose(1, 2), ref(v))
+        big = (v.float() * 1e5).bfloat16()
+        t = run(big, cfg, "triton")
+        v24 = (v.float() / v.float().abs().amax() * 24000).bfloat16()
+        t24, t384 = run(v24, cfg, "triton"), run(v24 * 16, cfg, "triton")
+    r = run(big, r_cfg, "reference")
+    err = rel_l1(t.transpose(1, 2), ref(big))
+    print(f"fp16 P·V, V ~ 1e5 ({cap or 'this card'}, smooth_v={smooth_v}): vs fp64 {err:.4f} (unit V {unit:.4f}), "
+          f"vs emu {rel_l1(t, r):.2e}")
+    assert torch.isfinite(t).all() and torch.isfinite(t384).all()
+    assert err < 1.2 * unit + 1e-3 and rel_l1(t, r) < 4e-3
+    assert torch.equal(t384, t24 * 16)

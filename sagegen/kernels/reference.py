@@ -16,8 +16,8 @@ import torch
 
 from ..config import SageConfig
 from .block_sparse import BlockSparse, tile_layout
-from .spec import (EPS, FP8_MAX, FP8_OUT_MARGIN, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW, SAMPLE_TOKENS,
-                   MaskSpec, device_capability)
+from .spec import (EPS, FP8_MAX, FP8_OUT_MARGIN, FP16_V_EXP, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW,
+                   SAMPLE_TOKENS, MaskSpec, device_capability)
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
 
@@ -93,7 +93,8 @@ def _sampled_mean(x: torch.Tensor, live: torch.Tensor | None) -> torch.Tensor:
         count = torch.full_like(xs[:, :, :1], float(len(idx)))
         return xs.sum(dim=2, keepdim=True) / count
     ls = live[:, :, idx]
-    return (xs * ls).sum(dim=2, keepdim=True) / ls.sum(dim=2, keepdim=True).clamp(min=1.0)
+    xs = torch.where(ls > 0, xs, torch.zeros_like(xs))  # (not xs * ls: a masked inf would give NaN)
+    return xs.sum(dim=2, keepdim=True) / ls.sum(dim=2, keepdim=True).clamp(min=1.0)
 
 
 def _expand_kv(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -162,8 +163,8 @@ def sage_attention(
     live = _live_keys(mask, Nk)
     k_mean = _sampled_mean(kf, live) if config.smooth_k else None
     ks = kf - k_mean if config.smooth_k else kf
-    if live is not None:
-        ks = ks * live
+    if live is not None:  # masked keys quantize as zeros, whatever they hold (inf and NaN too, as the kernels)
+        ks = torch.where(live > 0, ks, torch.zeros_like(ks))
     q_mean = block_means(qf, block_q) if config.smooth_q else None
     qs = qf - q_mean if config.smooth_q else qf
 
@@ -173,15 +174,15 @@ def sage_attention(
     v_mean = _sampled_mean(vf, live) if config.smooth_v else None
     vs = vf - v_mean if config.smooth_v else vf
     if live is not None:
-        vs = vs * live
+        vs = torch.where(live > 0, vs, torch.zeros_like(vs))
     if config.pv_precision == "fp8":
         v_amax = torch.clamp(vs.abs().amax(dim=2, keepdim=True), min=EPS)  # [B, Hkv, 1, D]
         v_scale = v_amax / FP8_MAX
         vq = (vs * _div(FP8_MAX, v_amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
         v_dequant = v_scale
-    else:
-        vq = vs.to(torch.float16).float()
-        v_dequant = None
+    else:  # fp16 V, scaled by a power of two per channel where it would overflow fp16 (spec.FP16_V_EXP)
+        v_dequant, v_inv = fp16_v_scale(vs.abs().amax(dim=2, keepdim=True))
+        vq = (vs * v_inv).to(torch.float16).float()
 
     out_inv = None
     if out_scale is not None:
@@ -250,6 +251,15 @@ def sage_attention(
                 lse_rows = lse_rows + corr
             lse[:, :, rows] = lse_rows
     return out, lse
+
+
+def fp16_v_scale(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(2^k, 2^-k), fp32, of fp16 V with channel maxima ``amax`` (fp32, >= 0 or NaN): k the smallest integer >= 0
+    with amax / 2^k < 2^FP16_V_EXP, from amax's exponent bits; 0 where amax is not finite (spec.py, and
+    triton_quant's statistics launch, op for op)."""
+    e = (amax.float().contiguous().view(torch.int32) >> 23) & 0xFF
+    k = torch.where(e == 255, torch.zeros_like(e), (e - (126 + FP16_V_EXP)).clamp(min=0))
+    return ((k + 127) << 23).view(torch.float32), ((127 - k) << 23).view(torch.float32)
 
 
 def fp8_out_scale(v_scale: torch.Tensor, v_mean: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,6 +41,15 @@ REF_WINDOW = 8.0
 # V's is added back), so the vector only has to be near the mean; sampling spares the quantization pass a
 # whole read of K. V's FP8 scale still covers every key.
 SAMPLE_TOKENS = 1024
+# fp16 P·V (``pv_precision="fp16"``): V, after any smoothing, is cast to fp16 for the tensor cores, whose range
+# ends at 65504, while bf16 V can hold ~3e38. Every (batch, kv head, channel) of V gets a power-of-two scale
+# 2^k, k the smallest integer >= 0 with max |V| / 2^k < 2^FP16_V_EXP: V is multiplied by 2^-k before the cast
+# and the output by 2^k after P·V, both exact. k comes from the fp32 exponent bits of that max (the same
+# integer ops in the emulation and the kernels), so k = max(0, biased exponent - 127 - (FP16_V_EXP - 1)),
+# and 0 for a non-finite max (a NaN or inf in V then reaches its channel's output, as on the FP8 path).
+# Below 2^15 that is k = 0 and scale 1: the same bits as without the scale. The scale costs the fp16 path
+# the read of V that the FP8 path makes anyway for its scales (the statistics launch).
+FP16_V_EXP = 15
 
 # Pick tiles, launch settings and kernel variants as on another GPU generation, e.g. "8.9" (Ada) or "8.0"
 # (Ampere), while the code still runs on this card: how the variants are tested on a Hopper GPU. Triton keeps

@@ -62,10 +62,9 @@ def _exp2_shift(row_scale, r):
 
 @triton.jit
 def _store_out(acc, offs_d, inv_l, l_i, VS, VM, OS, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
-               PV_FP8: tl.constexpr, SMOOTH_V: tl.constexpr, OUT_FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr):
+               SMOOTH_V: tl.constexpr, OUT_FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr):
     o = acc * inv_l[:, None]
-    if PV_FP8:
-        o = o * tl.load(VS + vs_off + offs_d)[None, :]
+    o = o * tl.load(VS + vs_off + offs_d)[None, :]  # V's scale: FP8's, or fp16's power of two (spec.FP16_V_EXP)
     if SMOOTH_V:
         v_mean = tl.load(VM + vs_off + offs_d)
         o = tl.where((l_i != 0)[:, None], o + v_mean[None, :], 0.0)
@@ -232,10 +231,10 @@ def _attn_fwd_kernel(
     o_base = Out + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh  # no wrap past 2^31
     offs_d0 = tl.arange(0, CHUNK_D)
     _store_out(acc0, offs_d0, inv_l, l_i, VS, VM, OS, vs_off, o_base, offs_m, stride_om, stride_od, N_Q, D,
-               PV_FP8, SMOOTH_V, OUT_FP8, EXACT_FP8_CAST)
+               SMOOTH_V, OUT_FP8, EXACT_FP8_CAST)
     if SPLIT_D:
         _store_out(acc1, CHUNK_D + offs_d0, inv_l, l_i, VS, VM, OS, vs_off, o_base, offs_m, stride_om, stride_od,
-                   N_Q, D, PV_FP8, SMOOTH_V, OUT_FP8, EXACT_FP8_CAST)
+                   N_Q, D, SMOOTH_V, OUT_FP8, EXACT_FP8_CAST)
     if RETURN_LSE:
         lse = (r_i + tl.math.log2(l_i) - _LOG2_FP8_MAX) * 0.6931471805599453
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
@@ -370,7 +369,7 @@ def sage_attention(
         m_strides = (0, 0, 0, 0)
 
     lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else qq.q_scale
-    vs = qq.v_scale if qq.v_scale is not None else qq.q_scale
+    vs = qq.v_scale  # FP8's scales, or fp16's powers of two
     vm = qq.v_mean if qq.v_mean is not None else vs
     nq_pad, nk_pad = qq.q8.shape[2], qq.k8.shape[2]
     chunk_d = d_pad // 2 if d_pad >= 128 else d_pad

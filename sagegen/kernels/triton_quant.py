@@ -15,12 +15,13 @@ import triton
 import triton.language as tl
 
 from ..config import SageConfig
-from .spec import EPS, FP8_MAX, INT8_MAX, SAMPLE_TOKENS, cdiv
+from .spec import EPS, FP8_MAX, FP16_V_EXP, INT8_MAX, SAMPLE_TOKENS, cdiv
 
 # Kernels may only read module globals that are constexpr.
 _EPS = tl.constexpr(EPS)
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _INT8_MAX = tl.constexpr(INT8_MAX)
+_FP16_V_BIAS = tl.constexpr(126 + FP16_V_EXP)  # fp16 V's scale exponent k = max(0, biased exponent - this)
 
 
 @triton.jit
@@ -183,12 +184,12 @@ def _kv_stats_finish_kernel(
     KSum, VSum, Count, VMin, VMax, KMean, VMean, VScale, VInvScale,
     D, N_BLOCKS, N_PARTS,
     HEAD_DIM: tl.constexpr, CHANNELS: tl.constexpr, K_MEAN: tl.constexpr, V_MEAN: tl.constexpr,
-    V_RANGE: tl.constexpr, ROWS: tl.constexpr,
+    V_RANGE: tl.constexpr, ROWS: tl.constexpr, FP8: tl.constexpr,
 ):
     """One (batch, head) and CHANNELS channels per program: the partials of `_kv_stats_kernel`, added in a
-    fixed order (deterministic) -> K's and V's smoothing means and V's FP8 scale and its inverse (one launch
-    instead of a dozen small torch ops, which weigh on the pass at short sequences). Padding channels get
-    scale 1."""
+    fixed order (deterministic) -> K's and V's smoothing means and V's scale and its inverse: FP8's, or with
+    FP8=False fp16's power of two (spec.FP16_V_EXP). One launch instead of a dozen small torch ops, which weigh
+    on the pass at short sequences. Padding channels get scale 1."""
     pid = tl.program_id(0)
     offs_d = tl.program_id(1) * CHANNELS + tl.arange(0, CHANNELS)
     out = pid * HEAD_DIM + offs_d
@@ -225,9 +226,16 @@ def _kv_stats_finish_kernel(
             v_max = tl.maximum(v_max, hi, propagate_nan=tl.PropagateNan.ALL)
         # max |v - mean| from the range: fl(v - mean) is monotone in v, so this is exact
         amax = tl.maximum(v_max - v_mean, v_mean - v_min, propagate_nan=tl.PropagateNan.ALL)
-        amax = tl.where(offs_d < D, tl.maximum(amax, _EPS, propagate_nan=tl.PropagateNan.ALL), _FP8_MAX)
-        tl.store(VScale + out, tl.math.div_rn(amax, _FP8_MAX))
-        tl.store(VInvScale + out, tl.math.div_rn(tl.zeros_like(amax) + _FP8_MAX, amax))
+        if FP8:
+            amax = tl.where(offs_d < D, tl.maximum(amax, _EPS, propagate_nan=tl.PropagateNan.ALL), _FP8_MAX)
+            tl.store(VScale + out, tl.math.div_rn(amax, _FP8_MAX))
+            tl.store(VInvScale + out, tl.math.div_rn(tl.zeros_like(amax) + _FP8_MAX, amax))
+        else:  # 2^k and 2^-k from amax's exponent bits (reference.fp16_v_scale); k = 0 for inf, NaN (and -inf:
+            # every key masked) and padding channels
+            e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF
+            k = tl.where((e == 255) | (offs_d >= D), 0, tl.maximum(e - _FP16_V_BIAS, 0))
+            tl.store(VScale + out, ((k + 127) << 23).to(tl.float32, bitcast=True))
+            tl.store(VInvScale + out, ((127 - k) << 23).to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -241,7 +249,8 @@ def _quant_kv_kernel(
     PERMUTE_KEYS: tl.constexpr, PAD_D: tl.constexpr,
 ):
     """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
-    scale) or fp16 [B*H, N_PAD, HEAD_DIM], in one pass over the tile. PERMUTE_KEYS stores the FP8 V's keys in
+    scale) or fp16 [B*H, N_PAD, HEAD_DIM] (per-channel power-of-two scale, 1 unless fp16 would overflow), in one
+    pass over the tile. PERMUTE_KEYS stores the FP8 V's keys in
     the order `gluon_attn` feeds P to the tensor cores (within every 16 keys, bit 3 of the index moves
     below bits 1-2), so P needs no shuffles there."""
     pid_n = tl.program_id(0)
@@ -277,7 +286,8 @@ def _quant_kv_kernel(
                             (HEAD_DIM, BLOCK))
         tl.store(VQ + head + offs_d[:, None] * N_PAD + offs_n[None, :], vt)
     else:
-        tl.store(VQ + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], v.to(tl.float16))
+        y = v * tl.load(VInvScale + stats)[None, :]  # 2^-k: exact
+        tl.store(VQ + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], y.to(tl.float16))
 
 
 @dataclass
@@ -289,7 +299,7 @@ class QuantizedQKV:
     k_scale: torch.Tensor  # fp32 [B, Hkv, Nk_pad]
     k_mean: torch.Tensor | None  # fp32 [B, Hkv, D_pad] when smooth_k
     v: torch.Tensor  # fp8 [B, Hkv, D_pad, Nk_pad] or fp16 [B, Hkv, Nk_pad, D_pad]
-    v_scale: torch.Tensor | None  # fp32 [B, Hkv, D_pad] (fp8 only)
+    v_scale: torch.Tensor | None  # fp32 [B, Hkv, D_pad]: FP8's, or fp16's power of two (spec.FP16_V_EXP)
     v_mean: torch.Tensor | None  # fp32 [B, Hkv, D_pad] when smooth_v
 
 
@@ -298,10 +308,11 @@ STATS_ROWS = 32  # rows it reads at a time
 STATS_STAGES = 3  # software-pipeline stages of its loop over V's rows: 96 vs 111 us unpipelined (H200, hd128 8k)
 
 
-def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
+def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None, fp8=True):
     """Channel statistics of k and v [B, H, N, D]: (k_mean, v_mean, v_scale, v_inv_scale), each [B*H, d_pad]
-    fp32 or None. The smoothing means are over the sampled keys (spec.SAMPLE_TOKENS); V's FP8 scale (with
-    V's mean taken out when v_mean) covers every key, so only V is read in full. Over the keys a key-padding
+    fp32 or None. The smoothing means are over the sampled keys (spec.SAMPLE_TOKENS); V's scale (FP8's, or
+    with fp8=False fp16's power of two; with V's mean taken out when v_mean) covers every key, so only V is
+    read in full. Over the keys a key-padding
     bias [B, N] keeps, when given. Two launches: partials, then a small finishing one."""
     B, H, N, D = k.shape
     if not (k_mean or v_mean or v_range):
@@ -328,7 +339,7 @@ def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None):
     _kv_stats_finish_kernel[(B * H, d_pad // channels)](
         pick(ksum), pick(vsum), count, pick(vmin), pick(vmax), pick(km), pick(vm), pick(v_scale),
         pick(v_inv_scale), D, nb, parts, HEAD_DIM=d_pad, CHANNELS=channels, K_MEAN=k_mean, V_MEAN=v_mean,
-        V_RANGE=v_range, ROWS=64, num_warps=4, enable_fp_fusion=True,
+        V_RANGE=v_range, ROWS=64, FP8=fp8, num_warps=4, enable_fp_fusion=True,
     )
     return km, vm, v_scale, v_inv_scale
 
@@ -349,9 +360,10 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     quantize_q: False leaves Q to the attention kernel (`gluon_attn` quantizes it per CTA): q8 and q_scale
     are None.
 
-    Launches: Q (one read; skipped with quantize_q=False), K/V channel statistics (one read of V for its FP8
-    range and of the sampled keys for the smoothing means, plus a small finishing launch), and K with V (one
-    read of each), writing int8 Q and K and fp8 (transposed) or fp16 V.
+    Launches: Q (one read; skipped with quantize_q=False), K/V channel statistics (one read of V for its range:
+    the FP8 scales, or fp16's overflow guard, spec.FP16_V_EXP; and of the sampled keys for the smoothing means;
+    plus a small finishing launch), and K with V (one read of each), writing int8 Q and K and fp8 (transposed)
+    or fp16 V.
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -372,7 +384,9 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         )
 
     fp8 = config.pv_precision == "fp8"
-    k_mean, v_mean, v_scale, v_inv_scale = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, fp8, key_bias)
+    # V's range for its scale: FP8's, or fp16's overflow guard (spec.FP16_V_EXP)
+    k_mean, v_mean, v_scale, v_inv_scale = _kv_stats(k, v, d_pad, config.smooth_k, config.smooth_v, True, key_bias,
+                                                     fp8)
     if fp8:
         vq = torch.empty(B, Hkv, d_pad, nk_pad, dtype=torch.float8_e4m3fn, device=dev)
     else:
