@@ -252,10 +252,9 @@ def main():
     result["speed"] = speed(args.shape or (QUICK if args.quick else SHAPES), impls)
     if args.masked:
         result["masked"] = masked(impls)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, args.out)
+    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+
+    atomic_write_text(args.out, json.dumps(result, indent=1))
     if args.plot:
         plot(result["speed"], args.plot)
 

@@ -52,10 +52,9 @@ def main(argv=None) -> int:
                                "triton": triton.__version__, "diffusers": diffusers.__version__,
                                "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
                "results": results}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=1)
-    os.replace(tmp, args.out)
+    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+
+    atomic_write_text(args.out, json.dumps(payload, indent=1))
     return 0
 
 

@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import datetime
 import gc
-import json
 import os
 import sys
 import time
@@ -194,9 +193,9 @@ def single_gpu(name, args, device, backends):
     del model, inputs
     free(device)
     if path:
-        os.makedirs(args.baseline_dir, exist_ok=True)
-        torch.save({"single": single, "ref": ref}, path + ".tmp")
-        os.replace(path + ".tmp", path)
+        from sagegen.runfiles import atomic_write_file  # a unique temporary name beside it, removed on failure
+
+        atomic_write_file(path, lambda tmp: torch.save({"single": single, "ref": ref}, tmp))
     return single, ref
 
 
@@ -276,10 +275,9 @@ def main(argv=None):
         keeps what it measured."""
         report["models"][name] = res
         if rank == 0:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out + ".tmp", "w") as f:
-                json.dump(report, f, indent=2)
-            os.replace(args.out + ".tmp", args.out)
+            from sagegen.runfiles import atomic_write_json  # a unique temporary name beside it
+
+            atomic_write_json(args.out, report)
 
     try:
         for name in args.model:

@@ -107,10 +107,9 @@ def main(argv=None) -> dict:
                                                                    "triton": triton.__version__},
               "results": rows_out}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(tmp, args.out)
+    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+
+    atomic_write_text(args.out, json.dumps(report, indent=1))
     print(f"wrote {args.out}")
     return report
 

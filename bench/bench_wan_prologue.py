@@ -77,10 +77,9 @@ def main(argv=None) -> dict:
                                                                    "triton": triton.__version__,
                                                                    "diffusers": diffusers.__version__},
               "results": rows}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(result, fh, indent=1)
-    os.replace(tmp, args.out)
+    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+
+    atomic_write_text(args.out, json.dumps(result, indent=1))
     return result
 
 

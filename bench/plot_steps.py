@@ -114,10 +114,9 @@ def plot(rows: list[dict], out: Path) -> Path:
                  fontsize=9)
     fig.text(0.01, 0.005, "¹ stock hands SDPA a dense [B, 1, S, S] mask there; sagegen a key mask.", fontsize=7)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp" + out.suffix)
-    fig.savefig(tmp, metadata={"Date": None} if out.suffix == ".svg" else None)
-    tmp.replace(out)
+    from sagegen.runfiles import atomic_write_file  # a unique temporary name beside it (same suffix: the format)
+
+    atomic_write_file(out, lambda tmp: fig.savefig(tmp, metadata={"Date": None} if out.suffix == ".svg" else None))
     plt.close(fig)
     return out
 

@@ -8,6 +8,7 @@ import os
 
 import typer
 
+from .completion import complete_model
 from .errors import UsageProblem, cli_command
 
 NO_GPU = ("sagegen bench times the GPU kernels, and no CUDA GPU is visible to PyTorch here (see `sagegen env`); "
@@ -36,9 +37,9 @@ def bench_architecture(model: str, tiny: bool = False) -> str:
 
 def bench_command(
     ctx: typer.Context,
-    model: str = typer.Argument(..., metavar="MODEL", help="architecture: a preset name or alias as for `run`, "
-                                                           "such as cogvideox, cogvideox-5b, hunyuanvideo, "
-                                                           "mochi, flux.1-dev, sd3.5-large"),
+    model: str = typer.Argument(..., metavar="MODEL", autocompletion=complete_model,
+                                help="architecture: a preset name or alias as for `run`, such as cogvideox, "
+                                     "cogvideox-5b, hunyuanvideo, mochi, flux.1-dev, sd3.5-large"),
 ) -> None:
     """Time one denoising step at the model's default resolution (random weights, nothing downloaded).
 
@@ -61,10 +62,15 @@ topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --pro
     if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         args += ["--out", os.path.join(os.environ.get("SAGEGEN_RUNS", "runs"), "bench", f"{name}-{stamp}.json")]
+    from ..stepbench_args import BenchArgError, parse_args
+
+    try:  # a wrong option is named before anything else is said, and before torch loads
+        parse_args(args, raise_errors=True)
+    except BenchArgError as e:
+        raise UsageProblem(f"{e} (see `sagegen bench --help`)") from None
     from .. import stepbench
 
     try:
-        stepbench.parse_args(args)  # a wrong option is named before anything else is said
         if "--tiny" not in extra:
             import torch
 
@@ -77,7 +83,7 @@ topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --pro
     except SystemExit as exc:
         if isinstance(exc.code, str):  # a message from the benchmark itself
             raise UsageProblem(exc.code) from None
-        if exc.code:  # argparse has printed the usage and the error (exit 2, as for every usage error)
+        if exc.code:  # argparse's own exit (its checks ran above, so not expected here)
             raise typer.Exit(2) from None
 
 

@@ -17,10 +17,14 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from . import arch_video
+
+# torch is imported where it is used: the CLI reads ARCHS (names, configs) to check `sagegen bench`'s arguments
+# before torch loads.
+if TYPE_CHECKING:  # annotations only
+    import torch
 
 _COG_BASE = dict(activation_fn="gelu-approximate", attention_bias=True, attention_head_dim=64, dropout=0.0,
                  flip_sin_to_cos=True, freq_shift=0, in_channels=16, max_text_seq_length=226,
@@ -125,6 +129,8 @@ def get_arch(name: str) -> Arch:
 
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype):
+    import torch
+
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -133,7 +139,7 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def build_transformer(name: str, *, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
+def build_transformer(name: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cuda",
                       seed: int = 0, config_overrides: dict | None = None) -> torch.nn.Module:
     """The full-size transformer ``name`` (see ``ARCHS``) with random weights, built on ``device`` in ``dtype``.
 
@@ -141,9 +147,12 @@ def build_transformer(name: str, *, dtype: torch.dtype = torch.bfloat16, device:
     model needs 26 GB in bf16). Linear and conv weights are then drawn N(0, 1/fan_in) (variance-preserving, so
     activations and attention logits keep realistic scales through the depth), biases 0, norms at their
     default (1, 0); deterministic in ``seed``. ``config_overrides`` changes config fields (e.g. fewer layers).
+    ``dtype`` None: bfloat16.
     """
     import diffusers
+    import torch
 
+    dtype = torch.bfloat16 if dtype is None else dtype
     arch = get_arch(name)
     if dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"dtype={dtype!r} is not supported; use torch.bfloat16, torch.float16 or torch.float32")
@@ -158,21 +167,23 @@ def build_transformer(name: str, *, dtype: torch.dtype = torch.bfloat16, device:
     return model.eval().requires_grad_(False)
 
 
-@torch.no_grad()
 def random_init_(model: torch.nn.Module, *, seed: int = 0) -> torch.nn.Module:
     """Variance-preserving random weights in place (see `build_transformer`). No-op on the meta device."""
+    import torch
+
     device = next(model.parameters()).device
     if device.type == "meta":
         return model
     gen = torch.Generator(device=device).manual_seed(seed)
-    for module in model.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
-            fan_in = module.weight[0].numel()
-            module.weight.normal_(0.0, fan_in ** -0.5, generator=gen)
-            if module.bias is not None:
-                module.bias.zero_()
-        elif isinstance(module, torch.nn.Embedding):
-            module.weight.normal_(0.0, 1.0, generator=gen)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+                fan_in = module.weight[0].numel()
+                module.weight.normal_(0.0, fan_in ** -0.5, generator=gen)
+                if module.bias is not None:
+                    module.bias.zero_()
+            elif isinstance(module, torch.nn.Embedding):
+                module.weight.normal_(0.0, 1.0, generator=gen)
     return model
 
 
@@ -247,7 +258,7 @@ def _latent_tokens(family: str, config: dict, height: int, width: int, frames: i
 
 def example_inputs(name_or_model, *, batch: int | None = None, height: int | None = None,
                    width: int | None = None, frames: int | None = None, text_tokens: int | None = None,
-                   valid_text: list[int] | None = None, dtype: torch.dtype = torch.bfloat16,
+                   valid_text: list[int] | None = None, dtype: torch.dtype | None = None,
                    device: str | torch.device = "cuda", seed: int = 0) -> dict:
     """Forward kwargs of one denoising step, shaped as the model's pipeline passes them.
 
@@ -255,7 +266,11 @@ def example_inputs(name_or_model, *, batch: int | None = None, height: int | Non
     classes (then give ``height``/``width``/``frames``/``text_tokens``; e.g. the tiny models). Random latents
     and text embeddings (N(0, 1)); a mid-schedule timestep. ``valid_text`` (HunyuanVideo, Mochi): the number
     of real text tokens per sample, default different lengths per sample (so the key-padding mask differs).
+    ``dtype`` None: bfloat16.
     """
+    import torch
+
+    dtype = torch.bfloat16 if dtype is None else dtype
     if isinstance(name_or_model, str):
         arch = get_arch(name_or_model)
         family, config = arch.family, dict(arch.config)

@@ -16,7 +16,10 @@ text tokens (no padding; 128 assumed) in joint attention, true CFG as two calls.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only (torch is imported where it is used)
+    import torch
 
 _WAN_BASE = dict(patch_size=(1, 2, 2), attention_head_dim=128, in_channels=16, out_channels=16, text_dim=4096,
                  freq_dim=256, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None,
@@ -117,6 +120,8 @@ def wan_inputs(config: dict, *, batch: int, height: int, width: int, frames: int
     """WanTransformer3DModel kwargs of one CFG half (the pipeline calls the transformer once for the prompt and
     once for the negative prompt): latents [B, C, F', H', W'], the 512-token UMT5 embeddings, timestep 500.
     Wan2.2-TI2V (48 channels) passes one timestep per latent token, as its pipeline does (expand_timesteps)."""
+    import torch
+
     spatial, temporal = vae_factors("wan", config)
     lf = (frames - 1) // temporal + 1 if frames else 1
     lh, lw = height // spatial, width // spatial
@@ -135,6 +140,8 @@ def ltx_inputs(config: dict, *, batch: int, height: int, width: int, frames: int
                randn, device: torch.device, dtype: torch.dtype, text_mask: torch.Tensor) -> dict:
     """LTXVideoTransformer3DModel kwargs as LTXPipeline passes them: packed latents [B, N, 128], T5 embeddings
     with their padding mask, the latent grid and the rotary interpolation scale (VAE factors / 25 fps)."""
+    import torch
+
     lf, lh, lw = (frames - 1) // 8 + 1, height // 32, width // 32
     return dict(hidden_states=randn(batch, lf * lh * lw, config["in_channels"]),
                 encoder_hidden_states=randn(batch, text_tokens, config["caption_channels"]),
@@ -147,6 +154,8 @@ def qwenimage_inputs(config: dict, *, batch: int, height: int, width: int, frame
     """QwenImageTransformer2DModel kwargs as QwenImagePipeline passes them: packed latents [B, (H/16)(W/16),
     64], Qwen2.5-VL embeddings (trimmed to the prompt, so all valid, and then the pipeline passes no mask:
     ``encode_prompt`` drops an all-True one), timestep / 1000, the image shapes."""
+    import torch
+
     lh, lw = height // 16, width // 16
     return dict(hidden_states=randn(batch, lh * lw, config["in_channels"]),
                 encoder_hidden_states=randn(batch, text_tokens, config["joint_attention_dim"]),
@@ -160,6 +169,8 @@ def hunyuanvideo15_inputs(config: dict, *, batch: int, height: int, width: int, 
     """HunyuanVideo15Transformer3DModel kwargs of one CFG call (text-to-video): latents with the (zero) image
     condition and mask channels [B, 65, F', H', W'], Qwen2.5-VL embeddings with a key-padding mask, 256 ByT5
     glyph slots (none valid for a prompt without quoted text), zero SigLIP image embeddings (t2v)."""
+    import torch
+
     lf, lh, lw = (frames - 1) // 4 + 1 if frames else 1, height // 16, width // 16
     latents = torch.zeros(batch, config["in_channels"], lf, lh, lw, device=device, dtype=dtype)
     latents[:, : config["out_channels"]] = randn(batch, config["out_channels"], lf, lh, lw)
