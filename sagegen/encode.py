@@ -18,7 +18,10 @@ import numpy as np
 
 
 class EncodeError(RuntimeError):
-    """ffmpeg did not produce a complete video; the message names the file and what to do."""
+    """ffmpeg did not produce a complete video; the message names the file and what to do. ``disk_problem``:
+    the disk was full or not writable (the CLI then says where its command can write instead)."""
+
+    disk_problem = False
 
 
 def ffmpeg_exe() -> str:
@@ -42,13 +45,25 @@ def count_frames(path: str | os.PathLike) -> int:
     return int(imageio_ffmpeg.count_frames_and_secs(str(path))[0])
 
 
+def _disk_problem(err: str) -> bool:
+    low = err.lower()
+    return any(s in low for s in ("no space left", "disk quota", "read-only", "permission denied"))
+
+
 def _hint(err: str) -> str:
+    """What to do, naming no option (the CLI adds where its command can write instead)."""
     low = err.lower()
     if "no space left" in low or "disk quota" in low:
-        return "the disk is full: free some space or write to another folder (--out), then run the command again"
+        return "the disk is full: free some space, then run the command again"
     if "read-only" in low or "permission denied" in low:
-        return "the folder is not writable: choose another one (--out), then run the command again"
+        return "the folder is not writable"
     return "run the command again; if it keeps failing, check the disk and ffmpeg's message"
+
+
+def _encode_error(message: str, err: str) -> EncodeError:
+    exc = EncodeError(f"{message}; {_hint(err)}")
+    exc.disk_problem = _disk_problem(err)
+    return exc
 
 
 def encode_mp4_file(frames: Iterable[np.ndarray], dest: str | os.PathLike, fps: float, *, crf: int = 18,
@@ -96,10 +111,10 @@ def encode_mp4_file(frames: Iterable[np.ndarray], dest: str | os.PathLike, fps: 
     code = proc.wait()
     if code != 0 or broken:
         detail = err.splitlines()[-1] if err else f"exit status {code}"
-        raise EncodeError(f"could not write {shown}: ffmpeg failed ({detail}); {_hint(err)}")
+        raise _encode_error(f"could not write {shown}: ffmpeg failed ({detail})", err)
     size = dest.stat().st_size if dest.exists() else 0
     got = count_frames(dest) if size else 0
     if got != sent:
-        raise EncodeError(f"could not write {shown}: ffmpeg reported success but the file holds {got} of {sent} "
-                          f"frames ({size} bytes); {_hint(err)}")
+        raise _encode_error(f"could not write {shown}: ffmpeg reported success but the file holds {got} of {sent} "
+                            f"frames ({size} bytes)", err)
     return sent

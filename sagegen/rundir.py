@@ -133,7 +133,8 @@ class RunDir:
         try:
             return read_record(self.manifest_path)
         except DamagedFile as e:
-            raise DamagedFile(f"{e}; delete {self.path} (or use another --out) to start this run over") from None
+            # no option named: eval and report read this too, and have no --out
+            raise DamagedFile(f"{e}; restore it from a copy, or start the run over in a new folder") from None
 
     @property
     def variants(self) -> list[str]:
@@ -249,7 +250,7 @@ class RunDir:
         if not runcheck.inside(self.path, path):  # resolves every link on the way, existing or not
             raise runcheck.OutsideRunDir(
                 f"{path} leads outside the run directory {self.path} (a link to {os.path.realpath(path)}); sagegen "
-                "reads and writes only inside it: remove the link, or use another --out")
+                "reads and writes only inside it: remove the link")
         return path
 
     def clear_unfinished(self, variant: str, sample_id: str) -> None:

@@ -50,15 +50,16 @@ class WriteError(OSError):
     what to do. Keeps the original ``errno``."""
 
 
+# No option is named here: these files are written by commands with different options (eval and report have
+# no --out); the CLI adds where each command can write instead (sagegen.cli.errors.WRITE_ELSEWHERE).
 _WRITE_HINTS = {
-    errno.ENOSPC: "no space left on device: free some space or write to another folder (--out), then run the "
-                  "command again (finished work is kept)",
-    errno.EDQUOT: "disk quota exceeded: free some space or write to another folder (--out), then run the command "
-                  "again (finished work is kept)",
-    errno.EROFS: "the file system is read-only: write to another folder (--out)",
-    errno.EACCES: "permission denied: write to a folder you can write to (--out), or fix its permissions",
-    errno.EPERM: "operation not permitted: write to a folder you can write to (--out), or fix its permissions",
+    errno.ENOSPC: "no space left on device: free some space, then run the command again (finished work is kept)",
+    errno.EDQUOT: "disk quota exceeded: free some space, then run the command again (finished work is kept)",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied: fix the folder's permissions",
+    errno.EPERM: "operation not permitted: fix the folder's permissions",
 }
+WRITE_ERRNOS = frozenset(_WRITE_HINTS)
 
 
 def write_error(path: str | os.PathLike, exc: OSError) -> OSError:

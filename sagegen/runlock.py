@@ -51,11 +51,16 @@ def hold(run_dir: str | os.PathLike, command: list[str] | None = None) -> Iterat
     holds it. Yields the lock file's path."""
     import fcntl
 
+    from .runfiles import write_error  # a full or read-only disk: an error naming the file and what to do
+
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     for _ in range(5):  # the holder may remove the file between our open and our flock: then try again
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise write_error(path, e) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -78,8 +83,11 @@ def hold(run_dir: str | os.PathLike, command: list[str] | None = None) -> Iterat
     try:
         info = {"pid": os.getpid(), "host": socket.gethostname(), "command": list(command or []),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(info).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(info).encode())
+        except OSError as e:
+            raise write_error(path, e) from e
         yield path
     finally:
         with contextlib.suppress(OSError):

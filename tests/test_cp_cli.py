@@ -106,9 +106,32 @@ def test_cp_without_torchrun_exits_2_before_loading(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "--cp" in proc.stderr and "torchrun" in proc.stderr
     assert not out.exists()
+    # under torchrun (its variables set, WORLD_SIZE 2), each process refuses a model that cannot run CP
     cmd[cmd.index("tiny-flux")] = "tiny-cogvideox"
-    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    env = {**_env(tmp_path), **TORCHRUN, "WORLD_SIZE": "2"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "scaled_dot_product_attention directly" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_cp_launch_hint_is_a_command_that_runs(tmp_path):
+    """Issue 54: the hint without torchrun is this very command under `torchrun -m sagegen` (a bare `sagegen`
+    is taken for a script and fails); run as printed (with --help, so nothing generates), it starts sagegen on
+    every rank. Told at once: the check needs no torch."""
+    import re
+    import shlex
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "sagegen", "run", "tiny-flux", "-p", "a fox", "--cp", "ring=2", "--steps", "1"]
+    proc = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    hint = re.search(r"launch as (torchrun .*)$", " ".join(proc.stderr.split())).group(1)
+    assert hint == "torchrun --nproc-per-node 2 -m sagegen run tiny-flux -p 'a fox' --cp ring=2 --steps 1"
+    argv = shlex.split(hint)
+    launched = [sys.executable, "-m", "torch.distributed.run", "--standalone", *argv[1:], "--help"]
+    proc = subprocess.run(launched, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("Usage: sagegen run") == 2  # both ranks ran the sagegen command
 
 
 @pytest.mark.slow

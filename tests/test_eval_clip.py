@@ -103,7 +103,7 @@ def test_resolve_clip_specs(tmp_path, monkeypatch):
     with pytest.raises(WeightsMissing, match="not found"):
         resolve_clip(f"local-dir:{tmp_path / 'absent'}")
     ckpt = tmp_path / "ckpt.bin"
-    ckpt.write_bytes(b"x")
+    ckpt.write_bytes(b"PK\x03\x04 a torch.save zip")  # only the first bytes are looked at here
     src = resolve_clip(str(ckpt))
     assert src.arch == "ViT-B-32-quickgelu" and src.checkpoint == str(ckpt)
     assert resolve_clip(f"ViT-B-16:{ckpt}").arch == "ViT-B-16"

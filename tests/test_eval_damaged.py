@@ -52,7 +52,7 @@ def test_generation_redoes_a_damaged_sample(run):
 @pytest.mark.parametrize("content", ["[1, 2]", '"text"', "null", "{broken"])
 def test_manifest_that_is_not_an_object_is_a_clear_error(run, content):
     (run / "manifest.json").write_text(content)
-    with pytest.raises(DamagedFile, match=r"manifest.json is damaged.*delete"):
+    with pytest.raises(DamagedFile, match=r"manifest.json is damaged.*start the run over in a new folder"):
         RunDir(run).manifest
     with pytest.raises(RunDirError, match="manifest.json is damaged"):
         load_run(run)

@@ -115,10 +115,14 @@ def test_a_missing_optional_package_skips_its_metrics_with_the_install_line(run)
 
 def test_broken_weights_file_is_an_error_entry_not_a_crash(run, tmp_path):
     bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a model")
+    bad.write_bytes(b"PK\x03\x04 a damaged torch.save zip")
     doc = evaluate(run, EvalOptions(metrics=["fid", "psnr"], inception_weights=str(bad)), log=lambda s: None)
     assert doc["metrics"]["fid"]["status"] == "error" and "could not load inception" in doc["metrics"]["fid"]["reason"]
     assert doc["metrics"]["psnr"]["status"] == "ok"
+    # a file that is no weights file at all (text) is the option's mistake, named before any metric runs
+    bad.write_bytes(b"not a model")
+    with pytest.raises(BadOption, match="--inception-weights: .* not a PyTorch or safetensors weights file"):
+        evaluate(run, EvalOptions(metrics=["fid", "psnr"], inception_weights=str(bad)), log=lambda s: None)
 
 
 def test_image_run_clipscore_and_reference_folder(tmp_path, weights):

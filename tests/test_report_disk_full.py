@@ -70,7 +70,10 @@ def test_write_errors_name_the_file_and_the_fix(tmp_path, monkeypatch, code):
     dest = tmp_path / "s" / "sample.json"
     with pytest.raises(rundir.WriteError) as ei:
         rundir.atomic_write_json(dest, {"a": 1})
-    assert ei.value.errno == code and str(dest) in str(ei.value) and "--out" in str(ei.value)
+    assert ei.value.errno == code and str(dest) in str(ei.value)
+    # what to do, but no option: eval and report write here too and have no --out (the CLI adds each command's)
+    assert any(fix in str(ei.value) for fix in ("free some space", "read-only", "permissions"))
+    assert "--" not in str(ei.value)
     assert _leftovers(dest.parent) == []
 
 

@@ -8,6 +8,7 @@ small JSON that `run` / `compare` take as ``--sparse calib=FILE``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
@@ -29,8 +30,9 @@ Candidates = Annotated[Optional[str], typer.Option("--candidates", metavar="LIST
                                                         "0.8,0.9,0.95,0.98,0.995; topk 0.1,0.2,0.3,0.5,0.7).")]
 Options = Annotated[Optional[str], typer.Option("--sparse-options", metavar="OPTS", rich_help_panel=CAL,
                                                 show_default=False,
-                                                help="Other --sparse options for the searched config, e.g. "
-                                                     "steps=0.25,blocks=0,sim=0.2.")]
+                                                help="Other options of the searched sparse config, e.g. "
+                                                     "steps=0.25,blocks=0,sim=0.2 (as in `sagegen compare "
+                                                     "--sparse topk=0.5,steps=0.25`).")]
 CalOut = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE", show_default=False,
                                                 help="Calibration JSON (default: calib-<model>.json).")]
 
@@ -45,6 +47,31 @@ def _candidates(text: str | None) -> tuple[float, ...] | None:
     if not values or not all(0 < v <= 1 for v in values):
         raise UsageProblem(f"{text!r}: every threshold must be in (0, 1]", "--candidates")
     return values
+
+
+def _base_config(mode: str, options: str | None):
+    """The searched config: ``MODE=0.5`` plus --sparse-options (errors name --sparse-options, not --sparse)."""
+    from ..sparse.text import parse_sparse_arg
+
+    try:
+        return parse_sparse_arg(f"{mode}=0.5" + (f",{options}" if options else ""))
+    except ValueError as e:
+        raise UsageProblem(f"--sparse-options {options!r}: {e}" if options else str(e), "--sparse-options") from None
+
+
+def check_out_file(path: Path) -> None:
+    """--out must name a file that can be written, checked before the calibration's minutes of work: not a
+    folder, and its folder exists (or can be made) and is writable."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UsageProblem(f"{path} is a folder; give a file name, e.g. --out {path / 'calib.json'}", "--out")
+    folder = path.parent
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageProblem(f"{path} cannot be written: {folder} is a file, not a folder", "--out")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageProblem(f"{path} cannot be written: {folder} is not writable; choose another place", "--out")
 
 
 @cli_command
@@ -78,17 +105,18 @@ def calibrate_command(
     """
     from rich.console import Console
 
-    from .sparse_opt import parse as parse_sparse
+    from ..models.presets import resolve
 
     cands = _candidates(candidates)
-    base = parse_sparse(f"{mode}=0.5" + (f",{sparse_options}" if sparse_options else ""))
+    base = _base_config(mode, sparse_options)
+    path = out or Path(f"calib-{resolve(model).name}.json")
+    check_out_file(path)
     job, warnings = jobs.build_job(
         model=model, variants=["sage"], prompt=prompt, prompts=prompts, max_prompts=max_prompts, seed=seed,
         steps=steps, frames=frames, height=height, width=width, guidance=guidance, negative_prompt=None,
         dtype=dtype, device=device, model_path=model_path, random_weights=random_weights, offload="none",
         vae_tiling=False, vae_slicing=False, compile=False, warmup=0, kernel=kernel, fp_blocks=None,
-        fp_first_steps=0, fp_last_steps=0, backend=backend, out=None)
-    path = out or Path(f"calib-{job.preset.name}.json")
+        fp_first_steps=0, fp_last_steps=0, backend=backend, out=None, writes_run_dir=False)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     jobs.print_warnings(err, warnings)
 

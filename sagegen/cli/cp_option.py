@@ -1,6 +1,7 @@
 """``--cp ulysses=U,ring=R``: one video over several GPUs with diffusers' context parallelism.
 
-Launched as ``torchrun --nproc-per-node U*R sagegen run MODEL ... --cp ulysses=U,ring=R``. Every process runs
+Launched as ``torchrun --nproc-per-node U*R -m sagegen run MODEL ... --cp ulysses=U,ring=R`` (``-m``: torchrun
+starts Python scripts and modules, not console commands). Every process runs
 every sample (the sequence is split, not the prompts) and rank 0 writes it; without ``--cp`` the processes
 share the prompts instead (prompt sharding). Everything here is checked before any weights load.
 """
@@ -21,7 +22,7 @@ TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT
 Cp = Annotated[Optional[str], typer.Option(
     OPTION, metavar="ulysses=U,ring=R", rich_help_panel="Memory and speed", show_default=False,
     help="Context parallelism: split each video's sequence over U*R processes (Ulysses U, Ring R; launch "
-         "with torchrun --nproc-per-node U*R).")]
+         "with torchrun --nproc-per-node U*R -m sagegen ...).")]
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,24 @@ def parse_cp(text: str) -> CpSpec:
     return spec
 
 
+def launch_command(spec: CpSpec) -> str:
+    """The command line that runs this one under torchrun: ``-m sagegen`` (torchrun runs Python scripts and
+    modules; a bare ``sagegen`` is taken for a script file and fails)."""
+    import shlex
+
+    from .options import command_line
+
+    args = command_line()[1:]
+    if not args or args[0] not in ("run", "compare"):  # not called from the CLI (a test, the API)
+        args = ["run", "MODEL", "...", OPTION, f"ulysses={spec.ulysses},ring={spec.ring}"]
+    return f"torchrun --nproc-per-node {spec.world} -m sagegen {shlex.join(args)}"
+
+
 def check_launch(spec: CpSpec, environ=os.environ) -> None:
     """torchrun's variables are set and WORLD_SIZE is ulysses * ring."""
     missing = [v for v in TORCHRUN_VARS if not environ.get(v)]
     if missing:
-        raise UsageProblem(f"needs torchrun (missing {', '.join(missing)}): launch as torchrun --nproc-per-node "
-                           f"{spec.world} sagegen run MODEL ... --cp ulysses={spec.ulysses},ring={spec.ring}",
+        raise UsageProblem(f"needs torchrun (missing {', '.join(missing)}): launch as {launch_command(spec)}",
                            OPTION)
     world = int(environ["WORLD_SIZE"])
     if world != spec.world:
@@ -139,6 +152,6 @@ def check_cp(text: str | None, preset, *, offload: str = "none", environ=os.envi
     spec = parse_cp(text)
     if offload != "none":
         raise UsageProblem("CPU offload cannot be combined with context parallelism; drop --offload", OPTION)
+    check_launch(spec, environ)  # first: it needs no torch (check_model imports diffusers, seconds)
     check_model(spec, preset)
-    check_launch(spec, environ)
     return spec

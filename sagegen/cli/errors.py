@@ -16,8 +16,10 @@ import typer
 
 try:  # typer >= 0.2x vendors its own click
     from typer._click import exceptions as _cx
+    from typer._click.globals import get_current_context
 except ImportError:  # pragma: no cover - older typer on real click
     import click.exceptions as _cx
+    from click import get_current_context
 
 ClickException = _cx.ClickException
 ClickUsageError = _cx.UsageError
@@ -84,6 +86,44 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+# Where each command can write instead when its disk is full or read-only: only options it has (eval and report
+# write into the run directory and have no --out). tests/test_cli_hints.py checks every option named here.
+WRITE_ELSEWHERE = {
+    "run": "or write the run to another folder with --out DIR",
+    "compare": "or write the run to another folder with --out DIR",
+    "calibrate": "or write the file to another folder with --out FILE",
+    "bench": "or write the JSON to another folder with --out FILE",
+    "eval": "eval writes metrics.json into the run directory: to use another disk, copy the run directory there "
+            "and evaluate the copy",
+    "report": "report writes RUN_DIR/report/: to use another disk, copy the run directory there and report the "
+              "copy",
+}
+
+
+# How each command can use less GPU memory: again only options it has.
+MEMORY_SAVERS = {
+    "run": "reduce memory with --offload model, --vae-tiling, fewer --frames or a smaller --height/--width",
+    "compare": "reduce memory with --offload model, --vae-tiling, fewer --frames or a smaller --height/--width",
+    "calibrate": "reduce memory with fewer --frames or a smaller --height/--width",
+    "bench": "reduce memory with --batch 1, fewer --frames or a smaller --height/--width",
+    "eval": "free the GPU's memory (another process may hold it), or evaluate on the CPU with CUDA_VISIBLE_DEVICES=",
+    "report": "free the GPU's memory (another process may hold it), or use a smaller --max-side",
+}
+
+
+def _disk_problem(exc: BaseException) -> bool:
+    """A full, read-only or forbidden disk (an OSError's errno, or ffmpeg's message for an MP4)."""
+    from ..runfiles import WRITE_ERRNOS
+
+    return (isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS) or bool(getattr(exc, "disk_problem", False))
+
+
+def _current_command() -> str | None:
+    """The name of the command running now (``eval``), from click's context."""
+    ctx = get_current_context(silent=True)
+    return ctx.info_name if ctx is not None else None
+
+
 def handle(exc: BaseException) -> int:
     """Print `exc` as a one-line error and return the exit code (2: usage, 1: runtime, 130: interrupted, 143:
     terminated)."""
@@ -97,8 +137,14 @@ def handle(exc: BaseException) -> int:
         print_error(("--fp-blocks: " if isinstance(exc, BadPolicy) else "") + str(exc))
         return 2
     if type(exc).__name__ == "OutOfMemoryError":
-        print_error(f"{describe(exc)}; reduce memory with --offload model, --vae-tiling, fewer --frames or a "
-                    "smaller --height/--width")
+        saver = MEMORY_SAVERS.get(_current_command() or "", "free the GPU's memory (another process may hold it)")
+        print_error(f"{describe(exc)}; {saver}")
+        return 1
+    if _disk_problem(exc):
+        where = WRITE_ELSEWHERE.get(_current_command() or "")
+        text = str(exc) if type(exc).__module__.startswith("sagegen") or not getattr(exc, "filename", None) \
+            else f"could not write {exc.filename}: {exc.strerror or exc}"
+        print_error(text + (f" ({where})" if where else ""))
         return 1
     known = isinstance(exc, (RuntimeError, OSError, ValueError)) and type(exc).__module__.startswith("sagegen")
     print_error(str(exc) if known else describe(exc), hint=None if known else "run with --debug for the traceback")

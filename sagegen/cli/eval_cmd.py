@@ -11,6 +11,7 @@ from rich.markup import escape
 METRIC_HELP = ("clipsim, clipt, clipscore, fid, kid, psnr, ssim, lpips, or all (repeatable; commas allowed). "
                "Default: all available, i.e. every metric that applies to the run and whose weights are found; "
                "the others are listed as skipped, with the reason.")
+# the CLIP preprocessing modes (sagegen.eval.clip.MODES, which imports torch) and what each does
 MODE_NOTES = {
     "evalcrafter": "EvalCrafter-compatible (OpenAI ViT-B/32; frames squashed to 224x224, raw 0..255 pixels, "
     "no normalisation; cosine similarity; read from the lossless PNG frames, where EvalCrafter decodes the MP4)",
@@ -65,18 +66,24 @@ A metric whose weights are missing offline is skipped with a one-line
     """
     from rich.console import Console
 
-    from sagegen.eval.clip import MODES
+    # the command line's own mistakes first: torch comes in only with the metrics (sagegen.eval.clip, ...)
     from sagegen.eval.rundata import RunDirError, load_run, resolve_run_dir
     from sagegen.eval.runner import EvalOptions, evaluate, not_applicable, parse_metrics
     from sagegen.eval.table import metrics_table, skip_lines
-    from sagegen.eval.weights import BadOption
+    from sagegen.eval.weights import BadOption, check_weight_options
 
     console = Console()
     err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-    if clip_mode not in MODES:
-        raise typer.BadParameter(f"must be one of {', '.join(MODES)}; got {clip_mode!r}", param_hint="--clip-mode")
+    if clip_mode not in MODE_NOTES:
+        raise typer.BadParameter(f"must be one of {', '.join(MODE_NOTES)}; got {clip_mode!r}",
+                                 param_hint="--clip-mode")
     if reference is not None and not reference.is_dir():
         raise typer.BadParameter(f"{reference} is not a folder", param_hint="--reference")
+    try:
+        check_weight_options(clip_model, inception_weights, lpips_weights)
+    except BadOption as e:
+        option, _, why = str(e).partition(": ")
+        raise typer.BadParameter(why, param_hint=option) from e
     try:
         path = resolve_run_dir(run_dir)
         kind = load_run(path).kind

@@ -12,6 +12,7 @@ import typer
 from .cp_option import Cp  # noqa: F401  (the --cp option of run and compare)
 from .errors import UsageProblem
 from . import checks
+from .completion import complete_model
 from .options import (command_line, count_seeds, finite_number, kernel_config, load_prompts, parse_seeds,
                       precision_policy)
 
@@ -20,7 +21,7 @@ MEM = "Memory and speed"
 KER = "sagegen attention"
 OUT = "Output"
 
-Model = Annotated[str, typer.Argument(metavar="MODEL",
+Model = Annotated[str, typer.Argument(metavar="MODEL", autocompletion=complete_model,
                                       help="Model preset or alias (see `sagegen models`), e.g. cogvideox, "
                                            "flux, tiny-cogvideox.", show_default=False)]
 Prompt = Annotated[Optional[list[str]], typer.Option("--prompt", "-p", metavar="TEXT", help="Prompt text (repeatable).",
@@ -106,8 +107,9 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
               vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
-              linear="none", sparse=None, cp=None, cuda_graphs=None):
-    """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings)."""
+              linear="none", sparse=None, cp=None, cuda_graphs=None, writes_run_dir=True):
+    """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings).
+    ``writes_run_dir=False`` (calibrate, which writes one JSON file): the run directory is not checked."""
     from ..generate import Job, make_samples
     from ..models.presets import RANDOM_WEIGHT_FAMILIES, check_shape, resolve
 
@@ -125,6 +127,10 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     if random_weights and model_path is not None:
         raise UsageProblem("--random-weights builds the model in code; it cannot be combined with --model-path",
                            "--random-weights")
+    if model_path is not None:
+        from ..models.loading import check_model_path
+
+        check_model_path(preset, model_path)  # a folder of the right pipeline, before anything loads
     if frames is not None and not preset.is_video:
         raise UsageProblem(f"{preset.name} makes images; --frames is for video models", "--frames")
     # Checks that need no torch first, so that these mistakes are reported within a second.
@@ -140,7 +146,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     checks.check_steps(steps)
     h, w = height or preset.height, width or preset.width
     f, frame_note = checks.fitted_frames(preset, frames)
-    errors, warnings = check_shape(preset, height=h, width=w, frames=f)
+    errors, warnings = check_shape(preset, height=h, width=w, frames=f, steps=steps)
     if errors:
         raise UsageProblem("; ".join(errors))
     warnings += [frame_note] if frame_note else []
@@ -149,6 +155,14 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     from .cp_option import check_cp
 
     cp_spec = check_cp(cp, preset, offload=offload)
+    linear = None if linear.lower() == "none" else linear.lower()
+    if linear is not None and "sage" not in variants:
+        raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
+    # the rest of what the command line alone shows, before _check_device imports torch (seconds)
+    if cuda_graphs:
+        _check_cuda_graphs(True, compile=compile, offload=offload, cp=cp_spec, sparse=sparse_cfg, on_gpu=True)
+    if out is not None and writes_run_dir:
+        checks.check_out_dir(out, "--out")
     on_gpu = _check_device(device)
     if cp_spec is not None and cp_spec.ring > 1 and "sdpa" in variants and not on_gpu:
         raise UsageProblem("the stock attention under Ring needs CUDA (diffusers' _native_cudnn); on the CPU use "
@@ -159,9 +173,6 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem("the Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1 to interpret them on the "
                            "CPU); use --backend auto or reference", "--backend")
     policy = precision_policy(fp_blocks, fp_first_steps, fp_last_steps) if "sage" in variants else None
-    linear = None if linear.lower() == "none" else linear.lower()
-    if linear is not None and "sage" not in variants:
-        raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")
     if policy is not None:
         checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
     if cuda_graphs is None:
@@ -198,8 +209,9 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
               command=command_line(), linear=linear, sparse=sparse_cfg, cuda_graphs=cuda_graphs)
-    checks.check_out_dir(job.resolve_out(),
-                         "--out" if out is not None else "--out (default: under $SAGEGEN_RUNS or runs/)")
+    if writes_run_dir:
+        checks.check_out_dir(job.resolve_out(),
+                             "--out" if out is not None else "--out (default: under $SAGEGEN_RUNS or runs/)")
     checks.check_video_encoder(preset)
     return job, warnings
 
@@ -316,6 +328,10 @@ def execute(job, *, quiet: bool, title: str):
                     remove_if_unfinished(run_dir, created)
                 raise
         finished = True
+    except BaseException:  # also when the lock itself could not be written (a full disk at start)
+        if created is not None and dist.is_main:
+            remove_if_unfinished(run_dir, created)
+        raise
     finally:
         distributed.shutdown(dist, wait_for_peers=finished)
     return result

@@ -44,7 +44,6 @@ def report_command(
     from rich.console import Console
 
     from sagegen.eval.rundata import RunDirError, resolve_run_dir
-    from sagegen.report.builder import ReportOptions, build_report
 
     console = Console()
     err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -53,6 +52,7 @@ def report_command(
     except RunDirError as e:
         err_console.print(f"[bold red]Error:[/] {escape(str(e))}")
         raise typer.Exit(2) from e
+    from sagegen.report.builder import ReportOptions, build_report  # torch: only once the run directory is known
     console.print(f"Reporting [bold]{escape(str(path))}[/]", highlight=False)
     opts = ReportOptions(max_side=max_side, max_frames=max_frames, gain=gain, mp4=mp4, contact=contact_sheet)
     try:

@@ -18,8 +18,8 @@ Sparse = Annotated[Optional[str], typer.Option(
          "window=3x8x8). Check quality with `sagegen compare --sparse ...` then `sagegen eval` (docs/sparse.md).")]
 
 
-def parse(value: str | None):
-    """The `SparseConfig` for --sparse, or None; UsageProblem on a bad value."""
+def parse(value: str | None, option: str = "--sparse"):
+    """The `SparseConfig` for a sparse spec given as `option`, or None; UsageProblem naming `option`."""
     if value is None:
         return None
     from ..sparse.text import parse_sparse_arg
@@ -27,4 +27,4 @@ def parse(value: str | None):
     try:
         return parse_sparse_arg(value)
     except ValueError as e:
-        raise UsageProblem(str(e), "--sparse") from None
+        raise UsageProblem(f"{option} {value!r}: {e}", option) from None

@@ -58,6 +58,42 @@ def _find_in_hf_cache(repo_id: str, filenames: list[str]) -> str | None:
     return None
 
 
+def weights_file_problem(path: str | os.PathLike) -> str | None:
+    """Why `path` cannot be a weights file, judged from its first bytes (None: it may be one). torch.load of a
+    text file fails deep in the unpickler (``KeyError: 105``), after the metric has started."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        size = os.path.getsize(path)
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":  # torch.save / TorchScript zip; legacy pickle
+        return None
+    if len(head) == 9 and head[8:9] == b"{" and 8 + int.from_bytes(head[:8], "little") <= size:  # safetensors
+        return None
+    what = "is empty" if size == 0 else "is not a PyTorch or safetensors weights file"
+    return what + (" (it looks like text)" if head and all(32 <= c < 127 or c in b"\t\r\n" for c in head) else "")
+
+
+def _check_weights_file(path: str | os.PathLike, option: str) -> None:
+    problem = weights_file_problem(path)
+    if problem:
+        raise BadOption(f"{option}: {path} {problem}")
+
+
+def check_weight_options(clip_model: str | None, inception_weights: str | None, lpips_weights: str | None) -> None:
+    """The weight files given on the command line are weights (BadOption naming the option otherwise), checked
+    before any metric runs. Names that are not files (cache tags, missing paths) are left to the resolvers."""
+    if clip_model and not clip_model.startswith(LOCAL_DIR):
+        spec = os.path.expanduser(clip_model.strip())
+        path = spec if os.path.isfile(spec) else spec.split(":", 1)[-1]
+        if os.path.isfile(path):
+            _check_weights_file(path, "--clip-model")
+    for value, option in ((inception_weights, "--inception-weights"), (lpips_weights, "--lpips-weights")):
+        if value and os.path.isfile(os.path.expanduser(value)):
+            _check_weights_file(os.path.expanduser(value), option)
+
+
 def _looks_like_path(s: str) -> bool:
     return s.startswith(("/", "./", "../", "~")) or s.endswith(WEIGHT_SUFFIXES) or os.path.exists(s)
 
@@ -108,6 +144,7 @@ def resolve_clip(spec: str | None) -> ClipSource:
         arch = arch or "ViT-B-32-quickgelu"
         if not path.is_file():
             raise WeightsMissing(f"CLIP checkpoint {path} not found; {how}")
+        _check_weights_file(path, "--clip-model")
         return ClipSource(arch=arch, checkpoint=str(path), label=f"{arch}:{path}")
 
     tag = rest
@@ -156,6 +193,7 @@ def resolve_inception(path: str | None) -> Path:
     pp = Path(os.path.expanduser(p))
     if not pp.is_file():
         raise WeightsMissing(f"Inception weights {pp} not found; {how}")
+    _check_weights_file(pp, "--inception-weights" if path else f"${INCEPTION_ENV}")
     return pp
 
 
@@ -195,6 +233,7 @@ def resolve_lpips(path: str | None) -> dict:
     if p:
         pp = Path(os.path.expanduser(p))
         if pp.is_file():
+            _check_weights_file(pp, "--lpips-weights" if path else f"${LPIPS_ENV}")
             return dict(torch.load(str(pp), map_location="cpu", weights_only=True))
         if not pp.is_dir():
             raise WeightsMissing(f"LPIPS weights {pp} not found; {how}")

@@ -52,18 +52,59 @@ def hf_cache_dir() -> Path:
     return Path(xdg) / "huggingface" / "hub"
 
 
-def _missing_components(folder: Path) -> list[str]:
+def _missing_components(folder: Path, spec: dict | None = None) -> list[str]:
     """Components named in model_index.json with no folder (a partial download), or ["model_index.json"]."""
-    index = folder / "model_index.json"
-    if not index.is_file():
-        return ["model_index.json"]
-    try:
-        spec = json.loads(index.read_text())
-    except (OSError, ValueError):
-        return ["model_index.json"]
+    if spec is None:
+        try:
+            spec = json.loads((folder / "model_index.json").read_text())
+        except (OSError, ValueError):
+            return ["model_index.json"]
+        if not isinstance(spec, dict):
+            return ["model_index.json"]
     return [k for k, v in spec.items()
             if not k.startswith("_") and isinstance(v, list) and len(v) == 2 and v[1] is not None
             and not (folder / k).is_dir()]
+
+
+def check_model_path(preset: Preset, model_path: str | os.PathLike) -> Path:
+    """--model-path must be a complete diffusers folder of the preset's pipeline class; checked from the files
+    alone (no torch, no diffusers), before anything loads. Returns the folder; BadModelPath says what is wrong."""
+    folder = Path(model_path).expanduser()
+    how = (f"point it at a diffusers pipeline folder (one with model_index.json), e.g. one made by "
+           f"`hf download {preset.hub_id or 'REPO'} --local-dir DIR`")
+    if not folder.exists():
+        raise BadModelPath(f"--model-path {folder} does not exist; {how}")
+    if not folder.is_dir():
+        inside = f"; give its folder, {folder.parent}" if folder.name == "model_index.json" else f"; {how}"
+        raise BadModelPath(f"--model-path {folder} is a file, not a folder{inside}")
+    index = folder / "model_index.json"
+    if not index.is_file():
+        raise BadModelPath(f"--model-path {folder} has no model_index.json (not a diffusers pipeline folder); "
+                           f"{how}")
+    try:
+        spec = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadModelPath(f"--model-path {folder}: model_index.json cannot be read ({e})") from None
+    except ValueError as e:
+        raise BadModelPath(f"--model-path {folder}: model_index.json is not valid JSON ({e}); the download may "
+                           f"be damaged: {how}") from None
+    if not isinstance(spec, dict):
+        raise BadModelPath(f"--model-path {folder}: model_index.json is not a JSON object; {how}")
+    found = spec.get("_class_name")
+    if found != preset.pipeline:
+        from .presets import PRESETS
+
+        fits = [p.name for p in PRESETS.values() if p.pipeline == found and not p.tiny]
+        other = (f"use a preset of that pipeline ({', '.join(fits)})" if fits
+                 else "sagegen has no preset for that pipeline")
+        raise BadModelPath(f"--model-path {folder} holds a {found or 'pipeline without _class_name'} "
+                           f"(model_index.json's _class_name), but {preset.name} loads a {preset.pipeline}: "
+                           f"{other}, or give a {preset.pipeline} folder")
+    missing = _missing_components(folder, spec)
+    if missing:
+        raise BadModelPath(f"--model-path {folder} is not a complete diffusers pipeline folder (missing: "
+                           f"{', '.join(missing[:4])}); {how}")
+    return folder
 
 
 def cached_snapshot(preset: Preset) -> tuple[Path | None, str]:
@@ -122,12 +163,7 @@ def how_to_get(preset: Preset) -> str:
 def locate(preset: Preset, model_path: str | os.PathLike | None) -> tuple[str | None, bool, str]:
     """Where to load from: (path or repo id, local_files_only, description). Fails fast when unavailable."""
     if model_path is not None:
-        folder = Path(model_path).expanduser()
-        missing = _missing_components(folder) if folder.is_dir() else ["the folder itself"]
-        if missing:
-            raise BadModelPath(f"--model-path {folder} is not a complete diffusers pipeline folder (missing: "
-                               f"{', '.join(missing[:4])}); point it at a folder with model_index.json, e.g. "
-                               f"one made by `hf download {preset.hub_id or 'REPO'} --local-dir DIR`")
+        folder = check_model_path(preset, model_path)
         return str(folder), True, f"local folder {folder}"
     if preset.tiny:
         return None, True, "built-in tiny model (random weights)"

@@ -40,6 +40,7 @@ class Preset:
     notes: str = ""
     call_kwargs: dict[str, Any] = field(default_factory=dict)  # extra pipeline-call arguments
     guidance_arg: str | None = "guidance_scale"  # the call argument that takes `guidance` (None: not passed)
+    min_steps: int = 1               # fewer denoising steps break the pipeline's scheduler
 
     @property
     def tiny(self) -> bool:
@@ -98,9 +99,12 @@ _add(Preset("hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline", "hu
                   "--vae-tiling on smaller GPUs"))
 
 # --- Mochi -------------------------------------------------------------------------------------------------
+# MochiPipeline's linear-quadratic sigma schedule puts half the steps on each part and divides by both halves'
+# lengths: one step is a ZeroDivisionError inside diffusers (pipeline_mochi.linear_quadratic_schedule).
+_MOCHI_MIN_STEPS = 2
 _add(Preset("mochi-1", "mochi", "video", "MochiPipeline", "genmo/mochi-1-preview",
             height=480, width=848, frames=84, fps=30, steps=64, guidance=4.5, dtype="bfloat16", frame_step=6,
-            variant="bf16", aliases=("mochi", "mochi-1-preview"),
+            variant="bf16", aliases=("mochi", "mochi-1-preview"), min_steps=_MOCHI_MIN_STEPS,
             source="genmo/mochi-1-preview model card and diffusers Mochi docs (variant='bf16', num_frames=84, "
                    "export at fps=30); diffusers MochiPipeline defaults 848x480, 64 steps, guidance_scale=4.5",
             notes="84 frames decode to 79 (the VAE keeps 6k+1 frames)"))
@@ -195,7 +199,7 @@ _add(Preset("tiny-hunyuanvideo", "hunyuanvideo", "video", "HunyuanVideoPipeline"
             aliases=("tiny-hunyuan",), source=_TINY_SRC))
 _add(Preset("tiny-mochi", "mochi", "video", "MochiPipeline", None,
             height=32, width=32, frames=7, fps=30, steps=4, guidance=4.5, dtype="bfloat16", frame_step=6,
-            source=_TINY_SRC))
+            min_steps=_MOCHI_MIN_STEPS, source=_TINY_SRC))
 _add(Preset("tiny-flux", "flux", "image", "FluxPipeline", None,
             height=64, width=64, steps=4, guidance=3.5, dtype="bfloat16", source=_TINY_SRC))
 _add(Preset("tiny-sd3", "sd3", "image", "StableDiffusion3Pipeline", None,
@@ -259,13 +263,18 @@ def tiny_presets() -> list[Preset]:
     return [p for p in PRESETS.values() if p.tiny]
 
 
-def check_shape(preset: Preset, *, height: int, width: int, frames: int | None) -> tuple[list[str], list[str]]:
+def check_shape(preset: Preset, *, height: int, width: int, frames: int | None,
+                steps: int | None = None) -> tuple[list[str], list[str]]:
     """(errors, warnings) about a requested size for this model, each naming the option and a fix.
 
-    Height and width that the VAE and patch size cannot take are errors; a frame count that is not
-    ``k * frame_step + 1`` is only a warning (the pipelines round it, so fewer frames come out).
+    Height and width that the VAE and patch size cannot take are errors, and so are fewer steps than the
+    pipeline's scheduler can take; a frame count that is not ``k * frame_step + 1`` is only a warning (the
+    pipelines round it, so fewer frames come out).
     """
     errors, warnings = [], []
+    if steps is not None and steps < preset.min_steps:
+        errors.append(f"--steps {steps}: {preset.name}'s pipeline ({preset.pipeline}) needs at least "
+                      f"{preset.min_steps} denoising steps")
     m = preset.size_multiple
     for opt, v in (("--height", height), ("--width", width)):
         if v <= 0 or v % m:

@@ -30,9 +30,12 @@ def resolve_sparse(value) -> SparseConfig | None:
     if isinstance(value, SparseConfig):
         return value
     if isinstance(value, str):
-        from ..sparse.text import parse_sparse_arg
+        from ..sparse.text import SparseArgError, parse_sparse_arg
 
-        return parse_sparse_arg(value)
+        try:
+            return parse_sparse_arg(value)
+        except SparseArgError as e:  # the spec's message names no option: say which argument it came from
+            raise SparseArgError(f"sparse={value!r}: {e}") from None
     raise TypeError(f"sparse must be a sagegen.SparseConfig, a string such as 'topk=0.5', or None; got "
                     f"{type(value).__name__}")
 

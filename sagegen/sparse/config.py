@@ -99,6 +99,10 @@ class SparseConfig:
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise ValueError(f"SparseConfig.min_tokens must be an int >= 0, got {self.min_tokens!r}")
         blocks = (self.dense_blocks,) if isinstance(self.dense_blocks, (int, str)) else tuple(self.dense_blocks)
+        bad = [b for b in blocks if isinstance(b, bool) or not isinstance(b, (int, str)) or b == ""]
+        if bad:  # checked here, not first when the patch resolves the names (after the model has loaded)
+            raise ValueError(f"SparseConfig.dense_blocks entries must be block indices (int) or module names "
+                             f"(non-empty str), got {bad[0]!r}")
         object.__setattr__(self, "dense_blocks", blocks)
         for name, v in dict(self.layer_values).items():
             _unit(f"layer_values[{name!r}]", v)
