@@ -133,11 +133,7 @@ def _versions() -> dict:
 
 def _torchao_linear(lin: torch.nn.Linear):
     try:
-        from torchao.quantization import (
-            Float8DynamicActivationFloat8WeightConfig,
-            PerRow,
-            quantize_,
-        )
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
     except Exception as e:  # noqa: BLE001
         return None, f"torchao not importable: {type(e).__name__}: {e}"
     try:

@@ -12,32 +12,32 @@ __version__ = "0.1.0"
 
 # public name -> the submodule that defines it
 _LAZY = {
-    "sageattn": ".api",
-    "BlockSparse": ".kernels.block_sparse",  # block-sparse masks for sageattn(block_mask=), docs/block-sparse.md
-    "SageConfig": ".config",
-    "DIFFUSION_CONFIG": ".config",
-    "SUPPORTED_HEAD_DIMS": ".config",
+    "sageattn": "sagegen.api",
+    "BlockSparse": "sagegen.kernels.block_sparse",  # block-sparse masks for sageattn(block_mask=), docs/block-sparse.md
+    "SageConfig": "sagegen.config",
+    "DIFFUSION_CONFIG": "sagegen.config",
+    "SUPPORTED_HEAD_DIMS": "sagegen.config",
     # block-sparse attention: predicted / static masks (sagegen.sparse; importing it registers its custom op)
-    "SparseConfig": ".sparse",
+    "SparseConfig": "sagegen.sparse",
     # The diffusers patcher. `sagegen.patch` is the function; the package stays importable as
     # `sagegen.patch.<module>` (e.g. `from sagegen.patch.policy import PrecisionPolicy`), and when the package
     # was imported first the module itself is callable (see sagegen/patch/__init__.py).
-    "patch": ".patch",
-    "unpatch": ".patch",
-    "patched": ".patch",
-    "is_patched": ".patch",
-    "PrecisionPolicy": ".patch",
-    "LinearPolicy": ".linear",  # FP8 linears: sagegen.patch(pipe, linear="fp8"), docs/fp8-linear.md
-    "patch_info": ".patch",
-    "sparse_density": ".patch",  # realized block-sparse density per step and layer (docs/sparse.md)
+    "patch": "sagegen.patch",
+    "unpatch": "sagegen.patch",
+    "patched": "sagegen.patch",
+    "is_patched": "sagegen.patch",
+    "PrecisionPolicy": "sagegen.patch",
+    "LinearPolicy": "sagegen.linear",  # FP8 linears: sagegen.patch(pipe, linear="fp8"), docs/fp8-linear.md
+    "patch_info": "sagegen.patch",
+    "sparse_density": "sagegen.patch",  # realized block-sparse density per step and layer (docs/sparse.md)
     # diffusers' "sagegen" attention backend (docs/diffusers-backend.md). Nothing here imports diffusers.
-    "set_backend_config": ".patch.diffusers_backend",
-    "restore_backend_config": ".patch.diffusers_backend",
-    "backend_config": ".patch.diffusers_backend",
-    "get_backend_config": ".patch.diffusers_backend",
-    "backend_stats": ".patch.diffusers_backend",
-    "reset_backend_stats": ".patch.diffusers_backend",
-    "use_backend": ".patch.use_backend",
+    "set_backend_config": "sagegen.patch.diffusers_backend",
+    "restore_backend_config": "sagegen.patch.diffusers_backend",
+    "backend_config": "sagegen.patch.diffusers_backend",
+    "get_backend_config": "sagegen.patch.diffusers_backend",
+    "backend_stats": "sagegen.patch.diffusers_backend",
+    "reset_backend_stats": "sagegen.patch.diffusers_backend",
+    "use_backend": "sagegen.patch.use_backend",
 }
 
 __all__ = ["sageattn", "SageConfig", "DIFFUSION_CONFIG", "SUPPORTED_HEAD_DIMS", "__version__"]
@@ -50,8 +50,8 @@ __all__ += ["set_backend_config", "restore_backend_config", "backend_config", "g
 
 # Registers "sagegen" in diffusers' attention registry now if diffusers' dispatcher is loaded, else when it is
 # (a one-shot import hook; this module imports neither torch nor diffusers).
-from .diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend  # noqa: E402
-from .diffusers_registry import install as _install_diffusers_backend  # noqa: E402
+from sagegen.diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend  # noqa: E402
+from sagegen.diffusers_registry import install as _install_diffusers_backend  # noqa: E402
 
 _install_diffusers_backend()
 

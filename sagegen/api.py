@@ -15,10 +15,10 @@ import weakref
 
 import torch
 
-from .config import SUPPORTED_HEAD_DIMS, SageConfig
-from .kernels import backends
-from .kernels.block_sparse import BlockSparse, check_against_call
-from .kernels.spec import MaskSpec
+from sagegen.config import SUPPORTED_HEAD_DIMS, SageConfig
+from sagegen.kernels import backends
+from sagegen.kernels.block_sparse import BlockSparse, check_against_call
+from sagegen.kernels.spec import MaskSpec
 
 _LAYOUTS = ("HND", "NHD")
 _BACKENDS = ("auto", "triton", "reference")
@@ -143,8 +143,8 @@ def _fp8_out_call(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, config
 
 
 def _sparse_mask(sparse, block_mask, q, k, layout, attn_mask, scale, config):
-    from .sparse.config import SparseConfig
-    from .sparse.op import sparse_block_mask
+    from sagegen.sparse.config import SparseConfig
+    from sagegen.sparse.op import sparse_block_mask
 
     if not isinstance(sparse, SparseConfig):
         raise TypeError(f"sparse must be a sagegen.SparseConfig or None, got {type(sparse).__name__}")

@@ -58,7 +58,7 @@ def register_diffusers_backend():
 
 
 def _register(module):
-    from .patch.diffusers_backend import BACKEND_NAME, sagegen_attention
+    from sagegen.patch.diffusers_backend import BACKEND_NAME, sagegen_attention
 
     with _lock:
         enum_cls, registry = _detect(module)

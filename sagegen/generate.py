@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import distributed
-from .config import DIFFUSION_CONFIG, SageConfig
-from .manifest import (RunDirConflict, _jsonable, build_manifest, check_samples,  # noqa: F401 (re-exported)
-                       expected_fingerprints, merge_manifest)
-from .models.presets import Preset
-from .rundir import DamagedFile, RunDir, runs_root
+from sagegen import distributed
+from sagegen.config import DIFFUSION_CONFIG, SageConfig
+from sagegen.manifest import (RunDirConflict, _jsonable, build_manifest, check_samples, expected_fingerprints,  # noqa: F401 (re-exported)
+                              merge_manifest)
+from sagegen.models.presets import Preset
+from sagegen.rundir import DamagedFile, RunDir, runs_root
 
 VARIANTS = ("sdpa", "sage")
 class BadPolicy(ValueError):
@@ -216,7 +216,7 @@ def generate_one(loaded, preset: Preset, settings: dict, sample: Sample, device,
 # ---------------------------------------------------------------------------------------------- the run
 def _patcher():
     try:
-        from .patch import patch, unpatch
+        from sagegen.patch import patch, unpatch
     except ImportError as e:
         raise RuntimeError(f"sagegen's pipeline patcher is not available in this checkout ({e}); "
                            "use --attention sdpa or update sagegen") from e
@@ -252,7 +252,7 @@ def attention(pipe, variant: str, job: Job, setup: dict):
         yield
     finally:
         with contextlib.suppress(Exception):  # how many attention calls sagegen ran, fell back, kept fp
-            from .patch import patch_info
+            from sagegen.patch import patch_info
 
             info = patch_info(pipe)
             setup["attention_calls"] = dict(info.get("stats", {}))
@@ -263,7 +263,7 @@ def attention(pipe, variant: str, job: Job, setup: dict):
                                                                   "emulated", "note", "fp8_weight_bytes_added")}
         if job.sparse is not None:  # realized block density per step and layer (sagegen.patch.sparse_density)
             with contextlib.suppress(Exception):
-                from .patch import sparse_density
+                from sagegen.patch import sparse_density
 
                 setup["sparse"] = {"config": job.sparse.to_dict(), "density": sparse_density(pipe)}
         unpatch(pipe)
@@ -281,8 +281,8 @@ def _stock_graphs(pipe, enabled: bool, setup: dict):
     if not enabled:
         yield
         return
-    from .patch import graphs
-    from .patch.targets import denoisers
+    from sagegen.patch import graphs
+    from sagegen.patch.targets import denoisers
 
     models = list(denoisers(pipe)[0].values())
     for model in models:
@@ -303,7 +303,7 @@ def _compile(pipe) -> None:
 
 
 def default_loader(job: Job, device):
-    from .models import loading
+    from sagegen.models import loading
 
     s = job.settings
     return loading.load(job.preset, dtype=s["dtype"], device=device, model_path=job.model_path,
@@ -349,7 +349,7 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
             reporter.log(note)
         load_s = round(loaded.load_s, 6)  # charged to the first variant that runs
         if cp:
-            from .parallel.pipeline import enable_pipeline_cp
+            from sagegen.parallel.pipeline import enable_pipeline_cp
 
             cp_backend = enable_pipeline_cp(loaded.pipe, cp, backend=job.backend, config=job.sage_config)
         for variant in job.variants:
@@ -359,7 +359,7 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
             setup = {"load_s": load_s, "source": loaded.source}
             load_s = 0.0
             if cp:
-                from .parallel.pipeline import cp_variant
+                from sagegen.parallel.pipeline import cp_variant
 
                 context = cp_variant(loaded.pipe, variant, cp, device, cp_backend, setup)
                 if variant == "sage":  # the patch too (fused prologues and blocks, FP8 linears), on its ranks
@@ -399,7 +399,7 @@ def _run_variant(job, loaded, variant, samples, device, rd, reporter, setup, res
     setup["warmup_s"] = round(time.perf_counter() - t0, 6)
     if variant == "sage":  # count the attention calls of the timed samples only
         with contextlib.suppress(Exception):
-            from .patch import reset_stats
+            from sagegen.patch import reset_stats
 
             reset_stats(loaded.pipe)
     for sample in samples:

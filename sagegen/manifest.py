@@ -9,8 +9,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from . import runcheck
-from .rundir import SCHEMA, now_iso
+from sagegen import runcheck
+from sagegen.rundir import SCHEMA, now_iso
 
 # What changes the pixels: a run directory holds one value of each (resuming checks them).
 FINGERPRINT_KEYS = ("model", "settings", "samples")
@@ -64,7 +64,7 @@ def gpu_info(device) -> dict | None:
 
     if getattr(device, "type", str(device)) != "cuda" or not torch.cuda.is_available():
         return None
-    from .kernels.backends import describe_cuda
+    from sagegen.kernels.backends import describe_cuda
 
     props = torch.cuda.get_device_properties(device)
     ok, why = describe_cuda(device)

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from .runfiles import DamagedFile, read_record
+from sagegen.runfiles import DamagedFile, read_record
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC: the last 8 bytes of every whole PNG

@@ -26,11 +26,9 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
-from . import runcheck
-from .runfiles import (  # noqa: F401 (re-exported: the run directory's file helpers)
-    DamagedFile, WriteError, atomic_write_bytes, atomic_write_file, atomic_write_json,
-    atomic_write_text, is_intact, read_json, read_record, write_error,
-)
+from sagegen import runcheck
+from sagegen.runfiles import (DamagedFile, WriteError, atomic_write_bytes, atomic_write_file, atomic_write_json,  # noqa: F401 (re-exported: the run directory's file helpers)
+                              atomic_write_text, is_intact, read_json, read_record, write_error)
 
 SCHEMA = 1
 MANIFEST = "manifest.json"

@@ -51,7 +51,7 @@ def hold(run_dir: str | os.PathLike, command: list[str] | None = None) -> Iterat
     holds it. Yields the lock file's path."""
     import fcntl
 
-    from .runfiles import write_error  # a full or read-only disk: an error naming the file and what to do
+    from sagegen.runfiles import write_error  # a full or read-only disk: an error naming the file and what to do
 
     run_dir = Path(run_dir)
     path = run_dir / LOCK_FILE

@@ -52,15 +52,8 @@ from sagegen.patch import patch_info, reset_stats, set_attention_override, spars
 from sagegen.runfiles import atomic_write_json
 from sagegen.stepbench_args import enabled_variants, parse_args  # noqa: F401 (re-exported)
 from sagegen.stepbench_compile import compiled
-from sagegen.stepbench_measure import (
-    HOST_BOUND_RATIO,
-    Timer,
-    cpu_loop_ms,
-    device_info,
-    host_check,
-    profile_step,
-    versions,
-)
+from sagegen.stepbench_measure import (HOST_BOUND_RATIO, Timer, cpu_loop_ms, device_info, host_check, profile_step,
+                                       versions)
 from sagegen.stepbench_measure import summary as _summary
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -212,7 +205,7 @@ def main(argv=None) -> dict:
         linear_info["bf16_layer_count"] = len(info["bf16_layers"])
         sagegen.unpatch(model)
     if args.cuda_graphs and not args.compiled_only:
-        from .stepbench_graphs import graph_variants
+        from sagegen.stepbench_graphs import graph_variants
 
         graph_variants(model, forward, record, args, config, backend)
     if args.compile:
@@ -233,7 +226,7 @@ def main(argv=None) -> dict:
             sagegen.unpatch(model)
 
     if args.torchao:
-        from .stepbench_torchao import torchao_variants
+        from sagegen.stepbench_torchao import torchao_variants
 
         torchao_variants(model, forward, record, args, config, backend, linear_info)
 

@@ -97,7 +97,7 @@ def parse_args(argv=None, *, raise_errors: bool = False):
     if args.compile_scope == "regional":
         if not args.compile:
             p.error("--compile-scope regional needs --compile")
-        from .stepbench_compile import repeated_blocks
+        from sagegen.stepbench_compile import repeated_blocks
 
         cls = archs.get_arch(args.model).cls
         if not repeated_blocks(cls):
@@ -109,7 +109,7 @@ def parse_args(argv=None, *, raise_errors: bool = False):
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name} must be >= 1")
-    from .sparse.text import parse_sparse_arg
+    from sagegen.sparse.text import parse_sparse_arg
 
     specs = []
     for spec in args.sparse:
@@ -133,7 +133,7 @@ def parse_args(argv=None, *, raise_errors: bool = False):
         if not isinstance(args.sage_config, dict):
             p.error("--sage-config must be a JSON object of SageConfig fields")
     if args.linear_policy:
-        from .linear import LinearPolicy
+        from sagegen.linear import LinearPolicy
 
         try:
             fields = json.loads(args.linear_policy)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .stepbench_args import SCOPES  # noqa: F401 (the --compile-scope choices, defined without torch)
+from sagegen.stepbench_args import SCOPES  # noqa: F401 (the --compile-scope choices, defined without torch)
 
 
 def repeated_blocks(arch_cls: str) -> list[str]:

@@ -11,7 +11,7 @@ import cp_route_support
 import cp_support
 from test_cp_attention import _check_ring, _check_ulysses
 from test_cp_models import (check_patched_flux, check_patched_hunyuan, check_patched_hunyuan15, check_patched_ltx,
-                             check_patched_qwen, check_patched_wan)
+                            check_patched_qwen, check_patched_wan)
 
 needs_2_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                                   reason="needs 2 CUDA GPUs")

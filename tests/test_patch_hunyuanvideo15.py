@@ -15,9 +15,7 @@ from sagegen.models.tiny_classes import build_tiny_class, tiny_class_inputs
 from sagegen.patch import attention_modules, backend_route, patch_info, set_attention_override, sparse_density
 
 pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video15")
-from diffusers.models.transformers.transformer_hunyuan_video15 import (  # noqa: E402
-    HunyuanVideo15AttnProcessor2_0,
-)
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0  # noqa: E402
 
 from sagegen.patch.hunyuanvideo15 import KeyMaskProcessor, key_mask_call  # noqa: E402
 

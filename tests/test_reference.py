@@ -7,14 +7,8 @@ import torch
 
 from helpers import cosine, rel_l1
 from sagegen import SageConfig
-from sagegen.kernels.reference import (
-    attention_fp64,
-    block_means,
-    quantize_int8,
-    round_half_away,
-    sage_attention,
-    truncate_fp22,
-)
+from sagegen.kernels.reference import (attention_fp64, block_means, quantize_int8, round_half_away, sage_attention,
+                                       truncate_fp22)
 from sagegen.kernels.spec import MaskSpec
 
 

@@ -15,7 +15,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from . import errors, helpfmt
+from sagegen.cli import errors, helpfmt
 
 # In the order `sagegen --help` lists them.
 COMMAND_MODULES = ("run_cmd", "compare_cmd", "eval_cmd", "report_cmd", "bench_cmd", "calibrate_cmd", "models_cmd",
@@ -43,7 +43,7 @@ class SagegenGroup(TyperGroup):
         args = list(sys.argv[1:] if args is None else args)
         args, debug = errors.strip_debug(args)
         errors.set_debug(debug)
-        from .options import set_invocation
+        from sagegen.cli.options import set_invocation
 
         set_invocation(args + (["--debug"] if debug else []))
         if not standalone_mode:
@@ -76,7 +76,7 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
-        from .. import __version__
+        from sagegen import __version__
 
         typer.echo(f"sagegen {__version__}")
         raise typer.Exit(0)

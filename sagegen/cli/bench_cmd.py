@@ -8,8 +8,8 @@ import os
 
 import typer
 
-from .completion import complete_model
-from .errors import UsageProblem, cli_command
+from sagegen.cli.completion import complete_model
+from sagegen.cli.errors import UsageProblem, cli_command
 
 NO_GPU = ("sagegen bench times the GPU kernels, and no CUDA GPU is visible to PyTorch here (see `sagegen env`); "
           "run it on a machine with an NVIDIA GPU, or add --tiny for the CPU smoke test of the same code path")
@@ -18,8 +18,8 @@ NO_GPU = ("sagegen bench times the GPU kernels, and no CUDA GPU is visible to Py
 def bench_architecture(model: str, tiny: bool = False) -> str:
     """The stepbench architecture for a model name, accepting every name and alias that `run` accepts; with
     ``tiny`` (the --tiny smoke test) a ``tiny-`` preset stands for its family's first full-size architecture."""
-    from ..models import arch
-    from ..models.presets import resolve
+    from sagegen.models import arch
+    from sagegen.models.presets import resolve
 
     preset = resolve(model)  # UnknownModel (exit 2) with "did you mean"
     for name in (preset.name, *preset.aliases):  # e.g. hunyuanvideo-1.5 -> its 720p architecture
@@ -62,13 +62,13 @@ topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --pro
     if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         args += ["--out", os.path.join(os.environ.get("SAGEGEN_RUNS", "runs"), "bench", f"{name}-{stamp}.json")]
-    from ..stepbench_args import BenchArgError, parse_args
+    from sagegen.stepbench_args import BenchArgError, parse_args
 
     try:  # a wrong option is named before anything else is said, and before torch loads
         parse_args(args, raise_errors=True)
     except BenchArgError as e:
         raise UsageProblem(f"{e} (see `sagegen bench --help`)") from None
-    from .. import stepbench
+    from sagegen import stepbench
 
     try:
         if "--tiny" not in extra:

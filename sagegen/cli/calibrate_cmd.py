@@ -14,9 +14,9 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from . import jobs
-from .errors import UsageProblem, cli_command
-from .options import finite_number
+from sagegen.cli import jobs
+from sagegen.cli.errors import UsageProblem, cli_command
+from sagegen.cli.options import finite_number
 
 CAL = "Calibration"
 Target = Annotated[float, typer.Option("--target", callback=finite_number(1e-6), rich_help_panel=CAL,
@@ -51,7 +51,7 @@ def _candidates(text: str | None) -> tuple[float, ...] | None:
 
 def _base_config(mode: str, options: str | None):
     """The searched config: ``MODE=0.5`` plus --sparse-options (errors name --sparse-options, not --sparse)."""
-    from ..sparse.text import parse_sparse_arg
+    from sagegen.sparse.text import parse_sparse_arg
 
     try:
         return parse_sparse_arg(f"{mode}=0.5" + (f",{options}" if options else ""))
@@ -105,7 +105,7 @@ def calibrate_command(
     """
     from rich.console import Console
 
-    from ..models.presets import resolve
+    from sagegen.models.presets import resolve
 
     cands = _candidates(candidates)
     base = _base_config(mode, sparse_options)
@@ -120,10 +120,10 @@ def calibrate_command(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     jobs.print_warnings(err, warnings)
 
-    from .. import distributed
-    from ..generate import default_loader, generate_one
-    from ..sparse.calibrate import calibrate
-    from ..sparse.text import save_calibration
+    from sagegen import distributed
+    from sagegen.generate import default_loader, generate_one
+    from sagegen.sparse.calibrate import calibrate
+    from sagegen.sparse.text import save_calibration
 
     dev = distributed.device_for(job.device, distributed.info())
     loaded = default_loader(job, dev)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import UsageProblem
+from sagegen.cli.errors import UsageProblem
 
 MAX_SAMPLES_ENV = "SAGEGEN_MAX_SAMPLES"
 DEFAULT_MAX_SAMPLES = 10_000  # prompts x seeds; one sample of a video model takes minutes on a GPU
@@ -103,7 +103,7 @@ def check_video_encoder(preset) -> None:
     not after the first sample was generated (whose frames would then be thrown away)."""
     if not preset.is_video:
         return
-    from ..encode import find_ffmpeg
+    from sagegen.encode import find_ffmpeg
 
     _, problem = find_ffmpeg()
     if problem is not None:
@@ -121,7 +121,7 @@ def check_policy_blocks(preset, blocks, *, model_path) -> None:
     ints = [b for b in blocks if isinstance(b, int)]
     if not ints or model_path is not None:
         return
-    from ..models.blocks import block_count
+    from sagegen.models.blocks import block_count
 
     n = block_count(preset)
     if n is None:

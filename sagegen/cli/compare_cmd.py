@@ -6,8 +6,8 @@ import shlex
 
 import typer
 
-from . import jobs, sparse_opt
-from .errors import cli_command
+from sagegen.cli import jobs, sparse_opt
+from sagegen.cli.errors import cli_command
 
 
 @cli_command
@@ -53,8 +53,8 @@ def compare_command(
     params = {k: v for k, v in locals().items() if k != "quiet"}
     from rich.console import Console
 
-    from .. import distributed
-    from .tables import attention_warnings, compare_table, result_console, run_notes, setup_lines
+    from sagegen import distributed
+    from sagegen.cli.tables import attention_warnings, compare_table, result_console, run_notes, setup_lines
 
     job, warnings = jobs.build_job(**params, variants=["sdpa", "sage"])
     err = Console(stderr=True, highlight=False, soft_wrap=True)

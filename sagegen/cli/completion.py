@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def complete_model(incomplete: str) -> list[tuple[str, str]]:
     """Preset names and aliases starting with what was typed (any case), each with what it is."""
-    from ..models.presets import PRESETS
+    from sagegen.models.presets import PRESETS
 
     typed = incomplete.lower()
     found: dict[str, str] = {}

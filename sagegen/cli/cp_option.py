@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import UsageProblem
+from sagegen.cli.errors import UsageProblem
 
 OPTION = "--cp"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -65,7 +65,7 @@ def launch_command(spec: CpSpec) -> str:
     modules; a bare ``sagegen`` is taken for a script file and fails)."""
     import shlex
 
-    from .options import command_line
+    from sagegen.cli.options import command_line
 
     args = command_line()[1:]
     if not args or args[0] not in ("run", "compare"):  # not called from the CLI (a test, the API)
@@ -90,20 +90,20 @@ def preset_transformer(preset) -> tuple[str | None, int | None]:
     """The denoiser's diffusers class name and head count of a preset, from sagegen's configs (no weights); the
     class from the pipeline's ``transformer`` annotation and no head count where sagegen has no config."""
     if preset.tiny:
-        from ..models import tiny
+        from sagegen.models import tiny
 
         try:
             return tiny._TRANSFORMER_CLASSES[preset.family], tiny.tiny_transformer_config(preset.family)[
                 "num_attention_heads"]
         except (AttributeError, KeyError, ValueError):
             pass
-        from ..models import tiny_classes    # the newer classes' tiny denoisers (HunyuanVideo-1.5, LTX, ...)
+        from sagegen.models import tiny_classes    # the newer classes' tiny denoisers (HunyuanVideo-1.5, LTX, ...)
 
         if preset.family in tiny_classes.TINY_CLASSES:
             return (tiny_classes._CLASS_NAMES[preset.family],
                     tiny_classes.tiny_class_config(preset.family)["num_attention_heads"])
     else:
-        from ..models.arch import ARCHS
+        from sagegen.models.arch import ARCHS
 
         arch = ARCHS.get(preset.name)
         if arch is not None:
@@ -128,8 +128,8 @@ def check_model(spec: CpSpec, preset) -> None:
     """The model can run context-parallel and its heads split over the Ulysses degree."""
     import diffusers
 
-    from ..parallel.enable import check_heads
-    from ..parallel.plans import ContextParallelUnsupported, check_cp_config, check_cp_support
+    from sagegen.parallel.enable import check_heads
+    from sagegen.parallel.plans import ContextParallelUnsupported, check_cp_config, check_cp_support
 
     try:
         check_cp_config(spec.ulysses, spec.ring)

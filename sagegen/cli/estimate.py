@@ -12,7 +12,7 @@ import time
 def step_flops(preset, settings: dict) -> float | None:
     """Multiply-add work of one denoising step of the full-size transformer (linear layers and attention,
     ignoring norms, embeddings and the VAE), or None when the architecture is not known."""
-    from ..models.arch import ARCHS, tokens_per_sample
+    from sagegen.models.arch import ARCHS, tokens_per_sample
 
     arch = ARCHS.get(preset.name)
     if arch is None:
@@ -66,8 +66,8 @@ def transformer_bytes(preset, dtype: str) -> int | None:
     allocated), or None when the architecture is not known."""
     import torch
 
-    from ..models.arch import build_transformer
-    from ..models.geometry import arch_name
+    from sagegen.models.arch import build_transformer
+    from sagegen.models.geometry import arch_name
 
     name = arch_name(preset)
     if name is None:
@@ -96,8 +96,8 @@ def vae_bytes(preset) -> int:
 
     import torch
 
-    from ..models.geometry import denoiser_config
-    from ..models.random_weights import full_vae
+    from sagegen.models.geometry import denoiser_config
+    from sagegen.models.random_weights import full_vae
 
     config = denoiser_config(preset) or {}
     with torch.device("meta"):
@@ -108,7 +108,7 @@ def vae_bytes(preset) -> int:
 def memory_problem(preset, settings: dict) -> str | None:
     """Why a full-size random-weights run on the CPU cannot fit in this machine's memory (its weights, VAE,
     activations and frames at its sizes, and the process: `sagegen.cli.memory`), or None."""
-    from .memory import fit_problem
+    from sagegen.cli.memory import fit_problem
 
     full = dict(preset.defaults(), **{k: v for k, v in settings.items() if v is not None})
     problem = fit_problem(preset, full, on_gpu=False, random_weights=True)

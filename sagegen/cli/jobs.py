@@ -9,12 +9,12 @@ from typing import Annotated, Literal, Optional
 
 import typer
 
-from .cp_option import Cp  # noqa: F401  (the --cp option of run and compare)
-from .errors import UsageProblem
-from . import checks
-from .completion import complete_model
-from .options import (command_line, count_seeds, finite_number, kernel_config, load_prompts, parse_seeds,
-                      precision_policy)
+from sagegen.cli.cp_option import Cp  # noqa: F401  (the --cp option of run and compare)
+from sagegen.cli.errors import UsageProblem
+from sagegen.cli import checks
+from sagegen.cli.completion import complete_model
+from sagegen.cli.options import (command_line, count_seeds, finite_number, kernel_config, load_prompts, parse_seeds,
+                                 precision_policy)
 
 GEN = "Generation"
 MEM = "Memory and speed"
@@ -110,8 +110,8 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               linear="none", sparse=None, cp=None, cuda_graphs=None, writes_run_dir=True):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings).
     ``writes_run_dir=False`` (calibrate, which writes one JSON file): the run directory is not checked."""
-    from ..generate import Job, make_samples
-    from ..models.presets import RANDOM_WEIGHT_FAMILIES, check_shape, resolve
+    from sagegen.generate import Job, make_samples
+    from sagegen.models.presets import RANDOM_WEIGHT_FAMILIES, check_shape, resolve
 
     preset = resolve(model)
     if model_path is not None and preset.tiny:
@@ -128,7 +128,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem("--random-weights builds the model in code; it cannot be combined with --model-path",
                            "--random-weights")
     if model_path is not None:
-        from ..models.loading import check_model_path
+        from sagegen.models.loading import check_model_path
 
         check_model_path(preset, model_path)  # a folder of the right pipeline, before anything loads
     if frames is not None and not preset.is_video:
@@ -138,7 +138,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     checks.check_plan_size(len(prompts_list), count_seeds(seed or []))  # before building the plan
     seeds = parse_seeds(seed or [])
     config = kernel_config(kernel or [])
-    from .sparse_opt import parse as parse_sparse
+    from sagegen.cli.sparse_opt import parse as parse_sparse
 
     sparse_cfg = parse_sparse(sparse)
     if sparse_cfg is not None and "sage" not in variants:
@@ -152,7 +152,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     warnings += [frame_note] if frame_note else []
     warnings += checks.ignored_with_stock(variants, kernel=kernel, fp_blocks=fp_blocks, backend=backend,
                                           fp_first_steps=fp_first_steps, fp_last_steps=fp_last_steps)
-    from .cp_option import check_cp
+    from sagegen.cli.cp_option import check_cp
 
     cp_spec = check_cp(cp, preset, offload=offload)
     linear = None if linear.lower() == "none" else linear.lower()
@@ -190,7 +190,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                 "dtype": preset.dtype if dtype == "auto" else dtype,
                 "max_sequence_length": preset.max_sequence_length,
                 "vae_tiling": vae_tiling, "vae_slicing": vae_slicing, "random_weights": random_weights}
-    from .memory import check_fits
+    from sagegen.cli.memory import check_fits
 
     # what the sizes need against the GPU and the host, before anything loads (also --random-weights' weights)
     check_fits(preset, settings, on_gpu=on_gpu, device=device, variants=variants, offload=offload,
@@ -198,7 +198,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                model_path=model_path, given=tuple(opt for opt, v in (("--frames", frames), ("--height", height),
                                                                      ("--width", width)) if v is not None))
     if random_weights and not on_gpu:
-        from .estimate import cpu_warning
+        from sagegen.cli.estimate import cpu_warning
 
         warning = cpu_warning(preset, settings, len(prompts_list) * len(seeds), len(variants))
         if warning:
@@ -302,9 +302,9 @@ def execute(job, *, quiet: bool, title: str):
     from rich.console import Console
     from rich.markup import escape
 
-    from .. import distributed, runlock
-    from ..generate import run_job
-    from .progress import make_reporter
+    from sagegen import distributed, runlock
+    from sagegen.generate import run_job
+    from sagegen.cli.progress import make_reporter
 
     dist = distributed.info()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -351,7 +351,7 @@ def remove_if_unfinished(run_dir: Path, top: Path | None = None) -> None:
     folders above it up to `top` (the first one this run created)."""
     import shutil
 
-    from ..rundir import SAMPLE_JSON
+    from sagegen.rundir import SAMPLE_JSON
 
     if not run_dir.is_dir() or any(run_dir.rglob(SAMPLE_JSON)):
         return

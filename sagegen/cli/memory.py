@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .errors import UsageProblem
+from sagegen.cli.errors import UsageProblem
 
 GiB = 2**30
 PROCESS_BYTES = int(1.5 * GiB)  # Python, torch and diffusers (~0.7 GiB measured) and the allocator's slack
@@ -35,7 +35,7 @@ def needs(preset, settings: dict, *, on_gpu: bool, variants=("sage",), offload: 
           weights: dict[str, int] | None = None, process: int = 0) -> Needs:
     """What the run needs at once (see the module doc); `weights` (name -> bytes) live where the model runs,
     `process` is a margin for the process itself, on the host."""
-    from ..models.geometry import geometry
+    from sagegen.models.geometry import geometry
 
     h, w, f = settings["height"], settings["width"], settings.get("frames") if preset.is_video else None
     b = _BYTES.get(settings.get("dtype") or preset.dtype, 2)
@@ -81,12 +81,12 @@ def known_weights(preset, settings: dict, *, random_weights: bool, model_path,
     """The weights sagegen can size without loading: the full-size transformer (each expert of Wan2.2-A14B)
     from its published config; with --random-weights also the VAE (built in float32, then cast). A CPU run of
     hub weights that are not downloaded counts none: the load then says how to get them, which comes first."""
-    from . import estimate
+    from sagegen.cli import estimate
 
     if preset.tiny or model_path is not None:
         return {}
     if not (on_gpu or random_weights):
-        from ..models.loading import cached_snapshot
+        from sagegen.models.loading import cached_snapshot
 
         if cached_snapshot(preset)[0] is None:
             return {}
@@ -94,8 +94,8 @@ def known_weights(preset, settings: dict, *, random_weights: bool, model_path,
     one = estimate.transformer_bytes(preset, dtype)
     if one is None:
         return {}
-    from ..models.arch import ARCHS
-    from ..models.geometry import arch_name
+    from sagegen.models.arch import ARCHS
+    from sagegen.models.geometry import arch_name
 
     experts = ARCHS[arch_name(preset)].notes.get("experts", 1)
     out = {f"{preset.name}'s transformer weights ({dtype})": one * experts}
@@ -119,7 +119,7 @@ def fit_problem(preset, settings: dict, *, on_gpu: bool, device: str = "auto", v
                 offload: str = "none", cp_world: int = 1, random_weights: bool = False, model_path=None,
                 given: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """(message, option) when the run cannot fit, else None (see `check_fits`)."""
-    from . import estimate
+    from sagegen.cli import estimate
 
     weights = known_weights(preset, settings, random_weights=random_weights, model_path=model_path, on_gpu=on_gpu)
     # --random-weights: a margin that the weights alone left out (Flux's 22.2 GiB started with 22 available)

@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from .errors import cli_command
+from sagegen.cli.errors import cli_command
 
 
 def preset_rows() -> list[dict]:
-    from ..models.loading import weights_status
-    from ..models.presets import PRESETS
+    from sagegen.models.loading import weights_status
+    from sagegen.models.presets import PRESETS
 
     rows = []
     for p in PRESETS.values():
@@ -37,7 +37,7 @@ def models_command(
     from rich.markup import escape
     from rich.table import Table
 
-    from ..models.loading import hf_cache_dir
+    from sagegen.models.loading import hf_cache_dir
 
     rows = preset_rows()
     console = Console(highlight=False, soft_wrap=as_json)

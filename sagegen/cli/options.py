@@ -13,7 +13,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import UsageProblem
+from sagegen.cli.errors import UsageProblem
 
 PROMPTS_ENV = "SAGEGEN_PROMPTS_DIR"
 ATTENTION = ("sage", "sdpa")
@@ -135,7 +135,7 @@ def _parse_value(field: dataclasses.Field, raw: str) -> Any:
 
 def kernel_config(overrides: Sequence[str]):
     """sagegen.DIFFUSION_CONFIG with --kernel KEY=VALUE overrides applied."""
-    from ..config import DIFFUSION_CONFIG, SageConfig
+    from sagegen.config import DIFFUSION_CONFIG, SageConfig
 
     fields = {f.name: f for f in dataclasses.fields(SageConfig)}
     changes: dict[str, Any] = {}
@@ -158,7 +158,7 @@ def precision_policy(blocks: str | None, first_steps: int, last_steps: int):
     """The patcher's PrecisionPolicy from --fp-blocks / --fp-first-steps / --fp-last-steps (None: none)."""
     if not blocks and not first_steps and not last_steps:
         return None
-    from ..patch.policy import PrecisionPolicy
+    from sagegen.patch.policy import PrecisionPolicy
 
     entries: list[int | str] = []
     for token in (blocks or "").split(","):

@@ -12,7 +12,7 @@ import time
 
 from rich.console import Console
 
-from ..generate import Reporter
+from sagegen.generate import Reporter
 
 STEP_LINE_S = 30.0
 

@@ -6,8 +6,8 @@ from typing import Annotated, Literal
 
 import typer
 
-from . import jobs, sparse_opt
-from .errors import cli_command
+from sagegen.cli import jobs, sparse_opt
+from sagegen.cli.errors import cli_command
 
 Attention = Annotated[Literal["sage", "sdpa"],
                       typer.Option("--attention", case_sensitive=False, rich_help_panel=jobs.KER,
@@ -59,7 +59,7 @@ def run_command(
     params = {k: v for k, v in locals().items() if k not in ("attention", "quiet")}
     from rich.console import Console
 
-    from .. import distributed
+    from sagegen import distributed
 
     job, warnings = jobs.build_job(**params, variants=[attention.lower()])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -71,7 +71,7 @@ def run_command(
 
 
 def _print_outcome(result, variant) -> None:
-    from .tables import attention_warnings, result_console, run_notes, run_table, setup_lines
+    from sagegen.cli.tables import attention_warnings, result_console, run_notes, run_table, setup_lines
 
     console = result_console()
     m = result.manifest
@@ -92,7 +92,7 @@ def _print_outcome(result, variant) -> None:
 
 def _print_media(console, run_dir, variant, manifest, limit: int = 5) -> None:
     """Where the videos/images of this variant are (the first few)."""
-    from ..rundir import RunDir
+    from sagegen.rundir import RunDir
 
     rd = RunDir(run_dir)
     ids = rd.sample_ids(variant)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import UsageProblem
+from sagegen.cli.errors import UsageProblem
 
 Sparse = Annotated[Optional[str], typer.Option(
     "--sparse", metavar="SPEC", rich_help_panel="sagegen attention", show_default=False,
@@ -22,7 +22,7 @@ def parse(value: str | None, option: str = "--sparse"):
     """The `SparseConfig` for a sparse spec given as `option`, or None; UsageProblem naming `option`."""
     if value is None:
         return None
-    from ..sparse.text import parse_sparse_arg
+    from sagegen.sparse.text import parse_sparse_arg
 
     try:
         return parse_sparse_arg(value)

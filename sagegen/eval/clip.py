@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .weights import ClipSource
+from sagegen.eval.weights import ClipSource
 
 MODES = ("evalcrafter", "standard")
 

@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from . import fid_inception
+from sagegen.eval import fid_inception
 
 INCEPTION_SIZE = 299
 INCEPTION_DIM = 2048  # pool features of the FID Inception

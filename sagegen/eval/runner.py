@@ -9,12 +9,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from . import METRICS
-from . import stats
-from .metricsfile import SCHEMA, now_iso, write_metrics  # noqa: F401 (SCHEMA re-exported)
-from .rundata import Run, load_frames, load_run
-from .setmetrics import SET_METRICS, set_metric
-from .weights import BadOption, WeightsMissing
+from sagegen.eval import METRICS
+from sagegen.eval import stats
+from sagegen.eval.metricsfile import SCHEMA, now_iso, write_metrics  # noqa: F401 (SCHEMA re-exported)
+from sagegen.eval.rundata import Run, load_frames, load_run
+from sagegen.eval.setmetrics import SET_METRICS, set_metric
+from sagegen.eval.weights import BadOption, WeightsMissing
 
 CLIP_METRICS = ("clipsim", "clipt", "clipscore")
 PAIRED_METRICS = ("psnr", "ssim", "lpips")
@@ -90,7 +90,7 @@ def _even_subset(n: int, k: int | None) -> np.ndarray:
 
 
 def _load_reference(folder: Path) -> list[np.ndarray]:
-    from .rundata import load_frame
+    from sagegen.eval.rundata import load_frame
 
     paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
     if len(paths) < 2:
@@ -99,10 +99,10 @@ def _load_reference(folder: Path) -> list[np.ndarray]:
 
 
 def _default_loaders(opts: EvalOptions) -> dict[str, Callable[[], Any]]:
-    from . import clip as clipmod
-    from . import fid as fidmod
-    from . import fidelity
-    from . import weights
+    from sagegen.eval import clip as clipmod
+    from sagegen.eval import fid as fidmod
+    from sagegen.eval import fidelity
+    from sagegen.eval import weights
 
     return {
         "clip": lambda: clipmod.load_clip(weights.resolve_clip(opts.clip_model)),
@@ -112,8 +112,8 @@ def _default_loaders(opts: EvalOptions) -> dict[str, Callable[[], Any]]:
 
 
 def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] = print) -> dict:
-    from . import clip as clipmod
-    from . import fidelity
+    from sagegen.eval import clip as clipmod
+    from sagegen.eval import fidelity
 
     if opts.clip_mode not in clipmod.MODES:
         raise BadOption(f"--clip-mode must be one of {', '.join(clipmod.MODES)}; got {opts.clip_mode!r}")
@@ -228,7 +228,7 @@ def evaluate(run_dir: str | Path, opts: EvalOptions, log: Callable[[str], None] 
 
 def _set_entry(metric: str, run: Run, feats: dict, reference, extractor, failed: dict, opts: EvalOptions) -> dict:
     """FID/KID, or an error entry: a metric that cannot be computed must not stop the others being written."""
-    from . import fid as fidmod
+    from sagegen.eval import fid as fidmod
 
     if metric in failed:
         return {"status": "error", "reason": failed[metric]}
@@ -266,7 +266,7 @@ def _series(values: list[float]) -> dict:
 
 
 def _meta(metric: str, opts: EvalOptions, models: dict) -> dict:
-    from . import clip as clipmod
+    from sagegen.eval import clip as clipmod
 
     hib, unit, desc = INFO[metric]
     meta: dict[str, Any] = {"higher_is_better": hib, "unit": unit, "description": desc}

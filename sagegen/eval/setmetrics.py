@@ -15,7 +15,7 @@ def set_metric(metric: str, baseline: str, candidates: list[str], feats: dict[st
     """``feats``: variant -> per-sample feature arrays; ``reference``: features of --reference or None.
     Raises (ValueError, LinAlgError, ...) when the sets cannot give a finite number; the caller records that
     as the metric's error."""
-    from . import fid as fidmod
+    from sagegen.eval import fid as fidmod
 
     sets = {v: np.concatenate(f) for v, f in feats.items() if f}
     missing = [v for v in (baseline, *candidates) if v not in sets]

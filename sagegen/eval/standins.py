@@ -65,7 +65,7 @@ def write_tiny_inception(path: str | Path, seed: int = 0, dim: int = 32) -> Path
 
 def write_tiny_lpips(path: str | Path, seed: int = 0) -> Path:
     """A combined LPIPS state dict (torchvision AlexNet ``features.*`` + ``lin{i}.model.1.weight``), random."""
-    from .fidelity import LPIPS
+    from sagegen.eval.fidelity import LPIPS
 
     torch.manual_seed(seed)
     m = LPIPS()

@@ -6,7 +6,7 @@ from typing import Iterable
 
 from rich.table import Table
 
-from .stats import fmt_ci, fmt_counts, fmt_num
+from sagegen.eval.stats import fmt_ci, fmt_counts, fmt_num
 
 DIGITS = {"psnr": 2, "clipscore": 2, "fid": 3, "kid": 5}
 

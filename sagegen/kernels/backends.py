@@ -12,9 +12,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..config import SageConfig
-from .block_sparse import BlockSparse, check_tiles
-from .spec import MaskSpec, device_capability
+from sagegen.config import SageConfig
+from sagegen.kernels.block_sparse import BlockSparse, check_tiles
+from sagegen.kernels.spec import MaskSpec, device_capability
 
 MIN_CAPABILITY = (8, 0)  # Ampere: INT8 tensor cores
 FP8_CAPABILITY = (8, 9)  # Ada / Hopper: FP8 tensor cores
@@ -113,13 +113,13 @@ def run(choice: str, q, k, v, out, *, sm_scale: float, is_causal: bool, mask: Ma
         tiles = config.blocks(q.shape[-1], device_capability(q.device) if q.is_cuda else None)
         check_tiles(block_sparse, *tiles, "SageConfig.blocks on this device")
     if choice == "triton":
-        from . import triton_attn
+        from sagegen.kernels import triton_attn
 
         return triton_attn.sage_attention(q, k, v, out, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
                                           config=config, return_lse=return_lse, block_sparse=block_sparse,
                                           out_scale=out_scale)
     if choice == "reference":
-        from . import reference
+        from sagegen.kernels import reference
 
         o, lse = reference.sage_attention(q, k, v, sm_scale=sm_scale, is_causal=is_causal, mask=mask,
                                           config=config, return_lse=return_lse, block_sparse=block_sparse,

@@ -194,8 +194,8 @@ def kernel_tiles(bs: BlockSparse, tile_q: int, tile_k: int, n_q: int, n_k: int,
     sorted, entries past the count 0. key_lengths (int32 [B], valid-prefix key counts) drops the tiles past
     each batch's last valid key (then B' = B). No host sync. One Triton launch where Triton runs (CUDA, or the
     interpreter); `kernel_tiles_dense` elsewhere, which gives the same result."""
-    from . import triton_sparse_tiles
-    from .triton_quant import interpreting
+    from sagegen.kernels import triton_sparse_tiles
+    from sagegen.kernels.triton_quant import interpreting
 
     if bs.indices.is_cuda or interpreting():
         return triton_sparse_tiles.convert(bs.counts, bs.indices, bs.block_q, bs.block_kv, tile_q, tile_k, n_q,

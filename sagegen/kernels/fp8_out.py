@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import FP8_MAX, FP8_OUT_MARGIN
+from sagegen.kernels.spec import FP8_MAX, FP8_OUT_MARGIN
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALE_PER_BOUND = tl.constexpr(FP8_OUT_MARGIN / FP8_MAX)

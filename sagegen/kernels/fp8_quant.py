@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import FP8_MAX, GELU_AMAX_FLOOR, cdiv, next_power_of_2
-from .triton_quant import interpreting, round_to_e4m3_grid
+from sagegen.kernels.spec import FP8_MAX, GELU_AMAX_FLOOR, cdiv, next_power_of_2
+from sagegen.kernels.triton_quant import interpreting, round_to_e4m3_grid
 
 try:  # the GPU's tanhf (the CUDA math library's, as torch's GELU kernel calls)
     from triton.language.extra import libdevice

@@ -26,12 +26,12 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                             warpgroup_mma_wait)
+                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .block_sparse import sparse_args
-from .gluon_tile_list import scale_at, staged, tile_at, tile_list
-from .spec import EPS, INT8_MAX, LOG2_FP8_MAX, REF_WINDOW, cdiv
+from sagegen.kernels.block_sparse import sparse_args
+from sagegen.kernels.gluon_tile_list import scale_at, staged, tile_at, tile_list
+from sagegen.kernels.spec import EPS, INT8_MAX, LOG2_FP8_MAX, REF_WINDOW, cdiv
 
 _EPS = gl.constexpr(EPS)
 _INT8_MAX = gl.constexpr(INT8_MAX)

@@ -10,9 +10,9 @@ import torch
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources, PTXASError
 
-from ..config import SageConfig
-from .spec import MaskSpec
-from .triton_quant import interpreting
+from sagegen.config import SageConfig
+from sagegen.kernels.spec import MaskSpec
+from sagegen.kernels.triton_quant import interpreting
 
 # Which kernel runs on Hopper: "auto" (the Gluon kernel where it applies, else `triton_attn`'s), "triton"
 # (always `triton_attn`'s: the portable kernel, also what the interpreter runs), or "gluon" (fail where it
@@ -32,13 +32,13 @@ def _gluon_failed(exc: Exception) -> None:
 
 
 def gluon_permutes_v() -> bool:
-    from . import gluon_attn
+    from sagegen.kernels import gluon_attn
 
     return gluon_attn.PERMUTE_V
 
 
 def gluon_quantizes_q() -> bool:
-    from . import gluon_attn
+    from sagegen.kernels import gluon_attn
 
     return gluon_attn.QUANT_Q_IN_KERNEL
 
@@ -62,7 +62,7 @@ def gluon_applies(capability, config: SageConfig, d_pad: int, blocks: tuple[int,
     if d_pad not in (64, 128) or tuple(blocks) != (64, 128):
         return "the Gluon kernel has 64x128 tiles at head dims 64 and 128"
     try:
-        from . import gluon_attn  # noqa: F401
+        from sagegen.kernels import gluon_attn  # noqa: F401
     except Exception as exc:  # a Triton without Gluon's Hopper API
         return f"Gluon unavailable ({type(exc).__name__})"
     return None

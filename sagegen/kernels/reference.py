@@ -14,10 +14,10 @@ import math
 
 import torch
 
-from ..config import SageConfig
-from .block_sparse import BlockSparse, tile_layout
-from .spec import (EPS, FP8_MAX, FP8_OUT_MARGIN, FP16_V_EXP, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E, REF_WINDOW,
-                   SAMPLE_TOKENS, MaskSpec, device_capability)
+from sagegen.config import SageConfig
+from sagegen.kernels.block_sparse import BlockSparse, tile_layout
+from sagegen.kernels.spec import (EPS, FP8_MAX, FP8_OUT_MARGIN, FP16_V_EXP, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E,
+                                  REF_WINDOW, SAMPLE_TOKENS, MaskSpec, device_capability)
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
 

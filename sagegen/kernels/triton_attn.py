@@ -20,15 +20,15 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..config import SageConfig
-from .block_sparse import kernel_tiles, sparse_args
-from .key_padding import compact_valid_keys, key_prefix_lengths
+from sagegen.config import SageConfig
+from sagegen.kernels.block_sparse import kernel_tiles, sparse_args
+from sagegen.kernels.key_padding import compact_valid_keys, key_prefix_lengths
 # which kernel a call gets (looked up here per call, so tests and probes patch `triton_attn.gluon_applies`)
-from .kernel_choice import (GLUON_BUILD_ERRORS, KERNEL_ENV, _gluon_failed, gluon_applies, gluon_permutes_v,
-                            gluon_quantizes_q)
-from .spec import (FP8_MAX, LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv, device_capability,
-                   next_power_of_2)
-from .triton_quant import interpreting, quantize, round_to_e4m3_grid
+from sagegen.kernels.kernel_choice import (GLUON_BUILD_ERRORS, KERNEL_ENV, _gluon_failed, gluon_applies,
+                                           gluon_permutes_v, gluon_quantizes_q)
+from sagegen.kernels.spec import (FP8_MAX, LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv,
+                                  device_capability, next_power_of_2)
+from sagegen.kernels.triton_quant import interpreting, quantize, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
 _MASK_KINDS = {"none": MASK_NONE, "key": MASK_KEY, "bool": MASK_BOOL, "additive": MASK_ADD}
@@ -326,11 +326,11 @@ def sage_attention(
     if out_scale is not None:
         if config.pv_precision != "fp8" or qq.v_scale is None:
             raise ValueError("an FP8 attention output needs pv_precision='fp8' (V's FP8 range sets its scale)")
-        from .fp8_out import out_scale as fp8_out_scale
+        from sagegen.kernels.fp8_out import out_scale as fp8_out_scale
 
         out_inv = fp8_out_scale(qq.v_scale, qq.v_mean, D, out_scale)
     if use_gluon:
-        from . import gluon_attn
+        from sagegen.kernels import gluon_attn
 
         lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
         try:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import next_power_of_2
+from sagegen.kernels.spec import next_power_of_2
 
 MODE_TOPK, MODE_CDF = 0, 1
 

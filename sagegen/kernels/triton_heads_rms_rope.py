@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import cdiv, next_power_of_2
-from .triton_qk_prologue import FP_FUSION, _to_out
-from .triton_quant import interpreting
+from sagegen.kernels.spec import cdiv, next_power_of_2
+from sagegen.kernels.triton_qk_prologue import FP_FUSION, _to_out
+from sagegen.kernels.triton_quant import interpreting
 
 _TABLE_FP32, _TABLE_FP64, _TABLE_HALF = 0, 1, 2
 

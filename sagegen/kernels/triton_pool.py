@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import cdiv, next_power_of_2
-from .triton_quant import _load_tile
+from sagegen.kernels.spec import cdiv, next_power_of_2
+from sagegen.kernels.triton_quant import _load_tile
 
 
 @triton.jit

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import cdiv, next_power_of_2
-from .triton_quant import interpreting
+from sagegen.kernels.spec import cdiv, next_power_of_2
+from sagegen.kernels.triton_quant import interpreting
 
 
 # No FMA contraction here: eager PyTorch rounds every product of the rotation separately, and so does this

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..config import SageConfig
-from .spec import EPS, FP8_MAX, FP16_V_EXP, INT8_MAX, SAMPLE_TOKENS, cdiv
+from sagegen.config import SageConfig
+from sagegen.kernels.spec import EPS, FP8_MAX, FP16_V_EXP, INT8_MAX, SAMPLE_TOKENS, cdiv
 
 # Kernels may only read module globals that are constexpr.
 _EPS = tl.constexpr(EPS)

@@ -30,10 +30,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .fp8_quant import _quantize_tile, _scale_and_inverse
-from .spec import next_power_of_2
-from .triton_qk_prologue import FP_FUSION, _to_out
-from .triton_quant import interpreting
+from sagegen.kernels.fp8_quant import _quantize_tile, _scale_and_inverse
+from sagegen.kernels.spec import next_power_of_2
+from sagegen.kernels.triton_qk_prologue import FP_FUSION, _to_out
+from sagegen.kernels.triton_quant import interpreting
 
 _HALF = (torch.float16, torch.bfloat16)
 # Rows a program under TRITON_INTERPRET=1: the interpreter's cost is per program (tens of ms each, whatever its

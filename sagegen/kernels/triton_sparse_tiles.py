@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .spec import next_power_of_2
+from sagegen.kernels.spec import next_power_of_2
 
 
 @triton.jit

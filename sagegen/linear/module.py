@@ -44,9 +44,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import numerics
-from .ops import blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, gemm_rowwise_prepared, quantize_eager
-from .shared import shared
+from sagegen.linear import numerics
+from sagegen.linear.ops import (blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, gemm_rowwise_prepared,
+                                quantize_eager)
+from sagegen.linear.shared import shared
 
 OUTLIER_MODES = ("off", "smooth", "split")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels.spec import FP8_MAX, GELU_AMAX_FLOOR
+from sagegen.kernels.spec import FP8_MAX, GELU_AMAX_FLOOR
 
 BLOCK = 128
 ACT_GRANULARITIES = ("per_token", "per_block")

@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from . import numerics
+from sagegen.linear import numerics
 
 FP8_MIN_CAPABILITY = (8, 9)
 _FUSE_BIAS = True
@@ -105,7 +105,7 @@ def _gemm_blockwise(xq, xs, w_q, w_s, bias, out_dtype):
 
 
 def _gpu_forward(x, w_q, w_s, bias, act_granularity, col_scale, fast_accum=True, prologue=None):
-    from ..kernels.fp8_quant import quantize_fp8_rows
+    from sagegen.kernels.fp8_quant import quantize_fp8_rows
 
     out_dtype = x.dtype
     if act_granularity == "per_token":
@@ -151,11 +151,11 @@ def quantize_eager(x: torch.Tensor, act_granularity: str, emulate: bool, col_sca
     if emulate or x.device.type != "cuda":
         return numerics.quantize_activations(x, act_granularity, col_scale, prologue, prefix)
     if act_granularity == "per_token":  # the hot path of eager steps: no re-validation of what the layer made
-        from ..kernels.fp8_quant import quantize_per_token_unchecked
+        from sagegen.kernels.fp8_quant import quantize_per_token_unchecked
 
         unit = lambda t: t if t is None or t.stride(1) == 1 else t.contiguous()  # noqa: E731
         return quantize_per_token_unchecked(unit(x), col_scale, prologue == "gelu_tanh", unit(prefix))
-    from ..kernels.fp8_quant import quantize_fp8_rows
+    from sagegen.kernels.fp8_quant import quantize_fp8_rows
 
     return quantize_fp8_rows(x, act_granularity, col_scale, prologue=prologue, prefix=prefix, scales_k_major=True)
 

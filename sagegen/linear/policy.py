@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import numerics
-from .module import OUTLIER_MODES
+from sagegen.linear import numerics
+from sagegen.linear.module import OUTLIER_MODES
 
 _GEMM_DIVISOR = 16  # cuBLASLt FP8: K and N must be multiples of 16
 

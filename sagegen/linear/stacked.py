@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .module import FP8Linear
-from .ops import gemm_eager, quantize_eager
-from .shared import shared
+from sagegen.linear.module import FP8Linear
+from sagegen.linear.ops import gemm_eager, quantize_eager
+from sagegen.linear.shared import shared
 
 ENABLED = True  # False: `stacked_forward` always answers None (A/B switch for benchmarks and tests)
 

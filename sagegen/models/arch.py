@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from . import arch_video
+from sagegen.models import arch_video
 
 # torch is imported where it is used: the CLI reads ARCHS (names, configs) to check `sagegen bench`'s arguments
 # before torch loads.
@@ -280,7 +280,7 @@ def example_inputs(name_or_model, *, batch: int | None = None, height: int | Non
         text_tokens = text_tokens or arch.text_tokens
         guidance = arch.guidance
     else:
-        from ..patch.api import SUPPORTED_MODELS
+        from sagegen.patch.api import SUPPORTED_MODELS
 
         known = {**SUPPORTED_MODELS, **arch_video.MODEL_FAMILIES}
         cls_name = next((c.__name__ for c in type(name_or_model).__mro__ if c.__name__ in known), None)

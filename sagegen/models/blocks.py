@@ -9,19 +9,19 @@ built tiny models.
 
 from __future__ import annotations
 
-from .presets import Preset
+from sagegen.models.presets import Preset
 
 
 def transformer_config(preset: Preset) -> dict | None:
     """The denoiser's config as sagegen builds it (tiny presets, --random-weights, the published config)."""
     if preset.tiny:
-        from . import tiny, tiny_video
+        from sagegen.models import tiny, tiny_video
 
         kind = preset.name.removeprefix("tiny-")  # as models.loading picks the tiny builder
         if kind in tiny_video.TINY_VIDEO_KINDS:
             return tiny_video.tiny_denoiser_config(kind)
         return tiny.tiny_transformer_config(preset.family)
-    from .arch import ARCHS
+    from sagegen.models.arch import ARCHS
 
     arch = ARCHS.get(preset.name)
     return dict(arch.config) if arch is not None else None

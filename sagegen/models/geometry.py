@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .presets import Preset
+from sagegen.models.presets import Preset
 
 # (spatial, temporal) compression of each family's released VAE
 _VAE = {"cogvideox": (8, 4), "hunyuanvideo": (8, 4), "mochi": (8, 6), "flux": (8, 1), "sd3": (8, 1),
@@ -57,7 +57,7 @@ def arch_name(preset: Preset) -> str | None:
     hunyuanvideo-1.5-720p), or None."""
     if preset.tiny:
         return None
-    from .arch import get_arch
+    from sagegen.models.arch import get_arch
 
     for name in (preset.name, *preset.aliases):
         try:
@@ -69,11 +69,11 @@ def arch_name(preset: Preset) -> str | None:
 
 def denoiser_config(preset: Preset) -> dict | None:
     """The denoiser config sagegen builds (tiny presets) or cites (`arch.ARCHS`) for the preset, or None."""
-    from .blocks import transformer_config
+    from sagegen.models.blocks import transformer_config
 
     config = transformer_config(preset)
     if config is None and arch_name(preset) is not None:
-        from .arch import ARCHS
+        from sagegen.models.arch import ARCHS
 
         config = dict(ARCHS[arch_name(preset)].config)
     return config

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .presets import Preset
+from sagegen.models.presets import Preset
 
 DTYPES = ("bfloat16", "float16", "float32")
 OFFLOAD = ("none", "model", "sequential")
@@ -92,7 +92,7 @@ def check_model_path(preset: Preset, model_path: str | os.PathLike) -> Path:
         raise BadModelPath(f"--model-path {folder}: model_index.json is not a JSON object; {how}")
     found = spec.get("_class_name")
     if found != preset.pipeline:
-        from .presets import PRESETS
+        from sagegen.models.presets import PRESETS
 
         fits = [p.name for p in PRESETS.values() if p.pipeline == found and not p.tiny]
         other = (f"use a preset of that pipeline ({', '.join(fits)})" if fits
@@ -226,7 +226,7 @@ def _load_hub(preset: Preset, where: str, local_only: bool, dtype):
 
 def _load_tiny(preset: Preset, dtype, seed: int):
     try:
-        from . import tiny, tiny_video
+        from sagegen.models import tiny, tiny_video
     except ImportError as e:
         raise WeightsUnavailable(f"the built-in tiny models are not available in this checkout "
                                  f"(sagegen.models.tiny: {e}); update sagegen") from e
@@ -298,7 +298,7 @@ def load(preset: Preset, *, dtype: str, device, model_path=None, random_weights:
     ignore_known_warnings()
     with _quiet_libraries():
         if random_weights:
-            from .random_weights import build_random_pipeline
+            from sagegen.models.random_weights import build_random_pipeline
 
             pipe, overrides = build_random_pipeline(preset, dtype=tdtype, seed=seed, device=device)
             source = f"random weights at {preset.name}'s full-size architecture"

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from .presets import Preset
+from sagegen.models.presets import Preset
 
 # The sequence lengths the real text encoders produce (diffusers pipelines' max_sequence_length defaults).
 _TEXT_LEN = {"cogvideox": 226, "hunyuanvideo": 256, "mochi": 256, "sd3": 77 + 256, "wan": 512}
@@ -76,7 +76,7 @@ def scheduler(family: str):
 
 def _transformer(preset: Preset, dtype, device, seed: int):
     try:
-        from . import arch
+        from sagegen.models import arch
     except ImportError as e:
         raise RuntimeError(f"--random-weights needs sagegen.models.arch, which this checkout lacks ({e}); "
                            "update sagegen or load real weights") from e
@@ -159,6 +159,6 @@ def _wan_parts(preset: Preset, transformer, dtype, device, seed: int) -> dict[st
     if "a14b" in preset.name:  # a copy of the same shape with other random weights
         import copy
 
-        from .arch import random_init_
+        from sagegen.models.arch import random_init_
         return {"transformer_2": random_init_(copy.deepcopy(transformer), seed=seed + 17), "boundary_ratio": 0.875}
     return {}

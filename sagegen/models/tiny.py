@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from . import _tiny_tokenizers as tok
+from sagegen.models import _tiny_tokenizers as tok
 
 TINY_FAMILIES = ("cogvideox", "hunyuanvideo", "mochi", "flux", "sd3")
 

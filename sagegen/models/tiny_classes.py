@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
+from sagegen.models.tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
 
 TINY_CLASSES = ("ltx", "ltx2", "qwenimage", "hunyuanvideo15", "flux2", "skyreels_v2")
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _tiny_tokenizers as tok
-from .tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
+from sagegen.models import _tiny_tokenizers as tok
+from sagegen.models.tiny import HEAD_DIM, _cast, _seeded, _variance_preserving_init
 
 TINY_VIDEO_KINDS = ("wan2.1", "wan2.2-a14b", "wan2.2-ti2v", "ltx-video", "qwen-image", "hunyuanvideo-1.5")
 
@@ -77,7 +77,7 @@ def tiny_denoiser_config(kind: str) -> dict:
     kind = _check_kind(kind)
     if kind.startswith("wan"):
         return tiny_wan_config(in_channels=48 if kind == "wan2.2-ti2v" else 16)
-    from .tiny_classes import tiny_class_config
+    from sagegen.models.tiny_classes import tiny_class_config
 
     return tiny_class_config(_CLASS_OF_KIND[kind])
 
@@ -87,7 +87,7 @@ def build_tiny_denoiser(kind: str, *, seed: int = 0, dtype: torch.dtype = torch.
     kind = _check_kind(kind)
     if kind.startswith("wan"):
         return build_tiny_wan_transformer(seed=seed, dtype=dtype, in_channels=48 if kind == "wan2.2-ti2v" else 16)
-    from .tiny_classes import build_tiny_class
+    from sagegen.models.tiny_classes import build_tiny_class
 
     return build_tiny_class(_CLASS_OF_KIND[kind], seed=seed, dtype=dtype)
 
@@ -137,8 +137,8 @@ def _wan(kind: str, seed: int):
 def _ltx(seed: int):
     from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXPipeline
 
-    from .tiny import _t5
-    from .tiny_classes import build_tiny_class
+    from sagegen.models.tiny import _t5
+    from sagegen.models.tiny_classes import build_tiny_class
 
     tokenizer = tok.t5_tokenizer(128)
     with _seeded(seed * 1000 + 2):  # (diffusers' LTX pipeline test VAE: 4x spatial, 4x temporal)
@@ -160,7 +160,7 @@ def _qwen_image(seed: int):
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from .tiny_classes import build_tiny_class, tiny_class_config
+    from sagegen.models.tiny_classes import build_tiny_class, tiny_class_config
 
     tokenizer = tok.qwen_tokenizer()
     width = tiny_class_config("qwenimage")["joint_attention_dim"]  # the text encoder's hidden size
@@ -193,8 +193,8 @@ def _hunyuanvideo15(seed: int):
                            HunyuanVideo15Pipeline)
     from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel
 
-    from .tiny import _t5
-    from .tiny_classes import build_tiny_class, tiny_class_config
+    from sagegen.models.tiny import _t5
+    from sagegen.models.tiny_classes import build_tiny_class, tiny_class_config
 
     config = tiny_class_config("hunyuanvideo15")
     tokenizer = tok.qwen_tokenizer(2048)  # 1000 text slots + the 108 template tokens the pipeline crops

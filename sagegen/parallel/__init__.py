@@ -7,10 +7,10 @@
   HunyuanVideo-1.5) and checks.
 """
 
-from .attention import context_parallel_attention
-from .enable import enable_context_parallel
-from .local import sagegen_local_attention
-from .plans import ContextParallelUnsupported, check_cp_config, check_cp_support, cp_plan_for
+from sagegen.parallel.attention import context_parallel_attention
+from sagegen.parallel.enable import enable_context_parallel
+from sagegen.parallel.local import sagegen_local_attention
+from sagegen.parallel.plans import ContextParallelUnsupported, check_cp_config, check_cp_support, cp_plan_for
 
 __all__ = ["context_parallel_attention", "sagegen_local_attention", "enable_context_parallel",
            "check_cp_config", "check_cp_support", "cp_plan_for", "ContextParallelUnsupported"]

@@ -14,8 +14,8 @@ from typing import Callable
 
 import torch
 
-from .masks import prepare_mask, ring_key_slice
-from .topology import Topology, all_gather, heads_to_seq, segment_order, seq_to_heads, topology_from
+from sagegen.parallel.masks import prepare_mask, ring_key_slice
+from sagegen.parallel.topology import Topology, all_gather, heads_to_seq, segment_order, seq_to_heads, topology_from
 
 # local_attention(q, k, v, *, attn_mask, scale, return_lse) on [B, S, H, D] tensors (called with keywords; a
 # Ring's one call adds q_offset, q's first position in k's sequence, and a call per part adds call_rows, the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .plans import check_cp_config, check_cp_support, cp_plan_for, install_model_hooks
+from sagegen.parallel.plans import check_cp_config, check_cp_support, cp_plan_for, install_model_hooks
 
 
 def check_heads(num_heads: int | None, ulysses: int) -> None:
@@ -21,7 +21,7 @@ def keeping_global_backend():
     parallelised model's processors keep theirs)."""
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
-    from ..diffusers_registry import set_global_backend
+    from sagegen.diffusers_registry import set_global_backend
 
     previous = _AttentionBackendRegistry._active_backend
     try:
@@ -40,7 +40,7 @@ def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, bac
     check_cp_support(transformer)
     check_heads(getattr(transformer.config, "num_attention_heads", None), ulysses)
     if backend == "sagegen":
-        from ..diffusers_registry import register_diffusers_backend
+        from sagegen.diffusers_registry import register_diffusers_backend
 
         register_diffusers_backend()       # idempotent; diffusers may have been imported after sagegen
     with keeping_global_backend():

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from diffusers.models._modeling_parallel import ContextParallelInput as In
 from diffusers.models._modeling_parallel import ContextParallelOutput as Out
 
-from ..patch.hunyuanvideo15 import KeyMaskProcessor
+from sagegen.patch.hunyuanvideo15 import KeyMaskProcessor
 
 
 def hunyuan_video15_plan() -> dict:

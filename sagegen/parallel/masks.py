@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .topology import Topology, all_gather, segment_order
+from sagegen.parallel.topology import Topology, all_gather, segment_order
 
 
 def _constant(mask: torch.Tensor, dim: int) -> bool:

@@ -12,14 +12,14 @@ import contextlib
 
 import torch
 
-from .enable import enable_context_parallel, keeping_global_backend
+from sagegen.parallel.enable import enable_context_parallel, keeping_global_backend
 
 
 def sagegen_backend_name(backend: str = "auto", config=None) -> str:
     """Register sagegen's diffusers backend ("sagegen"), give it ``config`` and ``backend`` (process-wide, see
     `sagegen.set_backend_config`) and return its name."""
-    from ..diffusers_registry import register_diffusers_backend
-    from ..patch.diffusers_backend import set_backend_config
+    from sagegen.diffusers_registry import register_diffusers_backend
+    from sagegen.patch.diffusers_backend import set_backend_config
 
     member = register_diffusers_backend()
     set_backend_config(config, backend=backend)
@@ -60,7 +60,7 @@ def enable_pipeline_cp(pipe, cp: dict, *, backend: str = "auto", config=None) ->
 @contextlib.contextmanager
 def cp_variant(pipe, variant: str, cp: dict, device: torch.device, sagegen_name: str, setup: dict):
     """Run ``variant`` ("sage" or "sdpa") on the parallelised transformer."""
-    from ..patch.diffusers_backend import backend_stats, reset_backend_stats
+    from sagegen.patch.diffusers_backend import backend_stats, reset_backend_stats
 
     name = sagegen_name if variant == "sage" else stock_backend_name(cp, device)
     with keeping_global_backend():

@@ -49,7 +49,7 @@ def _hunyuan_video_plan() -> dict:
 
 
 def _hunyuan_video15_plan() -> dict:
-    from .hunyuanvideo15 import hunyuan_video15_plan
+    from sagegen.parallel.hunyuanvideo15 import hunyuan_video15_plan
 
     return hunyuan_video15_plan()
 
@@ -108,7 +108,7 @@ def install_model_hooks(model, parallel_config) -> None:
     """Hooks a sagegen plan needs besides splitting and gathering (HunyuanVideo's joint mask; HunyuanVideo-1.5's
     text split and key-mask processor)."""
     if type(model).__name__ == "HunyuanVideo15Transformer3DModel" and check_cp_support(model) == "sagegen":
-        from .hunyuanvideo15 import install_hunyuan_video15
+        from sagegen.parallel.hunyuanvideo15 import install_hunyuan_video15
 
         install_hunyuan_video15(model, parallel_config)
     if type(model).__name__ == "HunyuanVideoTransformer3DModel" and check_cp_support(model) == "sagegen":

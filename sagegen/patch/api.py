@@ -29,26 +29,18 @@ from collections import Counter
 
 import torch
 
-from ..config import SageConfig
-from . import backend_route as _route
-from . import fused_blocks as _blocks
-from . import graphs as _graphs
-from . import linear_patch as _linear
-from . import processors as _proc
-from .graph_counts import ForwardCounters
-from .policy import PrecisionPolicy, resolve_blocks
-from .sparse_policy import SparseState, resolve_sparse
-from .steps import StepTracker, pipeline_scheduler_source
-from .targets import (  # noqa: F401 -- SUPPORTED_MODELS and attention_modules are re-exported
-    ROUTES,
-    SUPPORTED_MODELS,
-    attention_modules,
-    check_config,
-    denoisers,
-    family_of,
-    is_fused_processor,
-    set_processor,
-)
+from sagegen.config import SageConfig
+from sagegen.patch import backend_route as _route
+from sagegen.patch import fused_blocks as _blocks
+from sagegen.patch import graphs as _graphs
+from sagegen.patch import linear_patch as _linear
+from sagegen.patch import processors as _proc
+from sagegen.patch.graph_counts import ForwardCounters
+from sagegen.patch.policy import PrecisionPolicy, resolve_blocks
+from sagegen.patch.sparse_policy import SparseState, resolve_sparse
+from sagegen.patch.steps import StepTracker, pipeline_scheduler_source
+from sagegen.patch.targets import (ROUTES, SUPPORTED_MODELS, attention_modules, check_config, denoisers, family_of,  # noqa: F401 -- SUPPORTED_MODELS and attention_modules are re-exported
+                                   is_fused_processor, set_processor)
 
 _STATE_ATTR = "_sagegen_patch"
 _BACKENDS = ("auto", "triton", "reference")

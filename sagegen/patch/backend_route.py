@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import importlib
 
-from .diffusers_backend import BackendSettings
-from .rebind import call_function, names_global, with_globals
+from sagegen.patch.diffusers_backend import BackendSettings
+from sagegen.patch.rebind import call_function, names_global, with_globals
 
 DISPATCH = "dispatch_attention_fn"
 # stock processor __call__ (by name) -> sagegen's module and the function there that gives its equivalent; the
 # module (and diffusers' model module) is imported only when a patched model has that processor
 _EQUIVALENTS = {
-    "HunyuanVideo15AttnProcessor2_0.__call__": ("hunyuanvideo15", "key_mask_call_for"),
-    "QwenDoubleStreamAttnProcessor2_0.__call__": ("qwenimage", "fused_call_for"),
-    "LTXVideoAttnProcessor.__call__": ("ltx", "fused_call_for"),
+    "HunyuanVideo15AttnProcessor2_0.__call__": ("sagegen.patch.hunyuanvideo15", "key_mask_call_for"),
+    "QwenDoubleStreamAttnProcessor2_0.__call__": ("sagegen.patch.qwenimage", "fused_call_for"),
+    "LTXVideoAttnProcessor.__call__": ("sagegen.patch.ltx", "fused_call_for"),
 }
 
 
@@ -46,7 +46,7 @@ def dispatches(processor) -> bool:
 def backend_member():
     """diffusers' ``"sagegen"`` backend member, registering it if needed; None where this diffusers cannot
     register it (the patch then takes the SDPA route for these modules)."""
-    from ..diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend
+    from sagegen.diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend
 
     try:
         return register_diffusers_backend()
@@ -60,7 +60,7 @@ def call_for(processor):
     fn = call_function(processor)
     equivalent = _EQUIVALENTS.get(getattr(fn, "__qualname__", None))
     if equivalent is not None:
-        module = importlib.import_module(f"{__package__}.{equivalent[0]}")
+        module = importlib.import_module(equivalent[0])
         return getattr(module, equivalent[1])(processor) or fn
     return fn
 
@@ -95,7 +95,7 @@ def rebind_backend(original, session, member, full_precision: bool):
             if parallel_config is not None and not full_precision:
                 # split by diffusers' context parallelism: a joint call's segments (HunyuanVideo-1.5's) give
                 # one process's token order under Ulysses
-                from .sparse_policy import split_settings
+                from sagegen.patch.sparse_policy import split_settings
 
                 settings = split_settings(session, settings, ordered="_sagegen_segments" in (attention_kwargs or {}))
             attention_kwargs = {**(attention_kwargs or {}), "_sagegen_settings": settings}
@@ -113,7 +113,7 @@ def rebind_backend(original, session, member, full_precision: bool):
 def _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
     """``sparse=`` on the backend route: the call takes the SDPA route's path (the sparse policy's block mask,
     its fallbacks and counts) on [B, H, N, D] views, as a processor that calls SDPA would."""
-    from .diffusers_backend import key_padding_4d
+    from sagegen.patch.diffusers_backend import key_padding_4d
 
     attn_mask = key_padding_4d(attn_mask, query, key)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
@@ -124,7 +124,7 @@ def _sparse(session, query, key, value, attn_mask, dropout_p, is_causal, scale, 
 
 def _overridden(session, override, query, key, value, attn_mask, is_causal, scale):
     """`set_attention_override` on the backend route: the override takes [B, H, N, D] tensors."""
-    from .diffusers_backend import key_padding_4d
+    from sagegen.patch.diffusers_backend import key_padding_4d
 
     session.count("overridden")
     attn_mask = key_padding_4d(attn_mask, query, key)

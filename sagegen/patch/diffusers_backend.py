@@ -35,11 +35,11 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
-from .. import api as _api
-from ..config import DIFFUSION_CONFIG, SageConfig
-from .graphs import value_checks_allowed
-from .processors import _simplify_mask, _unsupported
-from .targets import check_config
+from sagegen import api as _api
+from sagegen.config import DIFFUSION_CONFIG, SageConfig
+from sagegen.patch.graphs import value_checks_allowed
+from sagegen.patch.processors import _simplify_mask, _unsupported
+from sagegen.patch.targets import check_config
 
 BACKEND_NAME = "sagegen"
 _KERNEL_BACKENDS = ("auto", "triton", "reference")
@@ -252,8 +252,8 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
         raise ValueError("sagegen's context parallelism does not support grouped-query attention "
                          f"({query.shape[2]} query heads, {key.shape[2]} key/value heads)")
     try:
-        from ..parallel import context_parallel_attention
-        from ..parallel.local import part_backend
+        from sagegen.parallel import context_parallel_attention
+        from sagegen.parallel.local import part_backend
     except ImportError as exc:
         raise NotImplementedError(
             "diffusers asked the 'sagegen' attention backend for context parallelism (enable_parallelism), but "

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..linear.module import FP8Linear
-from ..linear.shared import shared
+from sagegen.linear.module import FP8Linear
+from sagegen.linear.shared import shared
 
 # False runs every output projection on the bf16 output with its own quantization (only to measure the difference)
 ENABLED = True

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from . import fp8_out
-from .graphs import value_checks_allowed
-from .fused_common import _arguments, _joint_attention, _kernel_can_run, _rope_pair, qkv_projections
+from sagegen.patch import fp8_out
+from sagegen.patch.graphs import value_checks_allowed
+from sagegen.patch.fused_common import _arguments, _joint_attention, _kernel_can_run, _rope_pair, qkv_projections
 
 
 def _layer_norm_params(norm, head_dim: int):
@@ -45,7 +45,7 @@ def _layer_norm_params(norm, head_dim: int):
 
 def cogvideox_call(original, session, attn, args, kwargs):
     """CogVideoXAttnProcessor2_0.__call__ with Q/K norm and rotary embeddings fused; None where not applicable."""
-    from ..kernels.triton_qk_prologue import layer_norm_rope
+    from sagegen.kernels.triton_qk_prologue import layer_norm_rope
 
     a = _arguments(original, "diffusers.models.attention_processor.CogVideoXAttnProcessor2_0", attn, args, kwargs)
     if a is None:

@@ -30,15 +30,15 @@ import importlib
 
 import torch
 
-from ..api import triton_interpret
-from . import fused_blocks_cogvideox as _cogvideox
-from . import fused_blocks_flux as _flux
-from . import fused_blocks_ltx as _ltx
-from . import fused_blocks_qwen as _qwen
-from . import fused_blocks_sd3 as _sd3
-from . import fp8_out as _fp8_out
-from .fused_common import _HALF, forward_subclass, swap_class
-from .fused_wan import cross_attention_fp8 as _cross_attention_fp8
+from sagegen.api import triton_interpret
+from sagegen.patch import fused_blocks_cogvideox as _cogvideox
+from sagegen.patch import fused_blocks_flux as _flux
+from sagegen.patch import fused_blocks_ltx as _ltx
+from sagegen.patch import fused_blocks_qwen as _qwen
+from sagegen.patch import fused_blocks_sd3 as _sd3
+from sagegen.patch import fp8_out as _fp8_out
+from sagegen.patch.fused_common import _HALF, forward_subclass, swap_class
+from sagegen.patch.fused_wan import cross_attention_fp8 as _cross_attention_fp8
 
 _WAN_BLOCK = ("diffusers.models.transformers.transformer_wan", "WanTransformerBlock")
 # SkyReels-V2's block: Wan 2.1's forward plus an attention mask for self-attention (diffusion forcing) and a
@@ -153,7 +153,7 @@ def _residual_norm(x, y=None, gate=None, fp8_out=False, **kwargs):
     eager ops themselves. ``fp8_out``: the normalised rows as (e4m3 copy, per-token scales) from the kernel,
     or with ``norm=False`` that copy of the residual sum; the eager ops give the rows in x's dtype and no copy
     (the caller takes either)."""
-    from ..kernels.triton_residual_norm import residual_norm, residual_norm_reference
+    from sagegen.kernels.triton_residual_norm import residual_norm, residual_norm_reference
 
     if y is not None and (y.dtype != x.dtype or y.shape != x.shape):
         return residual_norm_reference(x, y, gate, **kwargs)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ..linear.shared import sharing
-from . import fused_blocks_sd3 as _sd3
-from .fused_common import TEXT_LEN, diffusers_class
+from sagegen.linear.shared import sharing
+from sagegen.patch import fused_blocks_sd3 as _sd3
+from sagegen.patch.fused_common import TEXT_LEN, diffusers_class
 
 _MODULE = "diffusers.models.transformers.transformer_flux"
 

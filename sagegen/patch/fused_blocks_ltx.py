@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from ..linear.shared import sharing
-from . import fp8_out as _fp8_out
-from .fused_common import diffusers_class
+from sagegen.linear.shared import sharing
+from sagegen.patch import fp8_out as _fp8_out
+from sagegen.patch.fused_common import diffusers_class
 
 
 def _cls():

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from . import fused_blocks_sd3 as _sd3
-from .fused_common import diffusers_class
+from sagegen.patch import fused_blocks_sd3 as _sd3
+from sagegen.patch.fused_common import diffusers_class
 
 
 def _cls():

@@ -11,10 +11,10 @@ import types
 
 import torch
 
-from ..api import triton_interpret
-from ..linear.stacked import stacked_forward
-from .fp8_out import attention as fp8_attention
-from .rebind import native_active
+from sagegen.api import triton_interpret
+from sagegen.linear.stacked import stacked_forward
+from sagegen.patch.fp8_out import attention as fp8_attention
+from sagegen.patch.rebind import native_active
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -144,7 +144,7 @@ def _active_backend():
 def _is_sagegen(backend) -> bool:
     """Whether a diffusers backend (an AttentionBackendName member, or None) is sagegen's; by value, so that
     nothing is registered here (this runs inside traced code too)."""
-    from .diffusers_backend import BACKEND_NAME
+    from sagegen.patch.diffusers_backend import BACKEND_NAME
 
     return backend is not None and getattr(backend, "value", backend) == BACKEND_NAME
 
@@ -177,7 +177,7 @@ def _cp_dispatch(original, session, sparse: bool = False):
     parallel_config = getattr(original, "_parallel_config", None)
     if parallel_config is None:
         return None
-    from .backend_route import backend_member
+    from sagegen.patch.backend_route import backend_member
 
     member = backend_member()
     backend = getattr(original, "_attention_backend", None)
@@ -187,7 +187,7 @@ def _cp_dispatch(original, session, sparse: bool = False):
 
     settings = session.backend_settings
     if sparse:
-        from .sparse_policy import split_settings
+        from sagegen.patch.sparse_policy import split_settings
 
         settings = split_settings(session, settings)
 
@@ -224,7 +224,7 @@ def _joint_buffers(parts, heads: int, head_dim: int, **kernel_options) -> list[t
     its token slice, (norm_q, norm_k), rotary tables or None): Q and K normalised (and rotated) straight into
     place by `rms_norm_rope(**kernel_options)`, V copied (so no concatenations). With one part (Flux's and
     HunyuanVideo's single blocks) V, and Q or K without norm and rotation, are the projections' own views."""
-    from ..kernels.triton_qk_prologue import rms_norm_rope
+    from sagegen.kernels.triton_qk_prologue import rms_norm_rope
 
     first = parts[0][0][0]
     total = sum(p[0][0].shape[1] for p in parts)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from ..api import triton_interpret
-from . import fp8_out
-from .fused_common import (_HALF, TEXT_LEN, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run,
-                           _native_dispatch, _rope_pair, qkv_projections)
+from sagegen.api import triton_interpret
+from sagegen.patch import fp8_out
+from sagegen.patch.fused_common import (_HALF, TEXT_LEN, _arguments, _cp_dispatch, _joint_attention, _kernel_can_run,
+                                        _native_dispatch, _rope_pair, qkv_projections)
 
 
 def _diffusers_rms_params(norm, head_dim: int, dtype: torch.dtype):

@@ -3,7 +3,7 @@ that they need not import each other."""
 
 from __future__ import annotations
 
-from . import fused, fused_joint, fused_wan
+from sagegen.patch import fused, fused_joint, fused_wan
 
 # family -> fn(original processor, session, attn, args, kwargs) -> output, or None to run the original
 FAMILY_CALLS = {

@@ -22,10 +22,10 @@ import importlib
 
 import torch
 
-from ..linear.shared import sharing
-from . import fp8_out
-from .fused_common import (_HALF, _arguments, _cp_dispatch, _diffusers_class, _kernel_can_run, _native_dispatch,
-                           qkv_projections)
+from sagegen.linear.shared import sharing
+from sagegen.patch import fp8_out
+from sagegen.patch.fused_common import (_HALF, _arguments, _cp_dispatch, _diffusers_class, _kernel_can_run,
+                                        _native_dispatch, qkv_projections)
 
 # processor class -> the module whose `_get_qkv_projections` it calls (both run the code `wan_call` mirrors)
 _PROCESSORS = {
@@ -116,7 +116,7 @@ def _layer(attn, dtype: torch.dtype, n_tokens: int, rotary):
 def _attend(session, attn, layer, query, key, value, parallel):
     """The fused Q/K norms (and rotation), the attention and the output projection, from the projections
     [B, N, H·D]; ``parallel``: diffusers' context-parallel dispatch (self-attention only) or None."""
-    from ..kernels.triton_heads_rms_rope import heads_rms_norm_rope
+    from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
 
     heads, head_dim, norms, tables = layer
     dtype = query.dtype

@@ -11,7 +11,7 @@ from collections import Counter
 
 import torch
 
-from ..linear.module import FP8Linear
+from sagegen.linear.module import FP8Linear
 
 
 class CountDelta:

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from ..kernels.spec import capturing
-from .host_constants import HostConstants
+from sagegen.kernels.spec import capturing
+from sagegen.patch.host_constants import HostConstants
 
 if TYPE_CHECKING:
-    from .graph_counts import ForwardCounters
+    from sagegen.patch.graph_counts import ForwardCounters
 
 _ATTR = "_sagegen_graphs"
 # non-tensor arguments keyed by value (anything else makes the call eager)

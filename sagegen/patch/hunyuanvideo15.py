@@ -26,9 +26,9 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
-from . import fp8_out
-from .fused_common import split_segments
-from .rebind import call_function
+from sagegen.patch import fp8_out
+from sagegen.patch.fused_common import split_segments
+from sagegen.patch.rebind import call_function
 
 _SAGEGEN_SESSION = None  # the patch session in the backend route's copy (its FP8 output projection)
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ..linear import FP8Linear
-from . import linear_fusion_hunyuan as _hunyuan
+from sagegen.linear import FP8Linear
+from sagegen.patch import linear_fusion_hunyuan as _hunyuan
 
 
 class GeluInputOnly(torch.nn.Module):
@@ -59,7 +59,7 @@ def _cat_gelu_block(module: torch.nn.Module) -> str | None:
     if not (isinstance(getattr(module, "proj_out", None), FP8Linear) and type(act) is torch.nn.GELU
             and act.approximate == "tanh"):
         return None
-    from .fused_common import diffusers_class
+    from sagegen.patch.fused_common import diffusers_class
 
     flux = diffusers_class("diffusers.models.transformers.transformer_flux", "FluxSingleTransformerBlock")
     if flux is not None and isinstance(module, flux):  # the fused Flux block calls cat_gelu itself

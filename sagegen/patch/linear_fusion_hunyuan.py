@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .fused_common import diffusers_class, forward_subclass, swap_class
+from sagegen.patch.fused_common import diffusers_class, forward_subclass, swap_class
 
 _SUBCLASSES: dict[type, type] = {}
 

@@ -16,11 +16,11 @@ import warnings
 
 import torch
 
-from ..linear import FP8Linear, LinearPolicy, fp8_capable, select_linears
-from ..linear.ops import blockwise_supported
-from ..linear.stacked import stack
-from . import linear_fusion
-from .policy import main_blocks
+from sagegen.linear import FP8Linear, LinearPolicy, fp8_capable, select_linears
+from sagegen.linear.ops import blockwise_supported
+from sagegen.linear.stacked import stack
+from sagegen.patch import linear_fusion
+from sagegen.patch.policy import main_blocks
 
 _STATE_ATTR = "_sagegen_linear"
 MODES = (None, "fp8")

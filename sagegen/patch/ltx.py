@@ -20,10 +20,10 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
 
-from . import fp8_out
-from .fused_common import _backend_copy_can_fuse
-from .fused_wan import _heads_rms_params
-from .rebind import equivalent_for
+from sagegen.patch import fp8_out
+from sagegen.patch.fused_common import _backend_copy_can_fuse
+from sagegen.patch.fused_wan import _heads_rms_params
+from sagegen.patch.rebind import equivalent_for
 
 _SAGEGEN_SESSION = None  # set in the backend route's copy
 _STOCK_CALL = None       # set in the backend route's copy
@@ -59,7 +59,7 @@ def fused_call(self, attn, hidden_states, encoder_hidden_states=None, attention_
     if any(n is False for n in norms) or tables is False or (tables is not None and context is not hidden_states):
         return _STOCK_CALL(*args)
 
-    from ..kernels.triton_heads_rms_rope import heads_rms_norm_rope
+    from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
 
     batch_size, sequence_length = context.shape[:2]
     if attention_mask is not None:  # as the stock processor prepares it

@@ -50,13 +50,13 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .. import api as _api
-from ..config import SUPPORTED_HEAD_DIMS, SageConfig
-from ..linear.shared import sharing
-from . import fused_common as _fused_common
-from . import fused_route as _fused
-from .graphs import value_checks_allowed
-from .rebind import rebind
+from sagegen import api as _api
+from sagegen.config import SUPPORTED_HEAD_DIMS, SageConfig
+from sagegen.linear.shared import sharing
+from sagegen.patch import fused_common as _fused_common
+from sagegen.patch import fused_route as _fused
+from sagegen.patch.graphs import value_checks_allowed
+from sagegen.patch.rebind import rebind
 
 _SDPA = F.scaled_dot_product_attention
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
@@ -119,7 +119,7 @@ class PatchSession:
                        else (bound["attn_mask"], None)))
         block_mask = None
         if self.sparse is not None:
-            from .sparse_policy import block_mask_for
+            from sagegen.patch.sparse_policy import block_mask_for
 
             block_mask = block_mask_for(self, q, k, mask, bound["scale"])
         out = _api.sageattn(q, k, v, tensor_layout="HND", is_causal=bool(bound["is_causal"]),
@@ -148,7 +148,7 @@ class PatchSession:
             return None
         block_mask = None
         if self.sparse is not None:
-            from .sparse_policy import block_mask_for
+            from sagegen.patch.sparse_policy import block_mask_for
 
             block_mask = block_mask_for(self, q, k, mask, None)
         result = _api.sageattn_fp8_out(q, k, v, attn_mask=mask, config=self.config, backend=self.backend,
@@ -164,7 +164,7 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 def _auto_prefers_sdpa(n_q: int, n_kv: int, batch_heads: int = 1, head_dim: int = 128) -> bool:
-    from ..kernels import backends
+    from sagegen.kernels import backends
 
     rule = getattr(backends, "auto_prefers_sdpa", None)
     return bool(rule(n_q, n_kv, batch_heads, head_dim)) if rule is not None else False
@@ -338,7 +338,7 @@ class SageProcessorBase:
         that go to diffusers' dispatcher (sagegen's backend, context parallelism); None where the processor does
         not dispatch or the backend cannot register."""
         if self._sage_dispatch_fns is None:
-            from . import backend_route as _route
+            from sagegen.patch import backend_route as _route
 
             member = _route.backend_member() if _route.dispatches(self._sage_original) else None
             fns = () if member is None else _route.rebind_pair(self._sage_original, self._sage_session, member)

@@ -26,10 +26,10 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
-from . import fp8_out
-from .fused_common import _backend_copy_can_fuse, _joint_buffers, split_segments
-from .fused_joint import _diffusers_rms_params
-from .rebind import equivalent_for
+from sagegen.patch import fp8_out
+from sagegen.patch.fused_common import _backend_copy_can_fuse, _joint_buffers, split_segments
+from sagegen.patch.fused_joint import _diffusers_rms_params
+from sagegen.patch.rebind import equivalent_for
 
 _SAGEGEN_SESSION = None  # set in the backend route's copy
 _STOCK_CALL = None       # set in the backend route's copy

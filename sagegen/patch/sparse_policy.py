@@ -18,9 +18,9 @@ import dataclasses
 
 import torch
 
-from ..sparse.config import STATIC, SparseConfig
-from ..sparse.patterns import VIDEO_TOKEN_ORDER
-from .policy import PrecisionPolicy, resolve_blocks
+from sagegen.sparse.config import STATIC, SparseConfig
+from sagegen.sparse.patterns import VIDEO_TOKEN_ORDER
+from sagegen.patch.policy import PrecisionPolicy, resolve_blocks
 
 
 def resolve_sparse(value) -> SparseConfig | None:
@@ -30,7 +30,7 @@ def resolve_sparse(value) -> SparseConfig | None:
     if isinstance(value, SparseConfig):
         return value
     if isinstance(value, str):
-        from ..sparse.text import SparseArgError, parse_sparse_arg
+        from sagegen.sparse.text import SparseArgError, parse_sparse_arg
 
         try:
             return parse_sparse_arg(value)
@@ -191,7 +191,7 @@ def block_mask_for(session, q: torch.Tensor, k: torch.Tensor, attn_mask, scale, 
     if cfg is None:
         session.count("sparse_dense_calls")
         return None
-    from ..sparse.op import sparse_block_mask
+    from sagegen.sparse.op import sparse_block_mask
 
     sm_scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     bs = sparse_block_mask(q, k, cfg, tensor_layout="HND", attn_mask=attn_mask, sm_scale=sm_scale,

@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from .policy import PrecisionPolicy
-from .processors import PatchSession
+from sagegen.patch.policy import PrecisionPolicy
+from sagegen.patch.processors import PatchSession
 
 
 class StepTracker:

@@ -19,7 +19,7 @@ import re
 
 import torch
 
-from ..config import DIFFUSION_CONFIG, SageConfig
+from sagegen.config import DIFFUSION_CONFIG, SageConfig
 
 # Denoisers with fused processors: class name -> family. Subclasses are recognised through their MRO.
 SUPPORTED_MODELS = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .diffusers_backend import restore_backend_config, set_backend_config
-from ..diffusers_registry import register_diffusers_backend
+from sagegen.patch.diffusers_backend import restore_backend_config, set_backend_config
+from sagegen.diffusers_registry import register_diffusers_backend
 
 
 class use_backend:  # noqa: N801 -- used like a function or a context manager, as torch.no_grad

@@ -16,13 +16,13 @@ from sagegen.eval.fidelity import psnr_frames
 from sagegen.eval.rundata import Run, Sample, load_frames, load_run
 from sagegen.rundir import RunDir, atomic_write_text, write_error
 
-from . import html as H
-from .contact import write_contact_sheet
-from .frames import (BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, VIEW_QUALITY, amplified_diff, data_uri, fit,
-                     view_uri)
-from .summary import sample_metric_rows, summary_metrics
-from .video import write_side_by_side_mp4
-from .sparse_section import sparse_html
+from sagegen.report import html as H
+from sagegen.report.contact import write_contact_sheet
+from sagegen.report.frames import (BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, VIEW_QUALITY, amplified_diff, data_uri,
+                                   fit, view_uri)
+from sagegen.report.summary import sample_metric_rows, summary_metrics
+from sagegen.report.video import write_side_by_side_mp4
+from sagegen.report.sparse_section import sparse_html
 
 TIMING_KEYS = ("total_s", "denoise_s", "decode_s")
 
@@ -205,7 +205,7 @@ def _write_side_by_side(run: Run, s: Sample, frames: dict, out: Path) -> Path:
 
     from sagegen.rundir import atomic_write_bytes
 
-    from .frames import side_by_side
+    from sagegen.report.frames import side_by_side
 
     buf = io.BytesIO()
     Image.fromarray(side_by_side([base[0]] + [frames[c][0] for c in run.candidates], labels)).save(buf, format="PNG")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .browser import Browser
+from sagegen.report.browser import Browser
 
 _STATE = """(function(){return window.sagegenPlayers.map(function(p){return {id:p.id,n:p.n,frame:p.frame,
 playing:p.playing,views:p.canvases.map(function(c){\

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from .frames import BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, amplified_diff, fit, font
+from sagegen.report.frames import BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, amplified_diff, fit, font
 
 BG = (250, 250, 250)
 FG = (20, 20, 20)

@@ -9,7 +9,7 @@ from typing import Any
 
 from sagegen.eval.stats import fmt_num
 
-from .assets import CSS, JS
+from sagegen.report.assets import CSS, JS
 
 e = html.escape
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html import escape as e
 
-from . import html as H
+from sagegen.report import html as H
 
 
 def sparse_html(manifest: dict) -> str:

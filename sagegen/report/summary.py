@@ -16,7 +16,7 @@ from sagegen.eval.rundata import Run
 from sagegen.eval.stats import fmt_ci, fmt_counts
 from sagegen.eval.table import set_cell, skip_lines
 
-from . import html as H
+from sagegen.report import html as H
 
 DIGITS = {"psnr": 2, "clipscore": 2, "fid": 3, "kid": 5}
 EXPLAIN = ('<p class="muted">Per-sample metrics: mean over samples, with a Student-t confidence interval '

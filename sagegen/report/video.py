@@ -10,7 +10,7 @@ import numpy as np
 from sagegen.encode import encode_mp4_file, ffmpeg_exe  # noqa: F401 (ffmpeg_exe re-exported)
 from sagegen.rundir import atomic_write_file
 
-from .frames import BASELINE_LABEL, CANDIDATE_LABEL, even, side_by_side
+from sagegen.report.frames import BASELINE_LABEL, CANDIDATE_LABEL, even, side_by_side
 
 
 def encode_mp4(frames: Iterable[np.ndarray], path: str | Path, fps: float, crf: int = 18) -> Path:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-_LAZY = {"SparseConfig": ".config", "parse_spec": ".config", "sparse_block_mask": ".op"}
+_LAZY = {"SparseConfig": "sagegen.sparse.config", "parse_spec": "sagegen.sparse.config",
+         "sparse_block_mask": "sagegen.sparse.op"}
 __all__ = list(_LAZY)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.block_sparse import BlockSparse
+from sagegen.kernels.block_sparse import BlockSparse
 
 
 def from_keep(keep: torch.Tensor, block_q: int, block_kv: int) -> BlockSparse:

@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .config import SparseConfig
+from sagegen.sparse.config import SparseConfig
 
 DEFAULT_CANDIDATES = {"cdf": (0.8, 0.9, 0.95, 0.98, 0.995), "topk": (0.1, 0.2, 0.3, 0.5, 0.7)}
 
@@ -29,8 +29,8 @@ def calibrate(pipe, generate: Callable[[], object], *, target: float = 0.05, bas
     ``generate()`` (one or more generations on the user's prompts). Returns {"config": SparseConfig with
     layer_values, "layers": {name: {"value", "error", "density", "calls", "table"}}, "seconds", ...}."""
     import sagegen
-    from ..patch import api as patch_api
-    from .op import sparse_block_mask
+    from sagegen.patch import api as patch_api
+    from sagegen.sparse.op import sparse_block_mask
 
     base = base or SparseConfig(mode="cdf", value=0.95)
     if base.mode not in DEFAULT_CANDIDATES:

@@ -13,12 +13,12 @@ import math
 
 import torch
 
-from ..config import SageConfig
-from ..kernels.block_sparse import BlockSparse
-from ..kernels.spec import device_capability
-from ..kernels.triton_quant import interpreting
-from . import patterns, predictor
-from .config import STATIC, SparseConfig, parse_spec
+from sagegen.config import SageConfig
+from sagegen.kernels.block_sparse import BlockSparse
+from sagegen.kernels.spec import device_capability
+from sagegen.kernels.triton_quant import interpreting
+from sagegen.sparse import patterns, predictor
+from sagegen.sparse.config import STATIC, SparseConfig, parse_spec
 
 
 def sparse_block_mask(q: torch.Tensor, k: torch.Tensor, sparse: SparseConfig | str, *, tensor_layout: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SparseConfig
+from sagegen.sparse.config import SparseConfig
 
 # family -> where its text tokens sit relative to the video tokens in self-attention (None: no text there)
 VIDEO_TOKEN_ORDER = {
@@ -86,7 +86,7 @@ def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: i
         raise ValueError(f"static_keep: mode {cfg.mode!r} is not a static pattern")
     keep = both_video & inside
     nqb, nkb = keep.shape
-    from .predictor import block_range, diagonal, is_self_attention
+    from sagegen.sparse.predictor import block_range, diagonal, is_self_attention
 
     text = text_range(cfg, n_q if q_offset is None else n_k)
     if text is not None:
@@ -102,9 +102,9 @@ def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: i
 
 def to_flex(cfg: SparseConfig, n_q: int, n_k: int, block: int = 128, device=None):
     """The static pattern as FlexAttention's `BlockMask` (block x block, whole blocks: no partial ones)."""
-    from .blocks import to_flex_block_mask
+    from sagegen.sparse.blocks import to_flex_block_mask
 
     keep = static_keep(cfg, n_q, n_k, block, block, device)
-    from ..kernels.block_sparse import BlockSparse
+    from sagegen.kernels.block_sparse import BlockSparse
 
     return to_flex_block_mask(BlockSparse.from_block_dense(keep, block, block), n_q, n_k)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.spec import SAMPLE_TOKENS
+from sagegen.kernels.spec import SAMPLE_TOKENS
 
 _EPS = 1e-12
 
@@ -49,7 +49,7 @@ def pool_blocks_torch(x: torch.Tensor, block: int, c: torch.Tensor | None = None
 def pool_blocks(x: torch.Tensor, block: int, c: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `pool_blocks_torch`, by the Triton launch where it can run (CUDA, or TRITON_INTERPRET=1)."""
-    from ..kernels import triton_pool, triton_quant
+    from sagegen.kernels import triton_pool, triton_quant
 
     if x.is_cuda or triton_quant.interpreting():
         return triton_pool.pool_blocks(x, block, center(x) if c is None else c)

@@ -21,9 +21,9 @@ import math
 
 import torch
 
-from . import pool as _pool
-from .blocks import BlockSparse, from_keep
-from .config import SparseConfig
+from sagegen.sparse import pool as _pool
+from sagegen.sparse.blocks import BlockSparse, from_keep
+from sagegen.sparse.config import SparseConfig
 
 
 def block_range(start: int, stop: int, n: int, block: int, device, offset: int = 0,
@@ -107,7 +107,7 @@ def predict_compact(q: torch.Tensor, k: torch.Tensor, cfg: SparseConfig, *, sm_s
     """`predict_keep` + `BlockSparse.from_block_dense` with the selection, rules and compaction in one Triton
     pass (`kernels.triton_block_select`): (counts [B, Hq, NQB], indices [B, Hq, NQB, NKB]) int32. For CUDA
     tensors or under the Triton interpreter; the same blocks as the PyTorch path up to exact score ties."""
-    from ..kernels.triton_block_select import select_blocks
+    from sagegen.kernels.triton_block_select import select_blocks
 
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
