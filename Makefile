@@ -74,7 +74,7 @@ test-latest:
 
 # Kernel accuracy on this machine, then compare -> eval -> report on the tiny random-weight CogVideoX.
 demo: $(STAMP)
-	$(PY) -m sagegen.demo
+	$(PY) -m sagegen.jobs.demo
 
 # The kernel benchmark (needs a CUDA GPU): JSON and plot under bench/results/, named by date.
 bench: $(STAMP)

@@ -252,7 +252,7 @@ def main():
     result["speed"] = speed(args.shape or (QUICK if args.quick else SHAPES), impls)
     if args.masked:
         result["masked"] = masked(impls)
-    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+    from sagegen.runs.files import atomic_write_text  # a unique temporary name beside it, removed on failure
 
     atomic_write_text(args.out, json.dumps(result, indent=1))
     if args.plot:

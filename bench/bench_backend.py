@@ -52,7 +52,7 @@ def main(argv=None) -> int:
                                "triton": triton.__version__, "diffusers": diffusers.__version__,
                                "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
                "results": results}
-    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+    from sagegen.runs.files import atomic_write_text  # a unique temporary name beside it, removed on failure
 
     atomic_write_text(args.out, json.dumps(payload, indent=1))
     return 0

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from sagegen.cli.cp_option import parse_cp  # noqa: E402
-from sagegen.stepbench_measure import compare, device_info, versions  # noqa: E402
+from sagegen.jobs.stepbench.measure import compare, device_info, versions  # noqa: E402
 
 ARCH = {"hunyuanvideo": "hunyuanvideo", "wan2.1-14b": "wan2.1-t2v-14b",     # sagegen.models.arch names
         "hunyuanvideo-1.5": "hunyuanvideo-1.5-720p"}
@@ -67,7 +67,7 @@ def parse_args(argv=None):
 
 
 def sagegen_backend(backend: str = "auto") -> str:
-    from sagegen.parallel.pipeline import sagegen_backend_name
+    from sagegen.jobs.cp_pipeline import sagegen_backend_name
 
     return sagegen_backend_name(backend=backend)
 
@@ -193,14 +193,14 @@ def single_gpu(name, args, device, backends):
     del model, inputs
     free(device)
     if path:
-        from sagegen.runfiles import atomic_write_file  # a unique temporary name beside it, removed on failure
+        from sagegen.runs.files import atomic_write_file  # a unique temporary name beside it, removed on failure
 
         atomic_write_file(path, lambda tmp: torch.save({"single": single, "ref": ref}, tmp))
     return single, ref
 
 
 def run_model(name, args, rank, device, backends, save):
-    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch.cp import enable_context_parallel
 
     res = {"single": {}, "cp": {}}
     ref = {}
@@ -275,7 +275,7 @@ def main(argv=None):
         keeps what it measured."""
         report["models"][name] = res
         if rank == 0:
-            from sagegen.runfiles import atomic_write_json  # a unique temporary name beside it
+            from sagegen.runs.files import atomic_write_json  # a unique temporary name beside it
 
             atomic_write_json(args.out, report)
 

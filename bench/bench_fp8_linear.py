@@ -53,7 +53,7 @@ from sagegen.kernels.fp8_quant import per_token_launch, quantize_fp8_rows
 from sagegen.linear import FP8Linear, fp8_linear, quantize_weight
 from sagegen.linear.ops import _gemm_rowwise, blockwise_supported, fp8_linear_eager
 from sagegen.linear.stacked import stack, stacked_forward
-from sagegen.runfiles import atomic_write_json
+from sagegen.runs.files import atomic_write_json
 
 # (model, layer, M, K, N, gelu: the layer is an MLP's second layer after a tanh GELU). M: tokens per denoiser
 # call at the model's default size (CFG batch included where the pipeline batches it). Flux 1024²: 4096 image +

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import sagegen  # noqa: E402
 from sagegen.api import sageattn_fp8_out  # noqa: E402
 from sagegen.linear import FP8Linear  # noqa: E402
-from sagegen.runfiles import atomic_write_json  # noqa: E402
+from sagegen.runs.files import atomic_write_json  # noqa: E402
 
 # (model, B, H, N, D, the joint-token rows its to_out projects, or None for all): the attention call of one
 # block at the preset's size (CFG batch where the pipeline batches it). Flux: text first; SD3.5: image first.

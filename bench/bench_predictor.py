@@ -2,7 +2,7 @@
 
 For each shape: the dense sagegen call, the predictor alone (`sagegen::sparse_blocks`: pooled Q/K launch,
 block scores, top-k / cdf, always-keep rules), and the full `sageattn(sparse=...)` call, on synthetic
-video-like inputs (`sagegen.sparse.synthetic`: attention decays with grid distance) at top-k 0.5 / 0.3 and
+video-like inputs (`sagegen.testing.attention_inputs`: attention decays with grid distance) at top-k 0.5 / 0.3 and
 cdf 0.95; plus the realized density, the attention mass the mask keeps (sampled query rows, fp64) and the
 error vs dense. Target: predictor <= 5% of the dense call at >= 32k tokens.
 
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import sagegen  # noqa: E402
 from sagegen import SparseConfig  # noqa: E402
-from sagegen.sparse import synthetic  # noqa: E402
+from sagegen.testing import attention_inputs as synthetic  # noqa: E402
 from sagegen.sparse.op import sparse_block_mask  # noqa: E402
 
 # B, H, (frames, height, width) latent grid in tokens, D
@@ -107,7 +107,7 @@ def main(argv=None) -> dict:
                                                                    "triton": triton.__version__},
               "results": rows_out}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+    from sagegen.runs.files import atomic_write_text  # a unique temporary name beside it, removed on failure
 
     atomic_write_text(args.out, json.dumps(report, indent=1))
     print(f"wrote {args.out}")

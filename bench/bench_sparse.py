@@ -153,7 +153,7 @@ def main():
     result = {"environment": environment(), "block": [BLOCK, BLOCK], "seconds": round(time.time() - start, 1),
               "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+    from sagegen.runs.files import atomic_write_text  # a unique temporary name beside it, removed on failure
 
     atomic_write_text(args.out, json.dumps(result, indent=1))
     print(f"wrote {args.out} ({result['seconds']} s)")

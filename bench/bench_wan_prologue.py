@@ -77,7 +77,7 @@ def main(argv=None) -> dict:
                                                                    "triton": triton.__version__,
                                                                    "diffusers": diffusers.__version__},
               "results": rows}
-    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+    from sagegen.runs.files import atomic_write_text  # a unique temporary name beside it, removed on failure
 
     atomic_write_text(args.out, json.dumps(result, indent=1))
     return result

@@ -30,8 +30,8 @@ import sagegen  # noqa: E402
 from sagegen.linear import FP8Linear, LinearPolicy  # noqa: E402
 from sagegen.models import arch as archs  # noqa: E402
 from sagegen.patch import patch_info  # noqa: E402
-from sagegen.runfiles import atomic_write_json  # noqa: E402
-from sagegen.stepbench_measure import compare, versions  # noqa: E402
+from sagegen.runs.files import atomic_write_json  # noqa: E402
+from sagegen.jobs.stepbench.measure import compare, versions  # noqa: E402
 
 
 def _layer_errors(model, inputs) -> dict:

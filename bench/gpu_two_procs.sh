@@ -10,7 +10,7 @@ RUN=$OUT/run2gpu
 torchrun --nproc_per_node 2 -m sagegen compare tiny-cogvideox --prompts smoke --seed 0,1 --out $RUN 2>&1 | tail -25
 python3 - "$RUN" <<'PY'
 import json, sys
-from sagegen.rundir import RunDir
+from sagegen.runs.directory import RunDir
 run = RunDir(sys.argv[1])
 m = run.manifest
 ids = [s["id"] for s in m["samples"]]

@@ -114,7 +114,7 @@ def plot(rows: list[dict], out: Path) -> Path:
                  fontsize=9)
     fig.text(0.01, 0.005, "¹ stock hands SDPA a dense [B, 1, S, S] mask there; sagegen a key mask.", fontsize=7)
     fig.tight_layout()
-    from sagegen.runfiles import atomic_write_file  # a unique temporary name beside it (same suffix: the format)
+    from sagegen.runs.files import atomic_write_file  # a unique temporary name beside it (same suffix: the format)
 
     atomic_write_file(out, lambda tmp: fig.savefig(tmp, metadata={"Date": None} if out.suffix == ".svg" else None))
     plt.close(fig)

@@ -20,7 +20,7 @@ _LAZY = {
     # block-sparse attention: predicted / static masks (sagegen.sparse; importing it registers its custom op)
     "SparseConfig": "sagegen.sparse",
     # The diffusers patcher. `sagegen.patch` is the function; the package stays importable as
-    # `sagegen.patch.<module>` (e.g. `from sagegen.patch.policy import PrecisionPolicy`), and when the package
+    # `sagegen.patch.<module>` (e.g. `from sagegen.patch.precision_policy import PrecisionPolicy`), and when the package
     # was imported first the module itself is callable (see sagegen/patch/__init__.py).
     "patch": "sagegen.patch",
     "unpatch": "sagegen.patch",
@@ -31,13 +31,13 @@ _LAZY = {
     "patch_info": "sagegen.patch",
     "sparse_density": "sagegen.patch",  # realized block-sparse density per step and layer (docs/sparse.md)
     # diffusers' "sagegen" attention backend (docs/diffusers-backend.md). Nothing here imports diffusers.
-    "set_backend_config": "sagegen.patch.diffusers_backend",
-    "restore_backend_config": "sagegen.patch.diffusers_backend",
-    "backend_config": "sagegen.patch.diffusers_backend",
-    "get_backend_config": "sagegen.patch.diffusers_backend",
-    "backend_stats": "sagegen.patch.diffusers_backend",
-    "reset_backend_stats": "sagegen.patch.diffusers_backend",
-    "use_backend": "sagegen.patch.use_backend",
+    "set_backend_config": "sagegen.backend.attention",
+    "restore_backend_config": "sagegen.backend.attention",
+    "backend_config": "sagegen.backend.attention",
+    "get_backend_config": "sagegen.backend.attention",
+    "backend_stats": "sagegen.backend.attention",
+    "reset_backend_stats": "sagegen.backend.attention",
+    "use_backend": "sagegen.backend.use",
 }
 
 __all__ = ["sageattn", "SageConfig", "DIFFUSION_CONFIG", "SUPPORTED_HEAD_DIMS", "__version__"]
@@ -50,8 +50,8 @@ __all__ += ["set_backend_config", "restore_backend_config", "backend_config", "g
 
 # Registers "sagegen" in diffusers' attention registry now if diffusers' dispatcher is loaded, else when it is
 # (a one-shot import hook; this module imports neither torch nor diffusers).
-from sagegen.diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend  # noqa: E402
-from sagegen.diffusers_registry import install as _install_diffusers_backend  # noqa: E402
+from sagegen.backend.registry import DiffusersBackendUnavailable, register_diffusers_backend  # noqa: E402
+from sagegen.backend.registry import install as _install_diffusers_backend  # noqa: E402
 
 _install_diffusers_backend()
 

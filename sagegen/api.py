@@ -16,7 +16,7 @@ import weakref
 import torch
 
 from sagegen.config import SUPPORTED_HEAD_DIMS, SageConfig
-from sagegen.kernels import backends
+from sagegen.kernels import dispatch as backends
 from sagegen.kernels.block_sparse import BlockSparse, check_against_call
 from sagegen.kernels.spec import MaskSpec
 
@@ -143,7 +143,7 @@ def _fp8_out_call(q, k, v, tensor_layout, is_causal, sm_scale, attn_mask, config
 
 
 def _sparse_mask(sparse, block_mask, q, k, layout, attn_mask, scale, config):
-    from sagegen.sparse.config import SparseConfig
+    from sagegen.sparse.sparse_config import SparseConfig
     from sagegen.sparse.op import sparse_block_mask
 
     if not isinstance(sparse, SparseConfig):

@@ -111,3 +111,18 @@ class SageConfig:
 DEFAULT_CONFIG = SageConfig()
 # What the diffusion patcher uses by default: V-smoothing on (diffusion models' V carries large biases).
 DIFFUSION_CONFIG = SageConfig(smooth_v=True)
+
+
+def check_config(config) -> SageConfig:
+    if config is None:
+        return DIFFUSION_CONFIG
+    if isinstance(config, SageConfig):
+        return config
+    if isinstance(config, dict):
+        fields = {f.name for f in dataclasses.fields(SageConfig)}
+        unknown = sorted(set(config) - fields)
+        if unknown:
+            raise ValueError(f"config has unknown SageConfig field(s) {unknown}; fields are {sorted(fields)}")
+        return DIFFUSION_CONFIG.replace(**config)
+    raise TypeError(f"config must be a sagegen.SageConfig, a dict of SageConfig fields or None, got "
+                    f"{type(config).__name__}")

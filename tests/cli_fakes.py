@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sagegen import generate
+from sagegen.jobs import generate
 from sagegen.models.loading import Loaded
 
 

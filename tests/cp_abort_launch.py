@@ -33,7 +33,7 @@ def launch(tmp_path: Path, *, cuda: bool, timeout: float = 300) -> tuple[subproc
 
 
 def main(out: str) -> None:
-    from sagegen import rundir
+    from sagegen.runs import directory as rundir
 
     if int(os.environ.get("RANK", "0")) == 0:
         def fail(*args, **kwargs):

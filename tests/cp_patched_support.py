@@ -26,9 +26,9 @@ def patched_wan_worker(rank, world, ulysses, ring, init_file, out_path, seed, cu
     process and under diffusers' context parallelism; rank 0 writes the differences and the patch's counters."""
     import sagegen
     from sagegen.models.tiny_video import build_tiny_wan_transformer
-    from sagegen.parallel import enable_context_parallel
-    from sagegen.parallel.enable import keeping_global_backend
-    from sagegen.patch import fp8_out as _fp8_out
+    from sagegen.patch.cp import enable_context_parallel
+    from sagegen.patch.cp.enable import keeping_global_backend
+    from sagegen.patch import fp8_handoff as _fp8_out
     from sagegen.patch import patch_info
 
     # one process's output projections would take an FP8 attention output, which CP does not: compare like
@@ -139,8 +139,8 @@ def patched_hunyuan_worker(rank, world, ulysses, ring, init_file, out_path, seed
     import sagegen
     from sagegen.linear.module import FP8Linear
     from sagegen.models.tiny import build_tiny_transformer
-    from sagegen.parallel import enable_context_parallel
-    from sagegen.patch import fp8_out as _fp8_out
+    from sagegen.patch.cp import enable_context_parallel
+    from sagegen.patch import fp8_handoff as _fp8_out
     from sagegen.patch import patch_info, sparse_density, sparse_policy
     from sagegen.sparse.text import parse_sparse_arg
 
@@ -227,8 +227,8 @@ def patched_flux_worker(rank, world, ulysses, ring, init_file, out_path, seed, c
     parts' lengths handed to the split (the single block's from its text length)."""
     import sagegen
     from sagegen.models.tiny import build_tiny_transformer
-    from sagegen.parallel import enable_context_parallel
-    from sagegen.patch import fp8_out as _fp8_out
+    from sagegen.patch.cp import enable_context_parallel
+    from sagegen.patch import fp8_handoff as _fp8_out
     from sagegen.patch import patch_info
 
     # one process's output projections would take an FP8 attention output, which CP does not: compare like

@@ -27,7 +27,7 @@ def _patched_runs(model, inputs, ulysses, ring, backend, kernel, variants, on_va
     and under the split (cp True), and stock's ("exact"); ``res`` with each run's patch counters (and, for
     sparse variants, the density). ``on_variant(cp, name, res)`` runs inside each patch, after the call."""
     import sagegen
-    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch.cp import enable_context_parallel
     from sagegen.patch import patch_info, sparse_density
 
     res, outs = {}, {}

@@ -286,7 +286,7 @@ def run_segments(tmp_path: Path, ulysses: int, ring: int, seed: int, s: int = 96
 
 def register_test_backend() -> str:
     """sagegen's diffusers backend, on the emulation (fp32 models run it on a bf16 copy)."""
-    from sagegen.parallel.pipeline import sagegen_backend_name
+    from sagegen.jobs.cp_pipeline import sagegen_backend_name
 
     return sagegen_backend_name(backend="reference")
 
@@ -294,7 +294,7 @@ def register_test_backend() -> str:
 @contextlib.contextmanager
 def full_precision_backend():
     """The "sagegen" backend with PyTorch SDPA as each chunk's attention (its full-precision mode)."""
-    from sagegen.patch.diffusers_backend import get_backend_config, restore_backend_config
+    from sagegen.backend.attention import get_backend_config, restore_backend_config
 
     previous = get_backend_config()
     restore_backend_config(dataclasses.replace(previous, full_precision=True))
@@ -357,7 +357,7 @@ def write_result(out_path, res: dict) -> None:
 
 
 def model_worker(rank, world, ulysses, ring, family, init_file, out_path, seed) -> None:
-    from sagegen.parallel import enable_context_parallel
+    from sagegen.patch.cp import enable_context_parallel
 
     cpu_device_count_one()
     init_gloo(rank, world, init_file)

@@ -149,7 +149,8 @@ def cross_q_on_and_off(model, inputs, monkeypatch) -> dict:
     import sagegen
     from sagegen.linear import LinearPolicy
     from sagegen.linear import module as linear_module
-    from sagegen.patch import fp8_out, patch_info
+    from sagegen.patch import patch_info
+    from sagegen.patch import fp8_handoff as fp8_out
 
     real, quantized = linear_module.quantize_eager, []
     monkeypatch.setattr(linear_module, "quantize_eager", lambda *a, **k: quantized.append(1) or real(*a, **k))

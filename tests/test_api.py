@@ -8,7 +8,7 @@ import torch
 import sagegen
 from helpers import qkv, rel_l1
 from sagegen import SageConfig
-from sagegen.kernels import backends
+from sagegen.kernels import dispatch as backends
 
 
 def _qkv(**kw):
@@ -205,7 +205,7 @@ def test_sdpa_direct_matches_the_math_in_both_layouts(seed):
 
 def test_hopper_gluon_kernel_eligibility(monkeypatch):
     """Which calls the sm90 Gluon kernel takes (the rest run the Triton kernel), with a reason for each."""
-    from sagegen.kernels import kernel_choice
+    from sagegen.kernels import launch as kernel_choice
     from sagegen.kernels.spec import MaskSpec
 
     monkeypatch.setattr(kernel_choice, "interpreting", lambda: False)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sagegen import stepbench
+from sagegen.jobs.stepbench import bench as stepbench
 
 
 def test_tiny_step_bench_with_fp8_linears(tmp_path):

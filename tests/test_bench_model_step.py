@@ -1,4 +1,4 @@
-"""`sagegen bench` / bench/bench_model_step.py (sagegen.stepbench) in its CPU smoke mode, and the full-size
+"""`sagegen bench` / bench/bench_model_step.py (sagegen.jobs.stepbench.bench) in its CPU smoke mode, and the full-size
 architecture table it uses."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from sagegen.models import arch
 
 
 def load_bench():
-    from sagegen import stepbench
+    from sagegen.jobs.stepbench import bench as stepbench
 
     return stepbench
 
@@ -78,7 +78,7 @@ def test_compiled_only_and_partial_reports(tmp_path, monkeypatch):
 
 def test_profile_kernel_groups():
     """--profile sorts kernels into attention / quantization / the rest by name (real kernel names)."""
-    from sagegen.stepbench_measure import kernel_group as group
+    from sagegen.jobs.stepbench.measure import kernel_group as group
     for name in ("_attn_fwd_sm90", "_attn_fwd_kernel",
                  "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7",
                  "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >",
@@ -121,7 +121,8 @@ def test_host_check_marks_steps_that_waited_on_the_host(monkeypatch):
     """A short CUDA step is profiled once: wall time > 1.1x GPU busy time marks it host-bound, in the entry and
     in the report's summary; long steps are not profiled; no GPU time seen says nothing; a CUDA graph replay is
     profiled but not judged."""
-    from sagegen import stepbench, stepbench_measure as m
+    from sagegen.jobs.stepbench import bench as stepbench
+    from sagegen.jobs.stepbench import measure as m
 
     assert m.host_bound(0.157, 0.079) is True and m.host_bound(0.098, 0.093) is False
     assert m.host_bound(0.1, 0.0) is None
@@ -145,7 +146,7 @@ def test_host_check_marks_steps_that_waited_on_the_host(monkeypatch):
 def test_timer_records_the_host_time_of_each_timed_run(monkeypatch):
     """The enqueue time of each timed run (not of warm-ups) is kept, and the log line shows its median next to
     the GPU busy time, so a host-bound step says by how much."""
-    from sagegen import stepbench_measure as m
+    from sagegen.jobs.stepbench import measure as m
 
     timer = m.Timer(torch.device("cpu"))
     calls = []
@@ -165,7 +166,7 @@ def test_timer_records_the_host_time_of_each_timed_run(monkeypatch):
 
 
 def test_cpu_loop_times_a_fixed_loop(monkeypatch):
-    from sagegen import stepbench_measure as m
+    from sagegen.jobs.stepbench import measure as m
 
     clock = iter([0.0, 0.020, 1.0, 1.012, 2.0, 2.015])  # three tries: the best is kept
     monkeypatch.setattr(m.time, "perf_counter", lambda: next(clock))
@@ -265,7 +266,7 @@ def test_torchao_variants_quantize_the_same_layers(tmp_path, monkeypatch):
     def quantize_(model, config, filter_fn):
         seen["layers"] = {n for n, m in model.named_modules() if filter_fn(m, n)}
 
-    from sagegen import stepbench_torchao
+    from sagegen.jobs.stepbench import torchao_variants as stepbench_torchao
 
     monkeypatch.setattr(stepbench_torchao, "load_torchao", lambda: (Config, lambda: "row", quantize_))
     bench = load_bench()
@@ -284,7 +285,7 @@ def test_torchao_variants_quantize_the_same_layers(tmp_path, monkeypatch):
 
 
 def test_torchao_missing_is_reported_not_fatal(tmp_path, monkeypatch, capsys):
-    from sagegen import stepbench_torchao
+    from sagegen.jobs.stepbench import torchao_variants as stepbench_torchao
 
     def missing():
         raise ModuleNotFoundError("No module named 'torchao'")

@@ -80,7 +80,7 @@ def test_the_help_names_every_benchmark_option():
     benchmark's own parser, so that a new one cannot go unmentioned (--cuda-graphs once did)."""
     import re
 
-    from sagegen import stepbench
+    from sagegen.jobs.stepbench import bench as stepbench
     from sagegen.cli.bench_cmd import bench_command
 
     import contextlib

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
-from sagegen.models.blocks import block_count
+from sagegen.models.block_counts import block_count
 from sagegen.models.presets import PRESETS, tiny_presets
 
 runner = CliRunner()
@@ -101,7 +101,7 @@ def test_fp_blocks_out_of_range_before_loading(fake_model, tmp_path):  # noqa: F
 
 def test_failed_first_attempt_leaves_no_manifest_only_folder(fake_model, monkeypatch, tmp_path):  # noqa: F811
     """A policy that fails only when the model is patched (a module name that matches nothing)."""
-    from sagegen import generate
+    from sagegen.jobs import generate
 
     def failing_patch(pipe, config, **kw):
         raise ValueError("PrecisionPolicy.blocks: 'decoder.*' matches no attention module")
@@ -118,8 +118,8 @@ def test_block_count_matches_the_built_transformer(preset):
     """The count from the config (no model built) equals the policy's main blocks of the real module."""
     from sagegen.models import tiny_video
     from sagegen.models.tiny import build_tiny_transformer
-    from sagegen.patch.api import attention_modules
-    from sagegen.patch.policy import main_blocks
+    from sagegen.patch.patcher import attention_modules
+    from sagegen.patch.precision_policy import main_blocks
 
     p = PRESETS[preset]
     kind = p.name.removeprefix("tiny-")
@@ -151,12 +151,12 @@ def test_a_missing_video_encoder_is_said_before_loading(fake_model, monkeypatch,
     """Video presets need imageio-ffmpeg's ffmpeg to save their MP4s: without it the run stops before loading
     (exit 2), instead of after generating a sample whose frames a failed save would discard. Image presets
     need no ffmpeg."""
-    import sagegen.encode
+    import sagegen.runs.encode
 
     def missing():
         raise ModuleNotFoundError("No module named 'imageio_ffmpeg'", name="imageio_ffmpeg")
 
-    monkeypatch.setattr(sagegen.encode, "ffmpeg_exe", missing)
+    monkeypatch.setattr(sagegen.runs.encode, "ffmpeg_exe", missing)
     r = runner.invoke(app, ["run", "tiny-cogvideox", "-p", "x", "--steps", "1", "--warmup", "0", "-q",
                             "--out", str(tmp_path / "v")])
     assert r.exit_code == 2, r.output

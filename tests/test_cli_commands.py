@@ -161,12 +161,12 @@ def test_debug_flag_and_env_show_the_exception(monkeypatch):
 
 
 def test_unexpected_errors_are_one_line_with_a_debug_hint(monkeypatch):
-    import sagegen.generate
+    import sagegen.jobs.generate
 
     def boom(*a, **k):
         raise ZeroDivisionError("division by zero\nsecond line")
 
-    monkeypatch.setattr(sagegen.generate, "run_job", boom)
+    monkeypatch.setattr(sagegen.jobs.generate, "run_job", boom)
     r = runner.invoke(app, ["run", "tiny", "--prompt", "a"])
     assert r.exit_code == 1
     line = _one_error_line(r)
@@ -174,12 +174,12 @@ def test_unexpected_errors_are_one_line_with_a_debug_hint(monkeypatch):
 
 
 def test_keyboard_interrupt_exits_130(monkeypatch):
-    import sagegen.generate
+    import sagegen.jobs.generate
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sagegen.generate, "run_job", interrupted)
+    monkeypatch.setattr(sagegen.jobs.generate, "run_job", interrupted)
     r = runner.invoke(app, ["compare", "tiny", "--prompt", "a"])
     assert r.exit_code == 130 and "resumes" in _one_error_line(r)
 
@@ -285,12 +285,12 @@ def test_env_reports_versions_and_kernel_choice():
 
 def test_env_says_what_an_install_lacks(monkeypatch):
     """No ffmpeg, no CP in diffusers: `sagegen env` says so (and still exits 0)."""
-    import sagegen.encode
+    import sagegen.runs.encode
 
     def missing():
         raise ModuleNotFoundError("No module named 'imageio_ffmpeg'", name="imageio_ffmpeg")
 
-    monkeypatch.setattr(sagegen.encode, "ffmpeg_exe", missing)
+    monkeypatch.setattr(sagegen.runs.encode, "ffmpeg_exe", missing)
     monkeypatch.delattr(diffusers.ModelMixin, "enable_parallelism")
     r = runner.invoke(app, ["env", "--json"])
     assert r.exit_code == 0
@@ -351,7 +351,7 @@ def test_env_names_the_auto_crossover_on_a_gpu(monkeypatch):
     import torch
 
     from sagegen.cli import env_cmd
-    from sagegen.kernels import backends
+    from sagegen.kernels import dispatch as backends
 
     monkeypatch.setattr(backends, "describe_cuda", lambda device: (True, "compute capability 9.0"))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))

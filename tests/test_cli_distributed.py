@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import cp_abort_launch
-from sagegen import distributed
-from sagegen.rundir import RunDir
+from sagegen.jobs import ranks as distributed
+from sagegen.runs.directory import RunDir
 
 
 def test_info_reads_torchrun_and_accelerate_env(monkeypatch):
@@ -52,7 +52,7 @@ def test_a_cp_job_on_cuda_gets_one_group_with_nccl(monkeypatch, tmp_path):
     monkeypatch.setattr(distributed, "init", lambda dist, **kw: calls.append(kw) or False)
     monkeypatch.setattr(distributed, "info", lambda: distributed.DistInfo(rank=0, world_size=2, local_rank=0))
     monkeypatch.setattr(jobs, "_cuda_job", lambda job: True)
-    monkeypatch.setattr("sagegen.generate.run_job", lambda job, reporter, dist: "done")
+    monkeypatch.setattr("sagegen.jobs.generate.run_job", lambda job, reporter, dist: "done")
     settings = {"cp": "ulysses=2", "width": 64, "height": 64, "frames": 0, "steps": 1, "guidance": 1.0,
                 "dtype": "bf16"}
     job = types.SimpleNamespace(settings=settings, preset=types.SimpleNamespace(name="tiny-flux"), samples=[1],

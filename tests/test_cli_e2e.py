@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sagegen.cli.app import app
-from sagegen.rundir import RunDir, latest_run
+from sagegen.runs.directory import RunDir, latest_run
 
 runner = CliRunner()
 FAMILIES = {"tiny-cogvideox": 9, "tiny-hunyuanvideo": 9, "tiny-mochi": 7, "tiny-flux": 1, "tiny-sd3": 1}

@@ -48,8 +48,8 @@ def test_calibrate_out_folder_is_refused_before_any_work(fake_model, tmp_path): 
 
 def test_calibration_file_is_written_through_a_unique_temporary(tmp_path, monkeypatch):
     """Not `<out>.tmp`: another writer's file of that name is left alone, and a failed write leaves nothing."""
-    from sagegen import runfiles
-    from sagegen.sparse.config import SparseConfig
+    from sagegen.runs import files as runfiles
+    from sagegen.sparse.sparse_config import SparseConfig
     from sagegen.sparse.text import load_calibration, save_calibration
 
     out = tmp_path / "calib.json"
@@ -68,7 +68,7 @@ def test_calibration_file_is_written_through_a_unique_temporary(tmp_path, monkey
 
 
 def test_no_module_writes_through_a_fixed_tmp_name():
-    """Every atomic write goes through sagegen.runfiles (mkstemp beside the target): a fixed `X.tmp` would be
+    """Every atomic write goes through sagegen.runs.files (mkstemp beside the target): a fixed `X.tmp` would be
     shared by two writers and left behind by a failed one."""
     fixed = re.compile(r"""["']\.tmp["']|\+\s*["']\.tmp|\.tmp["']\s*\+""")
     found = [f"{p.relative_to(ROOT)}:{i}" for folder in ("sagegen", "bench") for p in (ROOT / folder).rglob("*.py")
@@ -147,7 +147,7 @@ def test_a_matching_model_path_is_accepted(tmp_path):
 
 # ------------------------------------------------------------------------------------------ a full disk at start
 class _FullDiskOs:
-    """`os` for sagegen.runlock, whose writes fail as on a full disk (the lock file is the first write)."""
+    """`os` for sagegen.runs.lock, whose writes fail as on a full disk (the lock file is the first write)."""
 
     def __getattr__(self, name):
         return getattr(os, name)
@@ -158,7 +158,7 @@ class _FullDiskOs:
 
 
 def test_a_full_disk_at_start_is_named_and_leaves_no_run_directory(fake_model, tmp_path, monkeypatch):  # noqa: F811
-    from sagegen import runlock
+    from sagegen.runs import lock as runlock
 
     monkeypatch.setattr(runlock, "os", _FullDiskOs())
     out = tmp_path / "new" / "run"
@@ -224,7 +224,7 @@ def test_bad_sparse_specs_exit_2_naming_their_option(args, option, fake_model): 
 
 
 def test_sparse_config_refuses_empty_block_names():
-    from sagegen.sparse.config import SparseConfig
+    from sagegen.sparse.sparse_config import SparseConfig
 
     with pytest.raises(ValueError, match="dense_blocks entries"):
         SparseConfig(dense_blocks=("",))

@@ -36,7 +36,7 @@ def options_of(command: str) -> set[str]:
     params = group.commands[command].params
     names = {o for p in params for o in (*p.opts, *getattr(p, "secondary_opts", ())) if o.startswith("--")}
     if command == "bench":
-        from sagegen.stepbench_args import parser
+        from sagegen.jobs.stepbench.args import parser
 
         names |= {o for a in parser()._actions for o in a.option_strings if o.startswith("--")}
     return names | FOREIGN
@@ -81,7 +81,7 @@ MODULES = {
     "sagegen/cli/report_cmd.py": {"report"},
     "sagegen/cli/calibrate_cmd.py": {"calibrate"},
     "sagegen/cli/bench_cmd.py": {"bench"},
-    "sagegen/stepbench_args.py": {"bench"},
+    "sagegen/jobs/stepbench/args.py": {"bench"},
     "sagegen/cli/run_cmd.py": {"run"},
     "sagegen/cli/compare_cmd.py": {"compare"},
     # written by eval alone, or by report alone
@@ -90,11 +90,11 @@ MODULES = {
     "sagegen/eval/clip.py": {"eval"},
     "sagegen/eval/fid.py": {"eval"},
     # read and written by every command that touches a run directory: no option at all may be named there
-    "sagegen/runfiles.py": set(),
-    "sagegen/rundir.py": set(),
-    "sagegen/runcheck.py": set(),
-    "sagegen/encode.py": set(),
-    "sagegen/eval/rundata.py": set(),
+    "sagegen/runs/files.py": set(),
+    "sagegen/runs/directory.py": set(),
+    "sagegen/runs/integrity.py": set(),
+    "sagegen/runs/encode.py": set(),
+    "sagegen/runs/reader.py": set(),
 }
 
 
@@ -114,7 +114,8 @@ def test_generation_modules_name_options_of_run_or_compare():
     allowed = options_of("run") | options_of("compare")
     for module in ("sagegen/cli/jobs.py", "sagegen/cli/checks.py", "sagegen/cli/options.py",
                    "sagegen/cli/cp_option.py", "sagegen/cli/sparse_opt.py", "sagegen/models/loading.py",
-                   "sagegen/models/presets.py", "sagegen/generate.py", "sagegen/manifest.py", "sagegen/runlock.py"):
+                   "sagegen/models/presets.py", "sagegen/jobs/generate.py", "sagegen/runs/manifest.py",
+                   "sagegen/runs/lock.py"):
         unknown = sorted(named_options(strings_in(ROOT / module)) - allowed)
         assert not unknown, f"{module} names {unknown}, options neither run nor compare has"
 
@@ -174,7 +175,7 @@ def compared(fake_model, tmp_path):  # noqa: F811
 @pytest.mark.parametrize("command", ["eval", "report"])
 def test_a_full_disk_under_eval_and_report_names_no_missing_option(command, compared, monkeypatch):
     """Their files go into the run directory: the hint says to copy it, not to use an --out they lack."""
-    from sagegen import runfiles
+    from sagegen.runs import files as runfiles
 
     monkeypatch.setattr(runfiles, "_umask_mode", _no_space)  # every atomic write fails as on a full disk
     args = [command, str(compared)] + (["--metric", "psnr"] if command == "eval" else ["--no-mp4"])

@@ -148,11 +148,11 @@ def test_random_weights_check_keeps_a_margin_for_the_vae_activations_and_the_pro
     preset = resolve("flux.1-dev")
     weights = estimate.transformer_bytes(preset, "bfloat16")
     monkeypatch.setattr(estimate, "available_bytes", lambda: weights + GiB // 2)
-    problem = estimate.memory_problem(preset, {"dtype": "bfloat16"})
+    problem = memory.memory_problem(preset, {"dtype": "bfloat16"})
     assert problem is not None and "22.2 GiB" in problem and "the process" in problem
     assert "the full-size VAE" in problem and "activations" in problem
     monkeypatch.setattr(estimate, "available_bytes", lambda: weights + 4 * GiB)
-    assert estimate.memory_problem(preset, {"dtype": "bfloat16"}) is None
+    assert memory.memory_problem(preset, {"dtype": "bfloat16"}) is None
 
 
 def test_random_weights_count_both_experts_of_wan22(monkeypatch):
@@ -213,7 +213,7 @@ def test_geometry_gives_the_full_size_token_counts(preset):
 def test_geometry_gives_each_tiny_pipelines_latents_and_frames(model):
     """The tiny VAEs compress other than the released ones (LTX and Qwen-Image 4x): the estimate follows the
     pipelines that really run, at a size other than the default."""
-    from sagegen.generate import call_kwargs
+    from sagegen.jobs.generate import call_kwargs
     from sagegen.models.loading import load
 
     preset = resolve(model)

@@ -11,10 +11,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
-from sagegen import runlock
+from sagegen.runs import lock as runlock
 from sagegen.cli.app import app
 from sagegen.cli.progress import LineReporter, RichReporter, make_reporter
-from sagegen.generate import Sample
+from sagegen.jobs.generate import Sample
 from sagegen.models.presets import resolve
 
 runner = CliRunner()
@@ -73,7 +73,7 @@ def test_random_weights_that_cannot_fit_in_memory_are_refused_before_loading(fak
                                                                              monkeypatch):
     """Flux's 11.9B-parameter transformer is 22.2 GiB of bf16 weights: on a machine with less memory the run
     was killed minutes later (exit 137); now it is a usage error naming the sizes, before anything loads."""
-    from sagegen.cli import estimate
+    from sagegen.cli import estimate, memory
 
     need = estimate.transformer_bytes(resolve("flux.1-dev"), "bfloat16")
     assert 23.5e9 < need < 24.0e9  # 11.90B parameters, counted on the meta device
@@ -82,7 +82,7 @@ def test_random_weights_that_cannot_fit_in_memory_are_refused_before_loading(fak
                             "--steps", "1", "--out", str(tmp_path / "run")])
     assert r.exit_code == 2 and "--random-weights" in r.output and "22.2 GiB" in r.output, r.output
     assert "16.0 GiB available" in r.output and fake_model.loads == [] and not (tmp_path / "run").exists()
-    assert estimate.memory_problem(resolve("tiny-flux"), {"dtype": "bfloat16"}) is None  # no full-size arch
+    assert memory.memory_problem(resolve("tiny-flux"), {"dtype": "bfloat16"}) is None  # no full-size arch
 
 
 def test_lock_refuses_a_second_writer_and_is_released(tmp_path):

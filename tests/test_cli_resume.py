@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
-from sagegen.manifest import json_normal, merge_manifest
+from sagegen.runs.manifest import json_normal, merge_manifest
 
 runner = CliRunner()
 

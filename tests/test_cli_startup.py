@@ -107,7 +107,7 @@ def test_help_is_fast(tmp_path):
 
 def test_patch_stays_callable_when_the_package_was_imported_first():
     """`sagegen.patch(pipe)` works whichever of `sagegen.patch.<module>` / `sagegen.patch` came first."""
-    code = ("import sagegen, sagegen.patch.policy; "
+    code = ("import sagegen, sagegen.patch.precision_policy; "
             "assert callable(sagegen.patch); "
             "from sagegen.patch import patch; assert sagegen.patch.__call__ is not None; "
             "print(sagegen.PrecisionPolicy.__name__, sagegen.sageattn.__name__)")

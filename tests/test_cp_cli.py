@@ -84,7 +84,7 @@ def _torchrun(tmp_path, *args: str, env: dict | None = None) -> tuple:
     import subprocess
     import sys
 
-    from sagegen.rundir import RunDir
+    from sagegen.runs.directory import RunDir
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

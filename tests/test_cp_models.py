@@ -8,9 +8,9 @@ import pytest
 import cp_patched_support
 import cp_route_support
 import cp_support
-from sagegen.parallel import ContextParallelUnsupported, check_cp_support
+from sagegen.patch.cp import ContextParallelUnsupported, check_cp_support
 from sagegen.parallel.attention import _validate
-from sagegen.parallel.enable import check_heads
+from sagegen.patch.cp.enable import check_heads
 from sagegen.parallel.topology import Topology
 
 
@@ -56,7 +56,7 @@ def test_backend_ring_attends_once_unless_told(monkeypatch, one_call_env, in_ord
     import torch
 
     import sagegen.parallel
-    from sagegen.patch import diffusers_backend as db
+    from sagegen.backend import attention as db
 
     seen = {}
     monkeypatch.setattr(sagegen.parallel, "context_parallel_attention",
@@ -222,7 +222,7 @@ def test_patched_hunyuanvideo_dense_ring_in_order_equals_one_process(tmp_path, s
     attend in one call, so the patched output (FP8 linears included) equals one process bit for bit;
     SAGEGEN_RING_IN_ORDER=0 keeps the chunk order, another draw of the same error (so the check can fail: 140
     tokens, where the two orders put keys in other quantization blocks; at 44 they share one block)."""
-    from sagegen.patch import diffusers_backend as db
+    from sagegen.backend import attention as db
 
     monkeypatch.setenv(db.RING_IN_ORDER_ENV, in_order)  # the spawned ranks inherit it
     res = cp_patched_support.run_patched_hunyuan(tmp_path, ulysses=1, ring=2, seed=seed, dense_side=16)
@@ -377,8 +377,8 @@ def test_parts_of_a_ring_call_take_their_whole_calls_route(monkeypatch):
 
     import sagegen.parallel
     import sagegen.parallel.local as local_mod
-    from sagegen.kernels.backends import auto_prefers_sdpa
-    from sagegen.patch import diffusers_backend as db
+    from sagegen.kernels.dispatch import auto_prefers_sdpa
+    from sagegen.backend import attention as db
 
     def fake(rows, cuda=True):  # [B, S, H, D] shapes only: the rule reads no values
         return types.SimpleNamespace(is_cuda=cuda, shape=(1, rows, 24, 128))

@@ -17,7 +17,8 @@ from sagegen.kernels.fp8_quant import quantize_fp8_rows
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.linear import FP8Linear, LinearPolicy, numerics
 from sagegen.models.tiny_video import build_tiny_wan_transformer
-from sagegen.patch import fp8_out, patch_info, reset_stats
+from sagegen.patch import patch_info, reset_stats
+from sagegen.patch import fp8_handoff as fp8_out
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the kernel runs in the interpreter
 

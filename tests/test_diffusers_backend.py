@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import sagegen
-from sagegen import diffusers_registry
+from sagegen.backend import registry as diffusers_registry
 from dispatch_models import tiny_flux, tiny_qwenimage, tiny_wan
 from helpers import rel_l1
 

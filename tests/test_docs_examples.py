@@ -81,7 +81,7 @@ def test_documented_command_parses(where, argv):
         if values.get("prompts") and not values["prompts"].endswith(".txt"):  # a built-in set (not a user's file)
             assert load_prompts([], values["prompts"], None), where
     if name == "bench":  # the model as `bench` resolves it, and the options through the benchmark's own parser
-        from sagegen import stepbench
+        from sagegen.jobs.stepbench import bench as stepbench
         from sagegen.cli.bench_cmd import bench_architecture
 
         out = [] if "--out" in sub.args else ["--out", "x.json"]  # (the command adds one under runs/)

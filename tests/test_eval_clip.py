@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sagegen.eval import clip as C
-from sagegen.eval.standins import write_tiny_clip
+from sagegen.testing.metric_standins import write_tiny_clip
 from sagegen.eval.weights import BadOption, WeightsMissing, resolve_clip
 
 
@@ -138,7 +138,7 @@ def test_name_tag_loads_from_an_offline_cache(tmp_path, monkeypatch, frames):
     import open_clip
     import open_clip.factory as factory
 
-    from sagegen.eval.standins import TINY_CLIP_CFG
+    from sagegen.testing.metric_standins import TINY_CLIP_CFG
 
     monkeypatch.setitem(factory._MODEL_CONFIGS, "ViT-B-32", dict(TINY_CLIP_CFG, quick_gelu=False))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
@@ -169,7 +169,7 @@ def test_name_tag_loads_from_an_offline_cache(tmp_path, monkeypatch, frames):
 
 def test_without_opencv_the_evalcrafter_resize_is_labelled_approximate(tmp_path, monkeypatch):
     from sagegen.eval.runner import EvalOptions, evaluate
-    from sagegen.eval.synthetic import make_synthetic_run
+    from sagegen.testing.run_dirs import make_synthetic_run
 
     run = make_synthetic_run(tmp_path / "r", prompts=["a", "b"], frames=2, height=32, width=32)
     clip_dir = write_tiny_clip(tmp_path / "clip")
@@ -190,7 +190,7 @@ def test_clipscore_names_its_convention_where_it_is_shown(tmp_path):
     from rich.console import Console
 
     from sagegen.eval.runner import EvalOptions, evaluate
-    from sagegen.eval.synthetic import make_synthetic_run
+    from sagegen.testing.run_dirs import make_synthetic_run
     from sagegen.eval.table import metrics_table
     from sagegen.report.builder import ReportOptions, build_report
 

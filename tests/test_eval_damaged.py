@@ -8,10 +8,10 @@ import typer
 from typer.testing import CliRunner
 
 from cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
-from sagegen.eval.rundata import RunDirError, load_run
+from sagegen.runs.reader import RunDirError, load_run
 from sagegen.eval.runner import EvalOptions, evaluate
-from sagegen.eval.synthetic import make_synthetic_run
-from sagegen.rundir import DamagedFile, RunDir
+from sagegen.testing.run_dirs import make_synthetic_run
+from sagegen.runs.directory import DamagedFile, RunDir
 
 
 @pytest.fixture

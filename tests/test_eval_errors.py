@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from sagegen.eval import fidelity
 from sagegen.eval.fid import FeatureExtractor
 from sagegen.eval.runner import EvalOptions, evaluate
-from sagegen.eval.standins import write_tiny_inception, write_tiny_lpips
-from sagegen.eval.synthetic import make_synthetic_run
+from sagegen.testing.metric_standins import write_tiny_inception, write_tiny_lpips
+from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.eval.table import metrics_table
 
 QUIET = {"log": lambda s: None}

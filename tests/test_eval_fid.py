@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sagegen.eval import fid
-from sagegen.eval.standins import write_tiny_inception
+from sagegen.testing.metric_standins import write_tiny_inception
 from sagegen.eval.weights import WeightsMissing, resolve_inception
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sagegen.eval import fidelity, stats
-from sagegen.eval.standins import write_tiny_lpips
+from sagegen.testing.metric_standins import write_tiny_lpips
 from sagegen.eval.weights import WeightsMissing, resolve_lpips
 
 

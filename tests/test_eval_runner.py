@@ -9,10 +9,10 @@ import typer
 from typer.testing import CliRunner
 
 from sagegen.eval import fidelity
-from sagegen.eval.rundata import load_frames, load_run
+from sagegen.runs.reader import load_frames, load_run
 from sagegen.eval.runner import EvalOptions, evaluate, parse_metrics
-from sagegen.eval.standins import write_tiny_clip, write_tiny_inception, write_tiny_lpips
-from sagegen.eval.synthetic import make_synthetic_run
+from sagegen.testing.metric_standins import write_tiny_clip, write_tiny_inception, write_tiny_lpips
+from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.eval.weights import BadOption
 
 

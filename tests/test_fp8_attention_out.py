@@ -18,7 +18,8 @@ from sagegen.kernels.reference import fp8_out_scale
 from sagegen.kernels.spec import FP8_MAX, FP8_OUT_MARGIN
 from sagegen.linear import FP8Linear, LinearPolicy, numerics
 from sagegen.models import arch as archs
-from sagegen.patch import fp8_out, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch import fp8_handoff as fp8_out
 
 CFG = sagegen.DIFFUSION_CONFIG
 

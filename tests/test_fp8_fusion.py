@@ -16,7 +16,7 @@ from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.linear.numerics import quantize_activations
 from sagegen.models import arch as archs
 from sagegen.patch import patch_info
-from sagegen.patch.linear_fusion import GeluInputOnly
+from sagegen.patch.gelu_fp8 import GeluInputOnly
 
 EVERYWHERE = LinearPolicy(keep_blocks=(), min_rows=1, fuse_gelu=True)
 

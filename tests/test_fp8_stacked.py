@@ -17,7 +17,8 @@ from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.linear import stacked as stacked_module
 from sagegen.linear.stacked import stack, stacked, stacked_forward
 from sagegen.models import arch as archs
-from sagegen.patch import fused_common, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch.fusion import prologue as fused_common
 
 
 def _layers(seed: int, widths=(48, 32, 40), k: int = 64, bias=True, **kw) -> list[FP8Linear]:

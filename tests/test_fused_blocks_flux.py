@@ -13,7 +13,9 @@ from fused_support import DEVICE, assert_fused_like_stock, stock_unfused_fused
 from patch_support import rel_l1
 from sagegen.linear import LinearPolicy
 from sagegen.models import arch as archs
-from sagegen.patch import fused_blocks, fused_blocks_flux, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch.fusion import blocks as fused_blocks
+from sagegen.patch.families import flux as fused_blocks_flux
 
 
 def _tiny(seed=0, double=2, single=2):

@@ -14,7 +14,9 @@ from patch_support import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.models import arch as archs
-from sagegen.patch import fused_blocks, fused_blocks_sd3, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch.fusion import blocks as fused_blocks
+from sagegen.patch.families import sd3 as fused_blocks_sd3
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
 

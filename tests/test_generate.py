@@ -1,4 +1,4 @@
-"""The generation loop (sagegen/generate.py) with a fake pipeline: timings, saving, resume, sharding."""
+"""The generation loop (sagegen/jobs/generate.py) with a fake pipeline: timings, saving, resume, sharding."""
 
 import json
 import time
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from sagegen import generate
-from sagegen.distributed import DistInfo, shard
-from sagegen.generate import Job, RunDirConflict, generate_one, make_samples, merge_manifest, run_job
+from sagegen.jobs import generate
+from sagegen.jobs.ranks import DistInfo, shard
+from sagegen.jobs.generate import Job, RunDirConflict, generate_one, make_samples, merge_manifest, run_job
 from sagegen.models.loading import Loaded
 from sagegen.models.presets import resolve
-from sagegen.rundir import RunDir
+from sagegen.runs.directory import RunDir
 
 
 class FakePipe:

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import torch
 
-from sagegen.distributed import DistInfo
-from sagegen.generate import Job, attention, make_samples
+from sagegen.jobs.ranks import DistInfo
+from sagegen.jobs.generate import Job, attention, make_samples
 from sagegen.linear import FP8Linear
-from sagegen.manifest import build_manifest
+from sagegen.runs.manifest import build_manifest
 from sagegen.models import arch as archs
 from sagegen.models.presets import resolve
 

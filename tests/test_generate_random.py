@@ -9,11 +9,11 @@ import torch
 from typer.testing import CliRunner
 
 from sagegen.cli.app import app
-from sagegen.generate import generate_one, make_samples
+from sagegen.jobs.generate import generate_one, make_samples
 from sagegen.models import random_weights, tiny
 from sagegen.models.loading import Loaded, place
 from sagegen.models.presets import resolve
-from sagegen.rundir import RunDir
+from sagegen.runs.directory import RunDir
 
 PRESET_OF = {"cogvideox": "cogvideox-2b", "hunyuanvideo": "hunyuanvideo", "mochi": "mochi-1", "flux": "flux.1-dev",
              "sd3": "sd3.5-medium"}

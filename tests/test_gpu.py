@@ -34,11 +34,11 @@ def test_kernel_tracks_emulation_at_real_size(seed, monkeypatch, layout, cfg):
     (`key_padding.compact_valid_keys`), which puts other keys in each quantization block: there the emulation
     runs over those compacted keys, and both stay as accurate against fp64 as the emulation over the original
     order."""
-    from sagegen.kernels import triton_attn
+    from sagegen.kernels import launch
     from sagegen.kernels.spec import MaskSpec
 
-    compacted, real_compact = [], triton_attn.compact_valid_keys
-    monkeypatch.setattr(triton_attn, "compact_valid_keys", lambda *a: compacted.append(real_compact(*a)) or
+    compacted, real_compact = [], launch.compact_valid_keys
+    monkeypatch.setattr(launch, "compact_valid_keys", lambda *a: compacted.append(real_compact(*a)) or
                         compacted[-1])
     q, k, v = qkv(2, 8, 4, 4096 + 37, 4096 + 37, 128, dtype=torch.bfloat16, device="cuda", layout=layout)
     mask = torch.rand(2, 1, 1, k.shape[1 if layout == "NHD" else 2], device="cuda") > 0.2
@@ -173,13 +173,13 @@ def test_nan_inputs_reach_the_output_on_hardware(seed, monkeypatch, kernel, wher
 def test_gluon_q_quantized_in_kernel_is_bit_identical(seed, monkeypatch, d, layout):
     """The Gluon kernel quantizes Q per CTA (gluon_attn.QUANT_Q_IN_KERNEL): the same output and LSE, bit for
     bit, as with Q quantized by the separate pass; odd lengths, a padded head dim, a strided (NHD) Q."""
-    from sagegen.kernels import gluon_attn, triton_attn
+    from sagegen.kernels import gluon_attn, launch
 
     cfg = _use_kernel(monkeypatch, "gluon", SageConfig(smooth_v=True))
     q, k, v = qkv(2, 8, 4, 1000 + 3, 700 + 9, d, dtype=torch.bfloat16, device="cuda", layout=layout)
     q = q * 5.0  # rows with large values: scales far from 1
-    seen, real_quantize = [], triton_attn.quantize
-    monkeypatch.setattr(triton_attn, "quantize",
+    seen, real_quantize = [], launch.quantize
+    monkeypatch.setattr(launch, "quantize",
                         lambda *a, **kw: seen.append(kw["quantize_q"]) or real_quantize(*a, **kw))
     runs = {}
     for in_kernel in (True, False):

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from conftest import gpu
 from sagegen.cli.app import app
-from sagegen.rundir import RunDir
+from sagegen.runs.directory import RunDir
 
 pytestmark = gpu
 

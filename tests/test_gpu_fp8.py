@@ -192,7 +192,7 @@ def test_stacked_qkv_gemm_matches_the_three_gemms_on_gpu(seed, rows):
 def test_patched_models_run_their_qkv_as_one_gemm_on_gpu(monkeypatch, name):
     _need_fp8()
     from sagegen.linear import stacked
-    from sagegen.patch import fused_common
+    from sagegen.patch.fusion import prologue as fused_common
 
     model = archs.build_transformer(name, dtype=torch.bfloat16, device="cuda", seed=0,
                                     config_overrides=archs.smoke_overrides(name))

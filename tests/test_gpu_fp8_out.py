@@ -17,7 +17,8 @@ from sagegen.kernels.spec import FP8_MAX
 from sagegen.linear import LinearPolicy, fp8_capable
 from sagegen.linear.numerics import dequantize_activations, quantize_activations
 from sagegen.models import arch as archs
-from sagegen.patch import fp8_out, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch import fp8_handoff as fp8_out
 
 pytestmark = gpu
 

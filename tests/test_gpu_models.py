@@ -10,7 +10,9 @@ import sagegen
 from conftest import gpu
 from helpers import rel_l1
 from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
-from sagegen.patch import fused_blocks, fused_wan, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch.fusion import blocks as fused_blocks
+from sagegen.patch.families import wan as fused_wan
 
 pytestmark = gpu
 

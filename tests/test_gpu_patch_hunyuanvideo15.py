@@ -9,7 +9,7 @@ import torch
 import sagegen
 from conftest import gpu
 from sagegen.models.tiny_classes import build_tiny_class, tiny_class_inputs
-from sagegen.patch import backend_route
+from sagegen.patch import dispatch_route as backend_route
 
 pytestmark = gpu
 

@@ -8,7 +8,8 @@ import torch
 import sagegen
 from conftest import gpu
 from sagegen import SparseConfig
-from sagegen.sparse import pool, predictor, synthetic
+from sagegen.sparse import pool, predictor
+from sagegen.testing import attention_inputs as synthetic
 
 pytestmark = gpu
 

@@ -17,7 +17,8 @@ import sagegen
 from helpers import graph_recorder
 from patch_support import rel_l1
 from sagegen.models.tiny_classes import TINY_CLASSES, build_tiny_class, tiny_class_inputs
-from sagegen.patch import attention_modules, fused_blocks, patch_info
+from sagegen.patch import attention_modules, patch_info
+from sagegen.patch.fusion import blocks as fused_blocks
 
 # Stock diffusers branches on tensor data in HunyuanVideo-1.5's forward (`if torch.all(image_embeds == 0)`)
 NO_FULLGRAPH = {"hunyuanvideo15"}

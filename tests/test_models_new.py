@@ -67,7 +67,7 @@ def test_compare_tiny_wan_end_to_end(kind, tmp_path, monkeypatch):
     r = runner.invoke(app, ["compare", f"tiny-{kind}", "--prompt", "a red fox in the snow", "--steps", "2",
                             "--warmup", "0", "--quiet", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    from sagegen.rundir import RunDir
+    from sagegen.runs.directory import RunDir
     rd = RunDir(out)
     assert rd.manifest["setup"]["sage"]["rank0"]["attention_calls"].get("routed", 0) > 0
     d = TINY_VIDEO_CALL_DEFAULTS[kind]
@@ -80,7 +80,7 @@ def test_compare_tiny_wan_end_to_end(kind, tmp_path, monkeypatch):
 def test_random_weights_wan_pipeline(name):
     """--random-weights: the preset's pipeline class without its text encoder, random 512-token embeddings
     (tiny transformer and VAE in place of the full-size ones, same code path)."""
-    from sagegen.generate import generate_one, make_samples
+    from sagegen.jobs.generate import generate_one, make_samples
     from sagegen.models.loading import Loaded, place
 
     kind = {"wan2.1-t2v-1.3b": "wan2.1", "wan2.2-t2v-a14b": "wan2.2-a14b", "wan2.2-ti2v-5b": "wan2.2-ti2v"}[name]
@@ -147,7 +147,7 @@ def test_wan_compiles_fullgraph_with_sageattn_in_the_graph():
 def test_other_new_presets_pass_guidance_as_their_pipelines_take_it():
     """Qwen-Image's CFG is true_cfg_scale; HunyuanVideo-1.5's pipeline takes guidance from its guider (no call
     argument); LTX-Video takes guidance_scale. Token counts of their full-size architectures."""
-    from sagegen.generate import call_kwargs
+    from sagegen.jobs.generate import call_kwargs
 
     settings = {"steps": 50, "guidance": 4.0, "height": 1328, "width": 1328, "frames": None}
     kw = call_kwargs(resolve("qwen-image"), settings, "a cat")
@@ -169,7 +169,7 @@ def test_bench_runs_the_newer_architectures(name, tmp_path):
     """`sagegen bench MODEL --tiny`: stock vs sagegen on the shrunk full config (generic route)."""
     import json
 
-    from sagegen.stepbench import main
+    from sagegen.jobs.stepbench.bench import main
 
     out = tmp_path / "b.json"
     main([name, "--tiny", "--warmup", "0", "--repeats", "1", "--out", str(out)])

@@ -13,9 +13,10 @@ from diffusers.models.attention_processor import Attention, AttnProcessor, AttnP
 import sagegen
 from patch_support import rel_l1
 from sagegen.models.tiny import build_tiny_transformer
-from sagegen.patch import (SUPPORTED_MODELS, attention_modules, fused_blocks, patch_info, reset_stats, reset_steps,
+from sagegen.patch import (SUPPORTED_MODELS, attention_modules, patch_info, reset_stats, reset_steps,
                            set_attention_override, step_history)
-from sagegen.patch.processors import is_wrapper
+from sagegen.patch.fusion import blocks as fused_blocks
+from sagegen.patch.wrapper import is_wrapper
 
 
 @pytest.fixture(scope="module")
@@ -373,8 +374,8 @@ def test_square_padding_mask_becomes_a_key_mask(monkeypatch, seed):
 
 
 def test_auto_backend_crossover_is_reported_from_the_kernel_rule():
-    from sagegen.kernels import backends
-    from sagegen.patch.processors import _auto_prefers_sdpa
+    from sagegen.kernels import dispatch as backends
+    from sagegen.patch.wrapper import _auto_prefers_sdpa
 
     rule = getattr(backends, "auto_prefers_sdpa", None)
     if rule is None:

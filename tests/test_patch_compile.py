@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 import sagegen
 from sagegen.models import arch as archs
 from sagegen.patch import attention_modules, patch_info
-from sagegen.patch.processors import is_wrapper
+from sagegen.patch.wrapper import is_wrapper
 
 # One architecture per family whose stock diffusers model compiles without graph breaks (Mochi's processor
 # graph-breaks on its own, on a data-dependent nonzero).

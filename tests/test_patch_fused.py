@@ -1,4 +1,4 @@
-"""The patch's fused Q/K prologues (sagegen/patch/fused.py) for CogVideoX, Mochi, SD3 and Flux: the same
+"""The patch's fused Q/K prologues (sagegen/patch/families/cogvideox.py) for CogVideoX, Mochi, SD3 and Flux: the same
 output as routing the stock processor, on the tiny random-weight models, and the fallbacks."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ import sagegen
 from patch_support import assert_one_layer_as_close_as_routed, rel_l1
 from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
-from sagegen.patch import fused, fused_blocks, fused_common, fused_joint, patch_info, set_attention_override
+from sagegen.patch import patch_info, set_attention_override
+from sagegen.patch.families import cogvideox as fused
+from sagegen.patch.fusion import blocks as fused_blocks
+from sagegen.patch.fusion import prologue as fused_common
+from sagegen.patch.fusion import joint as fused_joint
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 

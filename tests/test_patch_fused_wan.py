@@ -11,7 +11,8 @@ import sagegen
 from patch_support import assert_one_layer_as_close_as_routed, rel_l1
 from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
 from sagegen.models.tiny_video import build_tiny_wan_transformer
-from sagegen.patch import fused_wan, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch.families import wan as fused_wan
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 

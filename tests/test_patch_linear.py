@@ -13,7 +13,8 @@ import sagegen
 from helpers import cosine, rel_l1
 from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.models import arch as archs
-from sagegen.patch import linear_patch, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch import linear_swap as linear_patch
 
 ARCHS = ["cogvideox-5b", "hunyuanvideo", "mochi-1", "flux.1-dev", "sd3.5-medium"]
 EVERYWHERE = LinearPolicy(keep_blocks=(), min_rows=1)  # every block's linears, every call in FP8

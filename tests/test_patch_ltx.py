@@ -11,7 +11,8 @@ import sagegen
 from dispatch_models import tiny_ltx
 from patch_support import half_model_with_distinct_norms, rel_l1
 from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
-from sagegen.patch import fused_blocks, patch_info, set_attention_override
+from sagegen.patch import patch_info, set_attention_override
+from sagegen.patch.fusion import blocks as fused_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 

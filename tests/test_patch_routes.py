@@ -12,7 +12,7 @@ import torch._dynamo
 import sagegen
 from sagegen.models.tiny import build_tiny_transformer
 from sagegen.patch import attention_modules, patch_info, reset_stats, set_attention_override, step_history
-from sagegen.patch import backend_route
+from sagegen.patch import dispatch_route as backend_route
 from dispatch_models import DISPATCH_MODELS, tiny_skyreels_v2, tiny_wan
 from helpers import rel_l1
 

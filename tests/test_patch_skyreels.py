@@ -13,7 +13,8 @@ import torch
 import sagegen
 from helpers import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
-from sagegen.patch import attention_modules, fused_blocks, patch_info
+from sagegen.patch import attention_modules, patch_info
+from sagegen.patch.fusion import blocks as fused_blocks
 
 pytest.importorskip("diffusers.models.transformers.transformer_skyreels_v2")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

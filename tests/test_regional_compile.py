@@ -11,7 +11,7 @@ import torch
 import sagegen
 from helpers import graph_recorder, rel_l1
 from sagegen.models import arch as archs
-from sagegen.stepbench_compile import uncompile
+from sagegen.jobs.stepbench.compiling import uncompile
 
 BLOCKS = {"flux.1-dev": {"num_layers": 3, "num_single_layers": 3}, "wan2.1-t2v-1.3b": {"num_layers": 3},
           "qwen-image": {"num_layers": 3}}

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from sagegen.eval.runner import EvalOptions, evaluate
-from sagegen.eval.synthetic import make_synthetic_run
+from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.report.browser import find_chromium
 from sagegen.report.builder import build_report
 from sagegen.report.check import check_report

@@ -15,7 +15,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from sagegen.eval.runner import EvalOptions, evaluate
-from sagegen.eval.synthetic import make_synthetic_run
+from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.report.builder import ReportOptions, build_report
 from sagegen.report.frames import amplified_diff, side_by_side
 from sagegen.report.video import probe_frames
@@ -58,7 +58,7 @@ def test_html_is_self_contained_and_complete(video_run):
     # the diff view shows |sage - baseline| x gain of the lossless frames
     uri = p0["views"][2][0]
     img = np.asarray(Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))).convert("RGB")).astype(float)
-    from sagegen.eval.rundata import load_frames, load_run
+    from sagegen.runs.reader import load_frames, load_run
 
     s0 = load_run(run).samples[0]
     want = amplified_diff(load_frames(s0.frame_paths("sage"))[0], load_frames(s0.frame_paths("sdpa"))[0], 8.0)
@@ -124,7 +124,7 @@ def test_contact_sheet_is_wide_enough_for_its_title():
 
 
 def test_cpu_runs_say_their_timings_are_not_speed(tmp_path):
-    from sagegen.rundir import RunDir, atomic_write_json
+    from sagegen.runs.directory import RunDir, atomic_write_json
 
     run_path = make_synthetic_run(tmp_path / "r", prompts=["a boat"], frames=3, height=32, width=32, sigma=3.0)
     options = ReportOptions(mp4=False, contact=False)

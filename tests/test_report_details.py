@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
-from sagegen.eval.rundata import load_frames, load_run
+from sagegen.runs.reader import load_frames, load_run
 from sagegen.eval.runner import EvalOptions, evaluate
-from sagegen.eval.synthetic import make_synthetic_run
+from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.report.builder import ReportOptions, build_report
 from sagegen.report.frames import amplified_diff, encode, fit, label_bar, side_by_side
 
@@ -94,7 +94,7 @@ def test_labels_fit_on_small_side_by_side_frames():
 
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
-    from sagegen.eval.standins import write_tiny_inception
+    from sagegen.testing.metric_standins import write_tiny_inception
 
     d = tmp_path_factory.mktemp("rep")
     run = make_synthetic_run(d / "r", prompts=["a", "b", "c"], frames=3, height=32, width=32)

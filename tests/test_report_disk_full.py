@@ -10,9 +10,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from sagegen import encode, rundir
-from sagegen.encode import EncodeError
-from sagegen.eval.synthetic import make_synthetic_run
+from sagegen.runs import encode
+from sagegen.runs import directory as rundir
+from sagegen.runs.encode import EncodeError
+from sagegen.testing.run_dirs import make_synthetic_run
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (6, 32, 48, 3), dtype=np.uint8)
 

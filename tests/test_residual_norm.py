@@ -13,7 +13,8 @@ from patch_support import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm, residual_norm_reference
 from sagegen.models.tiny_video import build_tiny_wan_transformer
-from sagegen.patch import fused_blocks, patch_info
+from sagegen.patch import patch_info
+from sagegen.patch.fusion import blocks as fused_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
 

@@ -1,6 +1,6 @@
 """A run directory cannot lie (issue 54, defects 1, 3, 4, 5): every finished sample carries what it was made
 with (identity), is whole (integrity) and lies inside the run (containment); generation, eval and report check
-all three (sagegen.runcheck)."""
+all three (sagegen.runs.integrity)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 from cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
 from sagegen.eval.runner import EvalOptions, evaluate
-from sagegen.eval.rundata import load_run
-from sagegen.eval.synthetic import make_synthetic_run
+from sagegen.runs.reader import load_run
+from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.report.builder import build_report
-from sagegen.rundir import RunDir
+from sagegen.runs.directory import RunDir
 
 runner = CliRunner()
 ENV = {"COLUMNS": "200"}

@@ -1,4 +1,4 @@
-"""The run-directory contract (sagegen/rundir.py): layout, atomic writes, manifest merging, lookup."""
+"""The run-directory contract (sagegen/runs/directory.py): layout, atomic writes, manifest merging, lookup."""
 
 import json
 import os
@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from sagegen import rundir
-from sagegen.rundir import RunDir, atomic_write_bytes, atomic_write_json, latest_run
+from sagegen.runs import directory as rundir
+from sagegen.runs.directory import RunDir, atomic_write_bytes, atomic_write_json, latest_run
 
 
 def _frames(n=3, h=16, w=24, seed=0):
@@ -96,7 +96,7 @@ def test_manifest_missing_raises_clearly(tmp_path):
 _WRITER = r"""
 import sys
 import numpy as np
-from sagegen.rundir import RunDir
+from sagegen.runs.directory import RunDir
 rd, rank = RunDir(sys.argv[1]), int(sys.argv[2])
 for i in range(rank, 12, 2):
     rd.write_sample("sage", {"id": f"p{i:03d}-s0", "prompt": "x", "seed": 0, "timings": {"total_s": i}},
@@ -133,7 +133,7 @@ def test_atomic_writes_get_normal_permissions(tmp_path):
     import os
     import stat
 
-    from sagegen.rundir import atomic_write_file, atomic_write_json
+    from sagegen.runs.directory import atomic_write_file, atomic_write_json
 
     mask = os.umask(0o022)
     try:

@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sagegen.cli.app import app
-from sagegen.rundir import RunDir
+from sagegen.runs.directory import RunDir
 
 runner = CliRunner()
 

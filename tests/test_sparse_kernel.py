@@ -206,7 +206,7 @@ def test_fully_empty_mask_and_torch_compile(seed):
 
 def test_sdpa_fallback_folds_the_block_mask(seed):
     """The SDPA fallback computes every block, so it gets the equivalent dense mask."""
-    from sagegen.kernels import backends
+    from sagegen.kernels import dispatch as backends
 
     q, k, v = qkv(1, 2, 2, 130, 250, 64, device=DEVICE)
     bs = BlockSparse.from_block_dense(random_blocks(1, 2, 3, 2, 0.5), 64, 128)

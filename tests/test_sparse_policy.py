@@ -14,7 +14,7 @@ from patch_support import run, tiny_pipeline
 from sagegen import SparseConfig
 from sagegen.patch import patch_info, reset_stats, sparse_density
 from sagegen.patch.sparse_policy import latent_grid
-from sagegen.sparse.calibrate import calibrate
+from sagegen.jobs.calibrate import calibrate
 from sagegen.sparse.text import load_calibration, parse_sparse_arg, save_calibration
 
 
@@ -81,7 +81,7 @@ def test_split_calls_sparse_and_text_rules_only_in_order():
     this rank's queries are a window of the gathered keys) is self-attention, with its rows' rules in place."""
     import types
 
-    from sagegen.patch.diffusers_backend import BackendSettings
+    from sagegen.backend.attention import BackendSettings
     from sagegen.patch.sparse_policy import SparseState, block_mask_for, split_settings
 
     counts = {}
@@ -205,7 +205,7 @@ def test_compiled_patched_model_with_sparse_runs_the_sparse_ops_once():
 def test_sparse_on_the_diffusers_backend_route():
     """LTX-Video dispatches through diffusers: sparse= takes effect there too (block masks, density)."""
     from sagegen.models.tiny_classes import build_tiny_class
-    from sagegen.patch.api import patch_info, sparse_density
+    from sagegen.patch.patcher import patch_info, sparse_density
 
     model = build_tiny_class("ltx", dtype=torch.float32)
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()).item()))

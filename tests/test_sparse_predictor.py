@@ -1,6 +1,6 @@
 """The block-mask predictor, static patterns and `sageattn(sparse=...)` on CPU (emulation / Triton interpreter).
 
-Evidence on synthetic video-like inputs (sagegen.sparse.synthetic: attention decays with grid distance): the
+Evidence on synthetic video-like inputs (sagegen.testing.attention_inputs: attention decays with grid distance): the
 predicted mask keeps >= 99% of the attention mass and the sparse output's error against fp64 dense attention
 stays within 2x the dense quantized call's own error.
 """
@@ -16,8 +16,9 @@ import sagegen
 from sagegen import SparseConfig
 from sagegen.kernels.block_sparse import BlockSparse
 from sagegen.kernels.reference import attention_fp64
-from sagegen.sparse import patterns, pool, predictor, synthetic
-from sagegen.sparse.config import parse_spec
+from sagegen.sparse import patterns, pool, predictor
+from sagegen.testing import attention_inputs as synthetic
+from sagegen.sparse.sparse_config import parse_spec
 from sagegen.sparse.text import SparseArgError, parse_sparse_arg
 
 

@@ -94,11 +94,11 @@ def test_general_masks_with_broadcast(seed):
 
 def test_every_output_element_written(seed):
     """Poison the output buffer: the kernel must overwrite all of it (odd sizes, NHD strides)."""
-    from sagegen.kernels import triton_attn
+    from sagegen.kernels import launch
 
     q, k, v = qkv(1, 3, 3, 45, 45, 96, layout="NHD", device=DEVICE)
     out = torch.full_like(q, float("nan"))
-    triton_attn.sage_attention(to_hnd(q, "NHD"), to_hnd(k, "NHD"), to_hnd(v, "NHD"), to_hnd(out, "NHD"),
+    launch.sage_attention(to_hnd(q, "NHD"), to_hnd(k, "NHD"), to_hnd(v, "NHD"), to_hnd(out, "NHD"),
                                sm_scale=96**-0.5)
     assert torch.isfinite(out).all()
     r = sagegen.sageattn(q, k, v, tensor_layout="NHD", backend="reference")
@@ -270,7 +270,8 @@ def test_gluon_build_failure_falls_back_to_the_triton_kernel(monkeypatch, seed):
     (V re-quantized in plain key order), and no retry afterwards."""
     from triton.compiler.errors import CompilationError
 
-    from sagegen.kernels import gluon_attn, kernel_choice, triton_attn
+    from sagegen.kernels import gluon_attn, triton_attn
+    from sagegen.kernels import launch as kernel_choice
 
     q, k, v = qkv(1, 2, 2, 70, 140, 64, device=DEVICE)
     monkeypatch.setenv("SAGEGEN_KERNEL", "triton")
@@ -278,7 +279,7 @@ def test_gluon_build_failure_falls_back_to_the_triton_kernel(monkeypatch, seed):
     monkeypatch.delenv("SAGEGEN_KERNEL")
     monkeypatch.setattr(kernel_choice, "_gluon_broken", [])
     real_applies = kernel_choice.gluon_applies
-    monkeypatch.setattr(triton_attn, "gluon_applies",  # where the launcher looks it up
+    monkeypatch.setattr(kernel_choice, "gluon_applies",  # where the launcher looks it up
                         lambda *a, **kw: None if not kernel_choice._gluon_broken else real_applies((9, 0), *a[1:],
                                                                                                    **kw))
 
@@ -297,7 +298,8 @@ def test_key_mask_under_graph_capture_takes_the_triton_kernel_without_a_host_che
     """While a CUDA graph is captured, the host check that lets the Gluon kernel take a key-padding mask as key
     lengths would fail the capture: the Triton kernel applies the mask instead, with the same result as the
     plain Triton path (where the Gluon kernel would otherwise run, as `gluon_applies` is made to say here)."""
-    from sagegen.kernels import gluon_attn, triton_attn
+    from sagegen.kernels import gluon_attn
+    from sagegen.kernels import launch as kernel_choice
 
     q, k, v = qkv(2, 2, 2, 70, 140, 64, device=DEVICE)
     keep = torch.ones(2, 140, dtype=torch.bool, device=DEVICE)
@@ -308,13 +310,13 @@ def test_key_mask_under_graph_capture_takes_the_triton_kernel_without_a_host_che
     unmasked = sagegen.sageattn(q, k, v, backend="triton")
     assert rel_l1(expected, unmasked) > 1e-3  # the mask matters here
     monkeypatch.delenv("SAGEGEN_KERNEL")
-    monkeypatch.setattr(triton_attn, "gluon_applies", lambda *a, **kw: None)
-    monkeypatch.setattr(triton_attn, "capturing", lambda: True)
+    monkeypatch.setattr(kernel_choice, "gluon_applies", lambda *a, **kw: None)
+    monkeypatch.setattr(kernel_choice, "capturing", lambda: True)
 
     def fail(*args, **kwargs):
         raise AssertionError("no host check and no Gluon launch while capturing")
 
-    monkeypatch.setattr(triton_attn, "key_prefix_lengths", fail)
+    monkeypatch.setattr(kernel_choice, "key_prefix_lengths", fail)
     monkeypatch.setattr(gluon_attn, "launch", fail)
     out = sagegen.sageattn(q, k, v, attn_mask=mask, backend="triton")
     assert torch.equal(out, expected)

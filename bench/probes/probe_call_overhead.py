@@ -103,7 +103,8 @@ def main() -> None:
     ap.add_argument("--base", default=None)
     args = ap.parse_args()
     import sagegen
-    from sagegen.kernels import backends, gluon_attn, triton_quant
+    from sagegen.kernels import gluon_attn, triton_quant
+    from sagegen.kernels import dispatch as backends
     from sagegen.kernels.spec import device_capability
     from sagegen.linear.module import FP8Linear
 

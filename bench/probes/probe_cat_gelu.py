@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 from probe_util import full_size_model  # noqa: E402
 from sagegen.linear.module import FP8Linear  # noqa: E402
-from sagegen.runfiles import atomic_write_json  # noqa: E402
-from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions  # noqa: E402
+from sagegen.runs.files import atomic_write_json  # noqa: E402
+from sagegen.jobs.stepbench.measure import Timer, compare, device_info, profile_step, versions  # noqa: E402
 
 
 def _layer_diffs(marked, run) -> dict:

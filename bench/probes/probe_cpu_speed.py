@@ -15,7 +15,7 @@ import platform
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from sagegen.stepbench_measure import cpu_loop_ms  # noqa: E402  (the loop `sagegen bench` records)
+from sagegen.jobs.stepbench.measure import cpu_loop_ms  # noqa: E402  (the loop `sagegen bench` records)
 
 
 def main():

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 from probe_util import environment, event_ms, full_size_model, write_json  # noqa: E402
 from sagegen.linear import module as fp8_module  # noqa: E402
-from sagegen.stepbench_compile import compiled  # noqa: E402
+from sagegen.jobs.stepbench.compiling import compiled  # noqa: E402
 
 _TRACEABLE = getattr(fp8_module, "traceable", None)
 

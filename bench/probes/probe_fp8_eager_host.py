@@ -26,8 +26,8 @@ import sagegen  # noqa: E402
 from sagegen.linear import LinearPolicy  # noqa: E402
 from sagegen.linear.module import FP8Linear  # noqa: E402
 from sagegen.models import arch as archs  # noqa: E402
-from sagegen.runfiles import atomic_write_json  # noqa: E402
-from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions  # noqa: E402
+from sagegen.runs.files import atomic_write_json  # noqa: E402
+from sagegen.jobs.stepbench.measure import Timer, compare, device_info, profile_step, versions  # noqa: E402
 
 from probe_util import per_call_us  # noqa: E402  (bench/probes, the script's own folder)
 

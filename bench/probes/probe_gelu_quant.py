@@ -18,7 +18,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from sagegen.kernels.fp8_quant import quantize_fp8_rows  # noqa: E402
-from sagegen.stepbench_measure import versions  # noqa: E402
+from sagegen.jobs.stepbench.measure import versions  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from probe_util import bench_ms  # noqa: E402

@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import sagegen  # noqa: E402
 from probe_util import full_size_model  # noqa: E402
-from sagegen.runfiles import atomic_write_json  # noqa: E402
-from sagegen.stepbench_measure import device_info, profile_step, versions  # noqa: E402
+from sagegen.runs.files import atomic_write_json  # noqa: E402
+from sagegen.jobs.stepbench.measure import device_info, profile_step, versions  # noqa: E402
 
 
 def _top(stats: pstats.Stats, key: str, n: int) -> list[dict]:

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 import sagegen  # noqa: E402
 from probe_util import environment, event_ms, full_size_model, per_call_us, write_json  # noqa: E402
-from sagegen.stepbench_measure import profile_step  # noqa: E402
+from sagegen.jobs.stepbench.measure import profile_step  # noqa: E402
 
 
 def _steps(step, rounds: int) -> dict:

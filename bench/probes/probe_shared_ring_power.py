@@ -133,7 +133,7 @@ def main():
     if not args.no_step:
         payload["wan14b_720p_step"] = step_rows(args.rounds)
         print(payload["wan14b_720p_step"], flush=True)
-    from sagegen.kernels import kernel_choice
+    from sagegen.kernels import launch as kernel_choice
     payload["gluon_broken"] = list(kernel_choice._gluon_broken)  # non-empty: some "default" ran the Triton kernel
     print("gluon broken:", payload["gluon_broken"], "routed to ring:", ROUTED["ring"], flush=True)
     write_json(args.out, environment=environment(), **payload)

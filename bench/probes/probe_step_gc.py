@@ -51,7 +51,7 @@ def _clocked_run(original):
 
 def _python_ms() -> float:
     """A fixed pure-Python loop (best of 3): how fast this process's interpreter runs, apart from torch and Triton."""
-    from sagegen.stepbench_measure import cpu_loop_ms
+    from sagegen.jobs.stepbench.measure import cpu_loop_ms
 
     return cpu_loop_ms()
 

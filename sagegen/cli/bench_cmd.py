@@ -1,5 +1,5 @@
 """``sagegen bench MODEL``: one denoising step of the full-size transformer with random weights, stock
-attention vs sagegen (and optionally both under torch.compile); see `sagegen.stepbench`."""
+attention vs sagegen (and optionally both under torch.compile); see `sagegen.jobs.stepbench.bench`."""
 
 from __future__ import annotations
 
@@ -62,13 +62,13 @@ topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --pro
     if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         args += ["--out", os.path.join(os.environ.get("SAGEGEN_RUNS", "runs"), "bench", f"{name}-{stamp}.json")]
-    from sagegen.stepbench_args import BenchArgError, parse_args
+    from sagegen.jobs.stepbench.args import BenchArgError, parse_args
 
     try:  # a wrong option is named before anything else is said, and before torch loads
         parse_args(args, raise_errors=True)
     except BenchArgError as e:
         raise UsageProblem(f"{e} (see `sagegen bench --help`)") from None
-    from sagegen import stepbench
+    from sagegen.jobs.stepbench import bench as stepbench
 
     try:
         if "--tiny" not in extra:

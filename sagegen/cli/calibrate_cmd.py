@@ -2,7 +2,7 @@
 
 One dense generation per prompt x seed (fewer steps are fine: ``--steps``); every attention call that would
 run sparse is also computed sparse at each candidate threshold, and each layer gets the sparsest one whose
-worst sparse-vs-dense attention error stays under ``--target`` (`sagegen.sparse.calibrate`). The result is a
+worst sparse-vs-dense attention error stays under ``--target`` (`sagegen.jobs.calibrate`). The result is a
 small JSON that `run` / `compare` take as ``--sparse calib=FILE``.
 """
 
@@ -120,9 +120,9 @@ def calibrate_command(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     jobs.print_warnings(err, warnings)
 
-    from sagegen import distributed
-    from sagegen.generate import default_loader, generate_one
-    from sagegen.sparse.calibrate import calibrate
+    from sagegen.jobs import ranks as distributed
+    from sagegen.jobs.generate import default_loader, generate_one
+    from sagegen.jobs.calibrate import calibrate
     from sagegen.sparse.text import save_calibration
 
     dev = distributed.device_for(job.device, distributed.info())

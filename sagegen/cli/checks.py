@@ -103,7 +103,7 @@ def check_video_encoder(preset) -> None:
     not after the first sample was generated (whose frames would then be thrown away)."""
     if not preset.is_video:
         return
-    from sagegen.encode import find_ffmpeg
+    from sagegen.runs.encode import find_ffmpeg
 
     _, problem = find_ffmpeg()
     if problem is not None:
@@ -121,7 +121,7 @@ def check_policy_blocks(preset, blocks, *, model_path) -> None:
     ints = [b for b in blocks if isinstance(b, int)]
     if not ints or model_path is not None:
         return
-    from sagegen.models.blocks import block_count
+    from sagegen.models.block_counts import block_count
 
     n = block_count(preset)
     if n is None:

@@ -53,7 +53,7 @@ def compare_command(
     params = {k: v for k, v in locals().items() if k != "quiet"}
     from rich.console import Console
 
-    from sagegen import distributed
+    from sagegen.jobs import ranks as distributed
     from sagegen.cli.tables import attention_warnings, compare_table, result_console, run_notes, setup_lines
 
     job, warnings = jobs.build_job(**params, variants=["sdpa", "sage"])

@@ -128,8 +128,8 @@ def check_model(spec: CpSpec, preset) -> None:
     """The model can run context-parallel and its heads split over the Ulysses degree."""
     import diffusers
 
-    from sagegen.parallel.enable import check_heads
-    from sagegen.parallel.plans import ContextParallelUnsupported, check_cp_config, check_cp_support
+    from sagegen.patch.cp.enable import check_heads
+    from sagegen.patch.cp.plans import ContextParallelUnsupported, check_cp_config, check_cp_support
 
     try:
         check_cp_config(spec.ulysses, spec.ring)

@@ -15,7 +15,7 @@ from sagegen.cli.errors import cli_command
 def kernel_choice(device) -> dict:
     """What `sageattn(backend="auto")` with the diffusion config runs on `device`, and why."""
     from sagegen.config import DIFFUSION_CONFIG
-    from sagegen.kernels.backends import FP8_CAPABILITY, describe_cuda
+    from sagegen.kernels.dispatch import FP8_CAPABILITY, describe_cuda
 
     if device.type != "cuda":
         interp = os.environ.get("TRITON_INTERPRET") == "1"
@@ -28,7 +28,7 @@ def kernel_choice(device) -> dict:
     if not ok:
         return {"variant": DIFFUSION_CONFIG.fallback, "detail": f"fallback ({DIFFUSION_CONFIG.fallback})",
                 "why": why}
-    from sagegen.kernels.backends import AUTO_MIN_WORK, crossover_note
+    from sagegen.kernels.dispatch import AUTO_MIN_WORK, crossover_note
 
     cap = torch.cuda.get_device_capability(device)
     short = "; " + crossover_note()
@@ -52,8 +52,8 @@ def integrations() -> dict:
         import diffusers
     except ImportError as e:
         return {"diffusers": {"ok": False, "detail": f"not installed ({e})"}}
-    from sagegen.diffusers_registry import DiffusersBackendUnavailable, register_diffusers_backend
-    from sagegen.parallel.plans import ContextParallelUnsupported, check_cp_config
+    from sagegen.backend.registry import DiffusersBackendUnavailable, register_diffusers_backend
+    from sagegen.patch.cp.plans import ContextParallelUnsupported, check_cp_config
 
     try:
         out["attention_backend"] = {"ok": True, "detail": f"'sagegen' registered as {register_diffusers_backend()}"}
@@ -68,7 +68,7 @@ def integrations() -> dict:
             out["context_parallel"] = {"ok": True, "detail": f"Ulysses or Ring, not both ({e})"}
     except ContextParallelUnsupported as e:
         out["context_parallel"] = {"ok": False, "detail": str(e)}
-    from sagegen.encode import find_ffmpeg
+    from sagegen.runs.encode import find_ffmpeg
 
     path, problem = find_ffmpeg()
     out["video_encoder"] = ({"ok": True, "detail": path} if problem is None
@@ -79,8 +79,8 @@ def integrations() -> dict:
 def environment() -> dict:
     import torch
 
-    from sagegen import distributed
-    from sagegen.manifest import versions
+    from sagegen.jobs import ranks as distributed
+    from sagegen.runs.manifest import versions
     from sagegen.models.loading import hf_cache_dir, hf_offline
 
     gpus = []

@@ -58,11 +58,11 @@ def debug_enabled() -> bool:
 
 def usage_error_types() -> tuple[type, ...]:
     """Exception types that mean "the command line asked for something impossible" (exit 2)."""
-    from sagegen.generate import BadPolicy, RunDirConflict
+    from sagegen.jobs.generate import BadPolicy, RunDirConflict
     from sagegen.models.loading import BadModelPath
     from sagegen.models.presets import UnknownModel
-    from sagegen.runcheck import OutsideRunDir
-    from sagegen.runlock import RunDirBusy
+    from sagegen.runs.integrity import OutsideRunDir
+    from sagegen.runs.lock import RunDirBusy
 
     return (UsageProblem, UnknownModel, BadModelPath, RunDirConflict, BadPolicy, RunDirBusy, OutsideRunDir)
 
@@ -113,7 +113,7 @@ MEMORY_SAVERS = {
 
 def _disk_problem(exc: BaseException) -> bool:
     """A full, read-only or forbidden disk (an OSError's errno, or ffmpeg's message for an MP4)."""
-    from sagegen.runfiles import WRITE_ERRNOS
+    from sagegen.runs.files import WRITE_ERRNOS
 
     return (isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS) or bool(getattr(exc, "disk_problem", False))
 
@@ -132,7 +132,7 @@ def handle(exc: BaseException) -> int:
         print_error(f"{what}; finished samples are kept, and running the same command again resumes")
         return 143 if isinstance(exc, Terminated) else 130
     if isinstance(exc, usage_error_types()):
-        from sagegen.generate import BadPolicy
+        from sagegen.jobs.generate import BadPolicy
 
         print_error(("--fp-blocks: " if isinstance(exc, BadPolicy) else "") + str(exc))
         return 2

@@ -103,13 +103,3 @@ def vae_bytes(preset) -> int:
     with torch.device("meta"):
         vae = full_vae(preset.family, 0, SimpleNamespace(in_channels=config.get("in_channels", 16)))
     return sum(p.numel() for p in vae.parameters()) * 4
-
-
-def memory_problem(preset, settings: dict) -> str | None:
-    """Why a full-size random-weights run on the CPU cannot fit in this machine's memory (its weights, VAE,
-    activations and frames at its sizes, and the process: `sagegen.cli.memory`), or None."""
-    from sagegen.cli.memory import fit_problem
-
-    full = dict(preset.defaults(), **{k: v for k, v in settings.items() if v is not None})
-    problem = fit_problem(preset, full, on_gpu=False, random_weights=True)
-    return problem[0] if problem else None

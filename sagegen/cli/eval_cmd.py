@@ -67,7 +67,7 @@ A metric whose weights are missing offline is skipped with a one-line
     from rich.console import Console
 
     # the command line's own mistakes first: torch comes in only with the metrics (sagegen.eval.clip, ...)
-    from sagegen.eval.rundata import RunDirError, load_run, resolve_run_dir
+    from sagegen.runs.reader import RunDirError, load_run, resolve_run_dir
     from sagegen.eval.runner import EvalOptions, evaluate, not_applicable, parse_metrics
     from sagegen.eval.table import metrics_table, skip_lines
     from sagegen.eval.weights import BadOption, check_weight_options

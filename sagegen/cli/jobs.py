@@ -110,7 +110,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
               linear="none", sparse=None, cp=None, cuda_graphs=None, writes_run_dir=True):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings).
     ``writes_run_dir=False`` (calibrate, which writes one JSON file): the run directory is not checked."""
-    from sagegen.generate import Job, make_samples
+    from sagegen.jobs.generate import Job, make_samples
     from sagegen.models.presets import RANDOM_WEIGHT_FAMILIES, check_shape, resolve
 
     preset = resolve(model)
@@ -296,14 +296,15 @@ def _cuda_job(job) -> bool:
 def execute(job, *, quiet: bool, title: str):
     """Run the job with progress output; print the outcome on rank 0. Returns the RunResult.
 
-    Rank 0 holds the run directory's lock (`sagegen.runlock`) while it runs. A run directory that this call
+    Rank 0 holds the run directory's lock (`sagegen.runs.lock`) while it runs. A run directory that this call
     created and that holds no finished sample when it fails is removed again, so that a failed first attempt
     leaves no manifest-only folder behind."""
     from rich.console import Console
     from rich.markup import escape
 
-    from sagegen import distributed, runlock
-    from sagegen.generate import run_job
+    from sagegen.jobs import ranks as distributed
+    from sagegen.runs import lock as runlock
+    from sagegen.jobs.generate import run_job
     from sagegen.cli.progress import make_reporter
 
     dist = distributed.info()
@@ -351,7 +352,7 @@ def remove_if_unfinished(run_dir: Path, top: Path | None = None) -> None:
     folders above it up to `top` (the first one this run created)."""
     import shutil
 
-    from sagegen.rundir import SAMPLE_JSON
+    from sagegen.runs.directory import SAMPLE_JSON
 
     if not run_dir.is_dir() or any(run_dir.rglob(SAMPLE_JSON)):
         return

@@ -180,3 +180,11 @@ def _size_advice(preset, settings: dict, place: str, have: int, kw: dict) -> str
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return (f"; at this height and width memory allows at most about {lo * step + 1} frames (--frames)"
             f"{tiling}{split}")
+
+
+def memory_problem(preset, settings: dict) -> str | None:
+    """Why a full-size random-weights run on the CPU cannot fit in this machine's memory (its weights, VAE,
+    activations and frames at its sizes, and the process: `sagegen.cli.memory`), or None."""
+    full = dict(preset.defaults(), **{k: v for k, v in settings.items() if v is not None})
+    problem = fit_problem(preset, full, on_gpu=False, random_weights=True)
+    return problem[0] if problem else None

@@ -158,7 +158,7 @@ def precision_policy(blocks: str | None, first_steps: int, last_steps: int):
     """The patcher's PrecisionPolicy from --fp-blocks / --fp-first-steps / --fp-last-steps (None: none)."""
     if not blocks and not first_steps and not last_steps:
         return None
-    from sagegen.patch.policy import PrecisionPolicy
+    from sagegen.patch.precision_policy import PrecisionPolicy
 
     entries: list[int | str] = []
     for token in (blocks or "").split(","):

@@ -1,4 +1,4 @@
-"""Progress of `run`/`compare` (a `sagegen.generate.Reporter`): rich bars on a terminal, plain lines otherwise.
+"""Progress of `run`/`compare` (a `sagegen.jobs.generate.Reporter`): rich bars on a terminal, plain lines otherwise.
 
 When stderr is not a terminal (CI, ``nohup``, a pipe) or with ``--quiet``, progress is one line per event,
 each complete and flushed: a line when a sample starts, a line every `STEP_LINE_S` seconds during a long
@@ -12,7 +12,7 @@ import time
 
 from rich.console import Console
 
-from sagegen.generate import Reporter
+from sagegen.jobs.generate import Reporter
 
 STEP_LINE_S = 30.0
 

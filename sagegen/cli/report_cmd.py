@@ -43,7 +43,7 @@ def report_command(
     """
     from rich.console import Console
 
-    from sagegen.eval.rundata import RunDirError, resolve_run_dir
+    from sagegen.runs.reader import RunDirError, resolve_run_dir
 
     console = Console()
     err_console = Console(stderr=True, highlight=False, soft_wrap=True)

@@ -59,7 +59,7 @@ def run_command(
     params = {k: v for k, v in locals().items() if k not in ("attention", "quiet")}
     from rich.console import Console
 
-    from sagegen import distributed
+    from sagegen.jobs import ranks as distributed
 
     job, warnings = jobs.build_job(**params, variants=[attention.lower()])
     err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -92,7 +92,7 @@ def _print_outcome(result, variant) -> None:
 
 def _print_media(console, run_dir, variant, manifest, limit: int = 5) -> None:
     """Where the videos/images of this variant are (the first few)."""
-    from sagegen.rundir import RunDir
+    from sagegen.runs.directory import RunDir
 
     rd = RunDir(run_dir)
     ids = rd.sample_ids(variant)

@@ -13,7 +13,7 @@ import math
 from typing import Any, Callable, Iterable
 
 from sagegen.eval import METRICS
-from sagegen.eval.rundata import Run, atomic_write_json
+from sagegen.runs.reader import Run, atomic_write_json
 
 SCHEMA = 1
 RETIRED_TOP_LEVEL = ("bootstrap",)  # was top-level, now per metric: a stale copy would describe the wrong call

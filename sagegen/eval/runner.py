@@ -12,7 +12,7 @@ import numpy as np
 from sagegen.eval import METRICS
 from sagegen.eval import stats
 from sagegen.eval.metricsfile import SCHEMA, now_iso, write_metrics  # noqa: F401 (SCHEMA re-exported)
-from sagegen.eval.rundata import Run, load_frames, load_run
+from sagegen.runs.reader import Run, load_frames, load_run
 from sagegen.eval.setmetrics import SET_METRICS, set_metric
 from sagegen.eval.weights import BadOption, WeightsMissing
 
@@ -90,7 +90,7 @@ def _even_subset(n: int, k: int | None) -> np.ndarray:
 
 
 def _load_reference(folder: Path) -> list[np.ndarray]:
-    from sagegen.eval.rundata import load_frame
+    from sagegen.runs.reader import load_frame
 
     paths = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".png", ".jpg", ".jpeg", ".webp"))
     if len(paths) < 2:

@@ -107,3 +107,12 @@ class MaskSpec:
 
     kind: str = "none"
     tensor: torch.Tensor | None = None
+
+
+def value_checks_allowed() -> bool:
+    """Whether code may read tensor values on the host (mask simplifications): not while dynamo traces, and
+    not while a CUDA graph is being captured, where a host sync fails the capture (the checks are skipped:
+    the unsimplified path computes the same result)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not capturing()

@@ -13,7 +13,6 @@ descriptors; this module knows nothing of the public API's layouts beyond the ou
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
@@ -22,13 +21,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from sagegen.config import SageConfig
 from sagegen.kernels.block_sparse import kernel_tiles, sparse_args
-from sagegen.kernels.key_padding import compact_valid_keys, key_prefix_lengths
-# which kernel a call gets (looked up here per call, so tests and probes patch `triton_attn.gluon_applies`)
-from sagegen.kernels.kernel_choice import (GLUON_BUILD_ERRORS, KERNEL_ENV, _gluon_failed, gluon_applies,
-                                           gluon_permutes_v, gluon_quantizes_q)
-from sagegen.kernels.spec import (FP8_MAX, LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, capturing, cdiv,
-                                  device_capability, next_power_of_2)
-from sagegen.kernels.triton_quant import interpreting, quantize, round_to_e4m3_grid
+from sagegen.kernels.spec import (FP8_MAX, LOG2E, LOG2_FP8_MAX, MaskSpec, REF_WINDOW, cdiv)
+from sagegen.kernels.triton_quant import interpreting, round_to_e4m3_grid
 
 MASK_NONE, MASK_KEY, MASK_BOOL, MASK_ADD = 0, 1, 2, 3
 _MASK_KINDS = {"none": MASK_NONE, "key": MASK_KEY, "bool": MASK_BOOL, "additive": MASK_ADD}
@@ -259,95 +253,22 @@ def launch_settings(block_m: int, block_n: int, head_dim: int, capability=None) 
     return (8 if block_m >= 128 else 4), 3
 
 
-def sage_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    sm_scale: float,
-    is_causal: bool = False,
-    mask: MaskSpec | None = None,
-    config: SageConfig | None = None,
-    return_lse: bool = False,
-    block_sparse=None,
-    out_scale: torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """Quantized attention with the Triton kernels, written into ``out``.
+def launch(q: torch.Tensor, k: torch.Tensor, qq, out: torch.Tensor, *, sm_scale: float, is_causal: bool,
+           mask: MaskSpec, config: SageConfig, return_lse: bool, block_q: int, block_k: int, d_pad: int,
+           capability, block_sparse=None, out_inv: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The portable Triton kernel on quantized buffers ``qq`` (`triton_quant.quantize`), written into ``out``.
 
     Args:
-        q: [B, Hq, Nq, D]; k, v: [B, Hkv, Nk, D]; fp16/bf16, any strides (views of either layout).
-        out: [B, Hq, Nq, D] in q's dtype, any strides; every element is written.
-        sm_scale, is_causal, mask, config: as in `sagegen.sageattn` (mask already normalised).
-        return_lse: compute the natural-log log-sum-exp.
-        out_scale: fp32 [B·Nq + 1]: ``out`` is float8_e4m3fn instead; its scale is written into the first B·Nq
-            entries (the same value for every token row) and its inverse into the last (fp8_out.py; needs
-            ``pv_precision="fp8"``).
+        q, k: the unquantized Q [B, Hq, Nq, D] and K [B, Hkv, Nk, D] (Q smoothing and the LSE read them).
+        mask: as `sagegen.sageattn`'s, normalised; out_inv: the FP8 output's inverse scale (`fp8_out`), or None.
+        The rest as `sagegen.kernels.launch.sage_attention`, which chooses this kernel or the Gluon one.
 
     Returns:
         lse [B, Hq, Nq] fp32 if return_lse else None.
     """
-    config = config or SageConfig()
-    mask = mask or MaskSpec()
     B, H, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    capability = device_capability(q.device) if q.is_cuda else None
-    block_q, block_k = config.blocks(D, capability)
-    d_pad = max(16, next_power_of_2(D))
-    key_bias = mask.tensor.float().contiguous() if mask.kind == "key" else None
-    choice = os.environ.get(KERNEL_ENV, "auto")
-    if choice not in ("auto", "triton", "gluon"):
-        raise ValueError(f"{KERNEL_ENV}={choice!r}: expected 'auto', 'triton' or 'gluon'")
-    why_not, key_lengths = "SAGEGEN_KERNEL=triton", None
-    if choice != "triton":
-        blocks = (block_q, block_k)
-        why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, MaskSpec() if key_bias is not None
-                                else mask)
-        if why_not is None and key_bias is not None:  # the host sync only when the mask is all that is left
-            if capturing():  # a host sync would fail a CUDA graph capture: the Triton kernel applies any key mask
-                why_not = "a key-padding mask while a CUDA graph is being captured (no host check of its form)"
-            else:
-                key_lengths = key_prefix_lengths(key_bias)
-                if key_lengths is None and block_sparse is None:  # valid keys not a prefix: move them first
-                    compact = compact_valid_keys(k, v, key_bias)
-                    if compact is not None:
-                        k, v, key_bias, key_lengths = compact
-                        mask, Nk = MaskSpec("key", key_bias), k.shape[2]
-                why_not = gluon_applies(capability, config, d_pad, blocks, is_causal, mask, key_lengths)
-    if choice == "gluon" and why_not:
-        raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
-    use_gluon = why_not is None
-    # The Gluon kernel quantizes Q itself (per-token scales only; per-block ones keep the Q pass).
-    q_in_kernel = use_gluon and gluon_quantizes_q() and config.q_granularity == "per_token"
-    qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias,
-                  permute_v_keys=use_gluon and gluon_permutes_v(), quantize_q=not q_in_kernel)
     c = sm_scale * LOG2E
-    out_inv = None
-    if out_scale is not None:
-        if config.pv_precision != "fp8" or qq.v_scale is None:
-            raise ValueError("an FP8 attention output needs pv_precision='fp8' (V's FP8 range sets its scale)")
-        from sagegen.kernels.fp8_out import out_scale as fp8_out_scale
-
-        out_inv = fp8_out_scale(qq.v_scale, qq.v_mean, D, out_scale)
-    if use_gluon:
-        from sagegen.kernels import gluon_attn
-
-        lse = torch.empty(B, H, Nq, dtype=torch.float32, device=q.device) if return_lse else None
-        try:
-            tiles = (kernel_tiles(block_sparse, block_q, block_k, Nq, Nk, key_lengths)
-                     if block_sparse is not None else None)
-            gluon_attn.launch(qq, out, lse, key_lengths, H=H, group=H // Hkv, n_q=Nq, n_k=Nk, d=D,
-                              block_m=block_q, block_n=block_k, smooth_v=config.smooth_v, sm_scale_log2=c,
-                              permuted_v=gluon_permutes_v(), q=q if q_in_kernel else None, tiles=tiles,
-                              out_inv_scale=out_inv)
-            return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
-        except GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build this kernel: the Triton kernel
-            if choice == "gluon":
-                raise
-            _gluon_failed(exc)
-            if gluon_permutes_v() or q_in_kernel:
-                qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias)  # (same V statistics)
-
     q_bias = qq.q_scale  # placeholder pointer when unused
     if config.smooth_q:
         ks = (k.float() - qq.k_mean[:, :, None, :D]) if qq.k_mean is not None else k.float()
@@ -398,10 +319,10 @@ def sage_attention(
         OUT_FP8=out_inv is not None,
         num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=True, **extra,
     )
-    return _finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
+    return finish_lse(lse, q, qq, H, Hkv, D, sm_scale) if return_lse else None
 
 
-def _finish_lse(lse, q, qq, H, Hkv, D, sm_scale):
+def finish_lse(lse, q, qq, H, Hkv, D, sm_scale):
     """Add back what K smoothing took out of every score of a row: q · mean(K) · scale."""
     if qq.k_mean is not None:
         k_mean = qq.k_mean[..., :D].repeat_interleave(H // Hkv, dim=1) if Hkv != H else qq.k_mean[..., :D]

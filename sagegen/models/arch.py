@@ -280,13 +280,12 @@ def example_inputs(name_or_model, *, batch: int | None = None, height: int | Non
         text_tokens = text_tokens or arch.text_tokens
         guidance = arch.guidance
     else:
-        from sagegen.patch.api import SUPPORTED_MODELS
+        from sagegen.models.families import family_of_class
 
-        known = {**SUPPORTED_MODELS, **arch_video.MODEL_FAMILIES}
-        cls_name = next((c.__name__ for c in type(name_or_model).__mro__ if c.__name__ in known), None)
-        if cls_name is None:
+        family = family_of_class(type(name_or_model))
+        if family is None:
             raise ValueError(f"example_inputs does not know {type(name_or_model).__name__}")
-        family, config = known[cls_name], dict(name_or_model.config)
+        config = dict(name_or_model.config)
         if height is None or width is None or text_tokens is None:
             raise ValueError("give height, width and text_tokens with a model object")
         batch = batch or 1

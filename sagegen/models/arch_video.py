@@ -82,9 +82,6 @@ VIDEO_ALIASES = {"wan": "wan2.1-t2v-1.3b", "wan2.1": "wan2.1-t2v-1.3b", "wan2.1-
                  "wan2.2": "wan2.2-t2v-a14b", "wan2.2-5b": "wan2.2-ti2v-5b", "ltx": "ltx-video",
                  "hunyuanvideo-1.5": "hunyuanvideo-1.5-720p", "hunyuanvideo15": "hunyuanvideo-1.5-720p"}
 
-# diffusers class -> family, for example inputs of a built model object
-MODEL_FAMILIES = {"WanTransformer3DModel": "wan", "LTXVideoTransformer3DModel": "ltx",
-                  "QwenImageTransformer2DModel": "qwenimage", "HunyuanVideo15Transformer3DModel": "hunyuanvideo15"}
 
 # families whose text tokens join the image tokens in one attention (so they count in tokens_per_sample)
 CROSS_ATTENTION_TEXT = frozenset({"wan", "ltx"})

@@ -69,7 +69,7 @@ def arch_name(preset: Preset) -> str | None:
 
 def denoiser_config(preset: Preset) -> dict | None:
     """The denoiser config sagegen builds (tiny presets) or cites (`arch.ARCHS`) for the preset, or None."""
-    from sagegen.models.blocks import transformer_config
+    from sagegen.models.block_counts import transformer_config
 
     config = transformer_config(preset)
     if config is None and arch_name(preset) is not None:

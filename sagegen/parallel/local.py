@@ -33,7 +33,7 @@ def part_backend(backend: str, q: torch.Tensor, k: torch.Tensor, call_rows: int 
     PyTorch SDPA, so the output stays one process's. q, k: [B, S, H, D]."""
     if call_rows is None or backend != "auto" or not q.is_cuda:
         return backend
-    from sagegen.kernels.backends import auto_prefers_sdpa
+    from sagegen.kernels.dispatch import auto_prefers_sdpa
 
     whole_to_sdpa = auto_prefers_sdpa(call_rows, k.shape[1], q.shape[0] * q.shape[2], q.shape[3])
     return backend if whole_to_sdpa else "triton"

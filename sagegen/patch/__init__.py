@@ -5,9 +5,10 @@ Importing this package does not import diffusers; it only needs the objects you 
 
 import sys
 
-from sagegen.patch.api import (SUPPORTED_MODELS, attention_modules, is_patched, patch, patch_info, patched, reset_stats,
-                               reset_steps, set_attention_override, sparse_density, step_history, unpatch)
-from sagegen.patch.policy import PrecisionPolicy
+from sagegen.patch.patcher import (SUPPORTED_MODELS, attention_modules, is_patched, patch, patch_info, patched,
+                                   reset_stats, reset_steps, set_attention_override, sparse_density, step_history,
+                                   unpatch)
+from sagegen.patch.precision_policy import PrecisionPolicy
 
 __all__ = ["patch", "unpatch", "patched", "is_patched", "patch_info", "reset_stats", "reset_steps",
            "step_history", "sparse_density", "set_attention_override", "attention_modules", "PrecisionPolicy",

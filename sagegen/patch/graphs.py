@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch.utils import _pytree as pytree
 
-from sagegen.kernels.spec import capturing
+from sagegen.kernels.spec import capturing, value_checks_allowed  # noqa: F401 (read here by the patcher)
 from sagegen.patch.host_constants import HostConstants
 
 if TYPE_CHECKING:
@@ -51,15 +51,6 @@ _VALUE_TYPES = (bool, int, float, complex, str, bytes, torch.dtype, torch.device
 # the counters of the capture under way (a seam: the CPU stand-in of `capture` re-runs Python at each replay,
 # which a real replay does not, and puts these counters back afterwards)
 capture_counters: ForwardCounters | None = None
-
-
-def value_checks_allowed() -> bool:
-    """Whether code may read tensor values on the host (mask simplifications): not while dynamo traces, and
-    not while a CUDA graph is being captured, where a host sync fails the capture (the checks are skipped:
-    the unsimplified path computes the same result)."""
-    if torch.compiler.is_compiling():
-        return False
-    return not capturing()
 
 
 def on_gpu(t: torch.Tensor) -> bool:

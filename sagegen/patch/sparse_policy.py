@@ -18,9 +18,9 @@ import dataclasses
 
 import torch
 
-from sagegen.sparse.config import STATIC, SparseConfig
+from sagegen.sparse.sparse_config import STATIC, SparseConfig
 from sagegen.sparse.patterns import VIDEO_TOKEN_ORDER
-from sagegen.patch.policy import PrecisionPolicy, resolve_blocks
+from sagegen.patch.precision_policy import PrecisionPolicy, resolve_blocks
 
 
 def resolve_sparse(value) -> SparseConfig | None:

@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
-from sagegen.patch.policy import PrecisionPolicy
-from sagegen.patch.processors import PatchSession
+from sagegen.patch.precision_policy import PrecisionPolicy
+from sagegen.patch.wrapper import PatchSession
 
 
 class StepTracker:

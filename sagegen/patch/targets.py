@@ -14,23 +14,15 @@ Routes (``patch_info(obj)["routes"]`` counts them, ``["modules"]`` names each mo
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import torch
 
-from sagegen.config import DIFFUSION_CONFIG, SageConfig
+from sagegen.config import check_config  # noqa: F401 (sagegen.patch.patcher imports it from here)
+from sagegen.models.families import FUSED, family_of_class
 
-# Denoisers with fused processors: class name -> family. Subclasses are recognised through their MRO.
-SUPPORTED_MODELS = {
-    "CogVideoXTransformer3DModel": "cogvideox",
-    "HunyuanVideoTransformer3DModel": "hunyuanvideo",
-    "MochiTransformer3DModel": "mochi",
-    "FluxTransformer2DModel": "flux",
-    "SD3Transformer2DModel": "sd3",
-    "WanTransformer3DModel": "wan",
-    "SkyReelsV2Transformer3DModel": "wan",  # Wan 2.1's attention and block code, line for line
-}
+# Denoisers with fused processors: class name -> family (the table lives with the model knowledge).
+SUPPORTED_MODELS = FUSED
 # The processor classes whose calls the fused path (`fused.call`) replaces: exactly these, not subclasses.
 FUSED_PROCESSORS = frozenset({
     "diffusers.models.attention_processor.CogVideoXAttnProcessor2_0",
@@ -68,10 +60,7 @@ def denoisers(obj) -> tuple[dict[str, torch.nn.Module], object | None]:
 
 def family_of(transformer: torch.nn.Module) -> str:
     """The fused family of a known model, else ``"generic"`` (every other model is patched by route)."""
-    for cls in type(transformer).__mro__:
-        if cls.__name__ in SUPPORTED_MODELS:
-            return SUPPORTED_MODELS[cls.__name__]
-    return "generic"
+    return family_of_class(type(transformer), SUPPORTED_MODELS) or "generic"
 
 
 def attention_modules(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -101,16 +90,3 @@ def is_fused_processor(processor) -> bool:
     return f"{cls.__module__}.{cls.__qualname__}" in FUSED_PROCESSORS
 
 
-def check_config(config) -> SageConfig:
-    if config is None:
-        return DIFFUSION_CONFIG
-    if isinstance(config, SageConfig):
-        return config
-    if isinstance(config, dict):
-        fields = {f.name for f in dataclasses.fields(SageConfig)}
-        unknown = sorted(set(config) - fields)
-        if unknown:
-            raise ValueError(f"config has unknown SageConfig field(s) {unknown}; fields are {sorted(fields)}")
-        return DIFFUSION_CONFIG.replace(**config)
-    raise TypeError(f"config must be a sagegen.SageConfig, a dict of SageConfig fields or None, got "
-                    f"{type(config).__name__}")

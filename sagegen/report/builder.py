@@ -13,8 +13,8 @@ from typing import Callable
 import numpy as np
 
 from sagegen.eval.fidelity import psnr_frames
-from sagegen.eval.rundata import Run, Sample, load_frames, load_run
-from sagegen.rundir import RunDir, atomic_write_text, write_error
+from sagegen.runs.reader import Run, Sample, load_frames, load_run
+from sagegen.runs.directory import RunDir, atomic_write_text, write_error
 
 from sagegen.report import html as H
 from sagegen.report.contact import write_contact_sheet
@@ -203,7 +203,7 @@ def _write_side_by_side(run: Run, s: Sample, frames: dict, out: Path) -> Path:
 
     from PIL import Image
 
-    from sagegen.rundir import atomic_write_bytes
+    from sagegen.runs.directory import atomic_write_bytes
 
     from sagegen.report.frames import side_by_side
 

@@ -60,7 +60,7 @@ return c.style.filter === 'brightness(4)';})()""")
         out["problems"] = b.console_problems()
     out["screenshot"] = screenshot_stats(png)
     if screenshot is not None:
-        from sagegen.rundir import atomic_write_bytes
+        from sagegen.runs.directory import atomic_write_bytes
 
         atomic_write_bytes(screenshot, png)
     return out

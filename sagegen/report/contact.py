@@ -66,7 +66,7 @@ def contact_sheet(
 def write_contact_sheet(path: str | Path, rows, **kw) -> Path:
     import io
 
-    from sagegen.rundir import atomic_write_bytes
+    from sagegen.runs.directory import atomic_write_bytes
 
     buf = io.BytesIO()
     Image.fromarray(contact_sheet(rows, **kw)).save(buf, format="PNG", optimize=True)

@@ -12,7 +12,7 @@ import shlex
 
 import numpy as np
 
-from sagegen.eval.rundata import Run
+from sagegen.runs.reader import Run
 from sagegen.eval.stats import fmt_ci, fmt_counts
 from sagegen.eval.table import set_cell, skip_lines
 

@@ -7,8 +7,8 @@ from typing import Iterable
 
 import numpy as np
 
-from sagegen.encode import encode_mp4_file, ffmpeg_exe  # noqa: F401 (ffmpeg_exe re-exported)
-from sagegen.rundir import atomic_write_file
+from sagegen.runs.encode import encode_mp4_file, ffmpeg_exe  # noqa: F401 (ffmpeg_exe re-exported)
+from sagegen.runs.directory import atomic_write_file
 
 from sagegen.report.frames import BASELINE_LABEL, CANDIDATE_LABEL, even, side_by_side
 

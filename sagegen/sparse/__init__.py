@@ -1,7 +1,7 @@
 """Block-sparse attention policy: predicted (training-free) and static block masks, for `sagegen.sageattn`'s
 ``sparse=`` and `sagegen.patch(pipe, sparse=...)`. The block-sparse kernels are in `sagegen.kernels`.
 
-Names load lazily: `sagegen.sparse.config` / `.text` need no torch (the CLI parses --sparse with them);
+Names load lazily: `sagegen.sparse.sparse_config` / `.text` need no torch (the CLI parses --sparse with them);
 `sagegen.sparse.op` registers the ``sagegen::sparse_blocks`` custom op when first imported.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-_LAZY = {"SparseConfig": "sagegen.sparse.config", "parse_spec": "sagegen.sparse.config",
+_LAZY = {"SparseConfig": "sagegen.sparse.sparse_config", "parse_spec": "sagegen.sparse.sparse_config",
          "sparse_block_mask": "sagegen.sparse.op"}
 __all__ = list(_LAZY)
 

@@ -18,7 +18,7 @@ from sagegen.kernels.block_sparse import BlockSparse
 from sagegen.kernels.spec import device_capability
 from sagegen.kernels.triton_quant import interpreting
 from sagegen.sparse import patterns, predictor
-from sagegen.sparse.config import STATIC, SparseConfig, parse_spec
+from sagegen.sparse.sparse_config import STATIC, SparseConfig, parse_spec
 
 
 def sparse_block_mask(q: torch.Tensor, k: torch.Tensor, sparse: SparseConfig | str, *, tensor_layout: str,

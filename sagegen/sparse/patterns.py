@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from sagegen.sparse.config import SparseConfig
+from sagegen.sparse.sparse_config import SparseConfig
 
 # family -> where its text tokens sit relative to the video tokens in self-attention (None: no text there)
 VIDEO_TOKEN_ORDER = {
@@ -102,7 +102,7 @@ def static_keep(cfg: SparseConfig, n_q: int, n_k: int, block_q: int, block_kv: i
 
 def to_flex(cfg: SparseConfig, n_q: int, n_k: int, block: int = 128, device=None):
     """The static pattern as FlexAttention's `BlockMask` (block x block, whole blocks: no partial ones)."""
-    from sagegen.sparse.blocks import to_flex_block_mask
+    from sagegen.sparse.block_masks import to_flex_block_mask
 
     keep = static_keep(cfg, n_q, n_k, block, block, device)
     from sagegen.kernels.block_sparse import BlockSparse

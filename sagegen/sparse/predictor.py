@@ -22,8 +22,8 @@ import math
 import torch
 
 from sagegen.sparse import pool as _pool
-from sagegen.sparse.blocks import BlockSparse, from_keep
-from sagegen.sparse.config import SparseConfig
+from sagegen.sparse.block_masks import BlockSparse, from_keep
+from sagegen.sparse.sparse_config import SparseConfig
 
 
 def block_range(start: int, stop: int, n: int, block: int, device, offset: int = 0,

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from sagegen.sparse.config import SparseConfig
+from sagegen.sparse.sparse_config import SparseConfig
 
 CALIB_FORMAT = "sagegen-sparse-calibration/1"
 
@@ -148,6 +148,6 @@ def save_calibration(path: str | os.PathLike, cfg: SparseConfig, details: dict) 
     fields = {k: v for k, v in cfg.to_dict().items()
               if k in ("mode", "value", "sim_threshold", "layer_values", "dense_steps", "dense_blocks", "min_tokens")}
     data = {"format": CALIB_FORMAT, "config": fields, **details}
-    from sagegen.runfiles import atomic_write_text  # a unique temporary name beside it, removed on failure
+    from sagegen.runs.files import atomic_write_text  # a unique temporary name beside it, removed on failure
 
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True))
