@@ -99,7 +99,7 @@ def imports_of(source: str, module: str, is_package: bool, package: str, modules
     Counted: `import` and `from ... import` (absolute or relative; `from x import y` is `x.y` when that is a
     module, else `x`), at any depth (functions, classes, if/try, TYPE_CHECKING); `[importlib.]import_module(
     "<package>.x")` with a constant name; and dict/tuple entries that are the full name of a module of the
-    package (lazy tables such as `{"sageattn": "sagegen.api"}` or `("sagegen.patch.families.ltx", "f")`).
+    package (lazy tables such as `{"sageattn": "sagegen.api"}` or `("sagegen.patch.families.ltx_call", "f")`).
     """
     tree = ast.parse(source, filename=file)
     arrows: list[Arrow] = []

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import cp_support
-from sagegen.parallel.attention import _RingMerge
+from sagegen.parallel.collective import _RingMerge
 
 
 def _check_ulysses(res):

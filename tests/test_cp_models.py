@@ -9,7 +9,7 @@ import cp_patched_support
 import cp_route_support
 import cp_support
 from sagegen.patch.cp import ContextParallelUnsupported, check_cp_support
-from sagegen.parallel.attention import _validate
+from sagegen.parallel.collective import _validate
 from sagegen.patch.cp.enable import check_heads
 from sagegen.parallel.topology import Topology
 

@@ -10,7 +10,7 @@ from fused_support import DEVICE, assert_fused_like_stock, fp32_reference_and_ha
 from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
 from sagegen.patch.fusion import blocks as fused_blocks
-from sagegen.patch.families import cogvideox_blocks as fused_blocks_cogvideox
+from sagegen.patch.families import cogvideox as fused_blocks_cogvideox
 
 
 def _model(seed):

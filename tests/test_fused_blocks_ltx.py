@@ -12,7 +12,7 @@ from fused_support import (DEVICE, assert_fused_like_stock, fp32_reference_and_h
 from patch_support import rel_l1
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.patch.fusion import blocks as fused_blocks
-from sagegen.patch.families import ltx_blocks as fused_blocks_ltx
+from sagegen.patch.families import ltx as fused_blocks_ltx
 
 
 def _model(seed):

@@ -11,7 +11,7 @@ from fused_support import (DEVICE, assert_fused_like_stock, fp32_reference_and_h
                            on_device, stock_unfused_fused)
 from sagegen.kernels.triton_residual_norm import residual_norm
 from sagegen.patch.fusion import blocks as fused_blocks
-from sagegen.patch.families import qwenimage_blocks as fused_blocks_qwen
+from sagegen.patch.families import qwenimage as fused_blocks_qwen
 
 
 def _model(seed):

@@ -12,9 +12,9 @@ from sagegen.models.arch import example_inputs
 from sagegen.models.tiny import build_tiny_transformer
 from sagegen.patch import patch_info, set_attention_override
 from sagegen.patch.families import cogvideox as fused
+from sagegen.patch.families import flux, hunyuanvideo, mochi, sd3
 from sagegen.patch.fusion import blocks as fused_blocks
 from sagegen.patch.fusion import prologue as fused_common
-from sagegen.patch.fusion import joint as fused_joint
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 
@@ -102,7 +102,7 @@ def test_fused_mochi_steps_aside_where_it_would_differ(seed):
     prefix = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], device=DEVICE)
     with sagegen.patched(model):
         proc = attn.processor
-        call = lambda *args, **kw: fused.mochi_call(proc.original, proc._sage_session, attn, args, kw)
+        call = lambda *args, **kw: mochi.mochi_call(proc.original, proc._sage_session, attn, args, kw)
         out = call(hs, ehs, prefix)
         assert out is not None and out[0].shape == hs.shape
         assert call(hs, ehs, torch.tensor([[0, 1, 1, 0], [1, 1, 1, 1]], device=DEVICE)) is None  # not a prefix
@@ -134,7 +134,7 @@ def test_fused_sd3_one_layer_and_fallbacks(seed):
     ehs = torch.randn(2, 5, attn.add_q_proj.in_features, dtype=torch.bfloat16, device=DEVICE)
     with torch.no_grad(), sagegen.patched(model):
         proc = attn.processor
-        call = lambda *args, **kw: fused_joint.sd3_call(proc.original, proc._sage_session, attn, args, kw)
+        call = lambda *args, **kw: sd3.sd3_call(proc.original, proc._sage_session, attn, args, kw)
         stock = proc.original(attn, hs, ehs)
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs)
@@ -163,7 +163,7 @@ def test_fused_flux_one_layer_with_rotary_embeddings_and_fallbacks(seed):
     rope = (theta.cos(), theta.sin())
     with torch.no_grad(), sagegen.patched(model):
         proc = attn.processor
-        call = lambda *args, **kw: fused_joint.flux_call(proc.original, proc._sage_session, attn, args, kw)
+        call = lambda *args, **kw: flux.flux_call(proc.original, proc._sage_session, attn, args, kw)
         stock = proc.original(attn, hs, ehs, image_rotary_emb=rope)
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs, image_rotary_emb=rope)
@@ -243,7 +243,7 @@ def test_fused_hunyuan_one_layer_and_fallbacks(seed, block):
     mask[0, 19:] = False  # the first sample's last three text tokens are padding
     with torch.no_grad(), sagegen.patched(model):
         proc = attn.processor
-        call = lambda *args, **kw: fused_joint.hunyuan_call(proc.original, proc._sage_session, attn, args, kw)
+        call = lambda *args, **kw: hunyuanvideo.hunyuan_call(proc.original, proc._sage_session, attn, args, kw)
         proc._sage_session.fuse_qk_prologue = False
         routed = proc(attn, hs, ehs, mask, image_rotary_emb=rope)
         stock = proc.original(attn, hs, ehs, mask, image_rotary_emb=rope)

@@ -1,7 +1,7 @@
 """`sagegen.patch` on HunyuanVideo-1.5: the main blocks' attention gets a key mask [B, 1, 1, S] instead of the
-stock processor's query x key mask [B, 1, S, S] (`sagegen.patch.families.hunyuanvideo15`), with outputs bit-identical to
-the stock processor's on the same backend; `unpatch` gives back the stock processor objects; the policy's
-full-precision path, ``sparse=``, re-patching, a compiled block and the processor context parallelism
+stock processor's query x key mask [B, 1, S, S] (`sagegen.patch.families.hunyuanvideo15_call`), with outputs
+bit-identical to the stock processor's on the same backend; `unpatch` gives back the stock processor objects; the
+policy's full-precision path, ``sparse=``, re-patching, a compiled block and the processor context parallelism
 installs all still work."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sagegen.patch import dispatch_route as backend_route
 pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video15")
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0  # noqa: E402
 
-from sagegen.patch.families.hunyuanvideo15 import KeyMaskProcessor, key_mask_call  # noqa: E402
+from sagegen.patch.families.hunyuanvideo15_call import KeyMaskProcessor, key_mask_call  # noqa: E402
 
 REFINER = "context_embedder.token_refiner.refiner_blocks.0.attn"  # SDPA route, its own small text mask
 MAIN = ("transformer_blocks.0.attn", "transformer_blocks.1.attn")
@@ -174,7 +174,7 @@ def test_key_mask_call_hands_its_segments_to_sagegen_under_context_parallelism(m
     """Under CP with sagegen's backend the call passes its (video, text) lengths, so a Ulysses split attends in
     one process's token order (tests/test_cp_attention.py::test_segments_keep_one_process_order); with another
     backend, or without CP, it passes nothing (diffusers would drop the key, and warn under its checks)."""
-    import sagegen.patch.families.hunyuanvideo15 as hv15
+    import sagegen.patch.families.hunyuanvideo15_call as hv15
     from sagegen.patch.dispatch_route import backend_member
 
     model, inputs = _model()

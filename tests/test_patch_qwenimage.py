@@ -13,7 +13,7 @@ from patch_support import half_model_with_distinct_norms, rel_l1
 from sagegen.kernels.triton_qk_prologue import rms_norm_rope
 from sagegen.patch import patch_info, set_attention_override
 from sagegen.patch.fusion import blocks as fused_blocks
-from sagegen.patch.families.qwenimage import _pair_tables
+from sagegen.patch.families.qwenimage_call import _pair_tables
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernels run in the interpreter
 

@@ -14,6 +14,7 @@ import sagegen
 from helpers import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.patch import attention_modules, patch_info
+from sagegen.patch.families import wan
 from sagegen.patch.fusion import blocks as fused_blocks
 
 pytest.importorskip("diffusers.models.transformers.transformer_skyreels_v2")
@@ -87,8 +88,8 @@ def test_skyreels_block_modulation_layouts():
     c = block.scale_shift_table.shape[-1]
     x = torch.randn(1, 5, c, device=DEVICE, dtype=torch.bfloat16)
     temb = torch.randn(1, 6, 5, c, device=DEVICE)
-    parts = fused_blocks._modulation(block, temb, x)
+    parts = wan._modulation(block, temb, x)
     want = [e.squeeze(1) for e in (block.scale_shift_table.unsqueeze(2) + temb.float()).chunk(6, dim=1)]
     assert all(torch.equal(p, w) for p, w in zip(parts, want))
-    flat = fused_blocks._modulation(block, torch.randn(1, 6, c, device=DEVICE), x)
+    flat = wan._modulation(block, torch.randn(1, 6, c, device=DEVICE), x)
     assert all(p.shape == (1, 1, c) for p in flat)

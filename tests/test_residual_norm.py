@@ -14,6 +14,7 @@ from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm, residual_norm_reference
 from sagegen.models.tiny_video import build_tiny_wan_transformer
 from sagegen.patch import patch_info
+from sagegen.patch.families import wan
 from sagegen.patch.fusion import blocks as fused_blocks
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # on CPU the Triton kernel runs in the interpreter
@@ -180,7 +181,7 @@ def test_fused_wan_block_falls_back_where_it_cannot_reproduce(seed, monkeypatch)
     model = build_tiny_wan_transformer(dtype=torch.bfloat16, seed=1).to(DEVICE)
     block = model.blocks[0]
     block.norm1 = torch.nn.LayerNorm(block.norm1.normalized_shape, elementwise_affine=False)  # not FP32LayerNorm
-    assert not fused_blocks.fusable(block) and fused_blocks.fusable(model.blocks[1])
+    assert not wan.fusable(block) and wan.fusable(model.blocks[1])
     inputs = _inputs(model, seed=seed % 1000)
     with torch.no_grad():
         # the stock blocks around the same fused Q/K prologue: the prologue rounds differently from diffusers'

@@ -7,7 +7,7 @@ Turning it on for a model (diffusers' enable_parallelism with sagegen's plans an
 `sagegen.patch.cp.enable_context_parallel`.
 """
 
-from sagegen.parallel.attention import context_parallel_attention
+from sagegen.parallel.collective import context_parallel_attention
 from sagegen.parallel.local import sagegen_local_attention
 
 __all__ = ["context_parallel_attention", "sagegen_local_attention"]

@@ -20,19 +20,12 @@ the copy runs with it as ``self``.
 
 from __future__ import annotations
 
-import importlib
 
 from sagegen.backend.attention import BackendSettings
+from sagegen.patch import family_table
 from sagegen.patch.rebind import call_function, names_global, with_globals
 
 DISPATCH = "dispatch_attention_fn"
-# stock processor __call__ (by name) -> sagegen's module and the function there that gives its equivalent; the
-# module (and diffusers' model module) is imported only when a patched model has that processor
-_EQUIVALENTS = {
-    "HunyuanVideo15AttnProcessor2_0.__call__": ("sagegen.patch.families.hunyuanvideo15", "key_mask_call_for"),
-    "QwenDoubleStreamAttnProcessor2_0.__call__": ("sagegen.patch.families.qwenimage", "fused_call_for"),
-    "LTXVideoAttnProcessor.__call__": ("sagegen.patch.families.ltx", "fused_call_for"),
-}
 
 
 def dispatches(processor) -> bool:
@@ -58,10 +51,9 @@ def call_for(processor):
     """The function whose copy the backend route runs for ``processor``: sagegen's equivalent where it has
     one, else the processor's own ``__call__``."""
     fn = call_function(processor)
-    equivalent = _EQUIVALENTS.get(getattr(fn, "__qualname__", None))
-    if equivalent is not None:
-        module = importlib.import_module(equivalent[0])
-        return getattr(module, equivalent[1])(processor) or fn
+    equivalent_for = family_table.dispatch_call_for(getattr(fn, "__qualname__", None))
+    if equivalent_for is not None:  # a family's equivalent (its module, and diffusers' model module, load now)
+        return equivalent_for(processor) or fn
     return fn
 
 

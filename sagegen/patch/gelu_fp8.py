@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from sagegen.linear import FP8Linear
-from sagegen.patch.families import hunyuanvideo as _hunyuan
+from sagegen.patch.family_table import families, family
 
 
 class GeluInputOnly(torch.nn.Module):
@@ -53,8 +53,8 @@ def _inert(module: torch.nn.Module) -> bool:
 
 
 def _cat_gelu_block(module: torch.nn.Module) -> str | None:
-    """"flux" or "hunyuan" for a single block whose forward sagegen runs with ``proj_out.cat_gelu`` (an FP8
-    proj_out after the tanh GELU), else None."""
+    """"flux", or the family ("hunyuanvideo", from the family table), of a single block whose forward sagegen
+    runs with ``proj_out.cat_gelu`` (an FP8 proj_out after the tanh GELU), else None."""
     act = getattr(module, "act_mlp", None)
     if not (isinstance(getattr(module, "proj_out", None), FP8Linear) and type(act) is torch.nn.GELU
             and act.approximate == "tanh"):
@@ -64,7 +64,8 @@ def _cat_gelu_block(module: torch.nn.Module) -> str | None:
     flux = diffusers_class("diffusers.models.transformers.transformer_flux", "FluxSingleTransformerBlock")
     if flux is not None and isinstance(module, flux):  # the fused Flux block calls cat_gelu itself
         return "flux"
-    return "hunyuan" if _hunyuan.is_block(module) else None
+    code = next((c for c in families() if c.gelu_blocks is not None and c.gelu_blocks[0](module)), None)
+    return code.name if code is not None else None
 
 
 def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -74,8 +75,8 @@ def fuse(transformer: torch.nn.Module) -> dict[str, torch.nn.Module]:
     for name, module in transformer.named_modules():
         kind = _cat_gelu_block(module)
         if kind is not None:
-            if kind == "hunyuan":
-                _hunyuan.install(module)
+            if kind != "flux":
+                family(kind).gelu_blocks[1](module)
             module.proj_out.fuse_cat_gelu = True
             fused[f"{name}.proj_out" if name else "proj_out"] = module
             continue
@@ -97,7 +98,9 @@ def unfuse(fused: dict[str, torch.nn.Module]) -> None:
         if not isinstance(net, torch.nn.ModuleList):  # a Flux or HunyuanVideo single block
             if isinstance(getattr(net, "proj_out", None), FP8Linear):
                 net.proj_out.fuse_cat_gelu = False
-            _hunyuan.restore(net)
+            for code in families():
+                if code.gelu_blocks is not None:
+                    code.gelu_blocks[2](net)
             continue
         if isinstance(net[0], GeluInputOnly):
             net[0] = net[0].original

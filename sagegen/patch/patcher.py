@@ -30,6 +30,7 @@ from collections import Counter
 import torch
 
 from sagegen.config import SageConfig
+import sagegen.patch.families  # noqa: F401 (registers every family in sagegen.patch.family_table)
 from sagegen.patch import dispatch_route as _route
 from sagegen.patch.fusion import blocks as _blocks
 from sagegen.patch import graphs as _graphs

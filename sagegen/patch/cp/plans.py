@@ -5,8 +5,8 @@ none. Decided from the class alone, so the CLI can refuse a model before any wei
 - HunyuanVideo: sagegen's plan below. It splits the patch embedding's and the text embedder's outputs and
   the rotary tables; the joint key-padding mask the model builds from the *global* text mask cannot be split
   by a plan (its order is [all video, all text], a rank holds [its video, its text]), so a hook rebuilds it
-  per rank from the text mask (`_HunyuanVideoMask`).
-- HunyuanVideo-1.5: sagegen's plan, processor and text-splitting hook (hunyuanvideo15.py): its own
+  per rank from the text mask (`sagegen.patch.families.hunyuanvideo`).
+- HunyuanVideo-1.5: sagegen's plan, processor and text-splitting hook (`sagegen.patch.families.hunyuanvideo15`): its own
   processor builds a query x key mask from the tokens a rank holds, which cannot describe other ranks' tokens.
 - Models whose attention calls torch SDPA directly (CogVideoX, Mochi, SD3, ...): diffusers' CP cannot reach
   their attention; refused with that reason. So is SkyReels-V2, whose processor passes the CP config to its
@@ -15,8 +15,8 @@ none. Decided from the class alone, so the CLI can refuse a model before any wei
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+import sagegen.patch.families  # noqa: F401 (registers every family: the plans below are looked up there)
+from sagegen.patch import family_table
 
 # Processors that call F.scaled_dot_product_attention themselves (measured, diffusers 0.42)
 _DIRECT_SDPA = {
@@ -35,27 +35,6 @@ class ContextParallelUnsupported(ValueError):
     """This model cannot run context-parallel (the message says why)."""
 
 
-def _hunyuan_video_plan() -> dict:
-    from diffusers.models._modeling_parallel import ContextParallelInput as In
-    from diffusers.models._modeling_parallel import ContextParallelOutput as Out
-
-    return {
-        "x_embedder": {0: In(split_dim=1, expected_dims=3, split_output=True)},       # video tokens [B, N, C]
-        "context_embedder": {0: In(split_dim=1, expected_dims=3, split_output=True)},  # text tokens [B, L, C]
-        "rope": {0: In(split_dim=0, expected_dims=2, split_output=True),               # cos, sin [N, D]
-                 1: In(split_dim=0, expected_dims=2, split_output=True)},
-        "proj_out": Out(gather_dim=1, expected_dims=3),
-    }
-
-
-def _hunyuan_video15_plan() -> dict:
-    from sagegen.patch.families.hunyuanvideo15_cp import hunyuan_video15_plan
-
-    return hunyuan_video15_plan()
-
-
-_SAGEGEN_PLANS = {"HunyuanVideoTransformer3DModel": _hunyuan_video_plan,
-                  "HunyuanVideo15Transformer3DModel": _hunyuan_video15_plan}
 
 
 def check_cp_support(model_cls) -> str:
@@ -74,7 +53,7 @@ def check_cp_support(model_cls) -> str:
                                          f"{_NEEDS_PROCESSOR_CHANGES[name]}")
     if getattr(cls, "_cp_plan", None):
         return "diffusers"
-    if name in _SAGEGEN_PLANS:
+    if family_table.cp_plan(name) is not None:
         return "sagegen"
     raise ContextParallelUnsupported(
         f"{name} has no context-parallel plan (_cp_plan) in this diffusers version and sagegen supplies none")
@@ -101,78 +80,12 @@ def cp_plan_for(model) -> dict:
     """The plan to pass to ``enable_parallelism(cp_plan=...)``."""
     if check_cp_support(model) == "diffusers":
         return type(model)._cp_plan
-    return _SAGEGEN_PLANS[type(model).__name__]()
+    return family_table.cp_plan(type(model).__name__)()
 
 
 def install_model_hooks(model, parallel_config) -> None:
     """Hooks a sagegen plan needs besides splitting and gathering (HunyuanVideo's joint mask; HunyuanVideo-1.5's
-    text split and key-mask processor)."""
-    if type(model).__name__ == "HunyuanVideo15Transformer3DModel" and check_cp_support(model) == "sagegen":
-        from sagegen.patch.families.hunyuanvideo15_cp import install_hunyuan_video15
-
-        install_hunyuan_video15(model, parallel_config)
-    if type(model).__name__ == "HunyuanVideoTransformer3DModel" and check_cp_support(model) == "sagegen":
-        from diffusers.hooks import HookRegistry
-
-        cp = getattr(parallel_config, "context_parallel_config", parallel_config)
-        state = _HunyuanVideoMask(cp._flattened_mesh.get_group())
-        HookRegistry.check_if_exists_or_initialize(model).register_hook(state.capture_hook(), "sagegen_cp_mask")
-        for block in [*model.transformer_blocks, *model.single_transformer_blocks]:
-            HookRegistry.check_if_exists_or_initialize(block).register_hook(state.block_hook(), "sagegen_cp_mask")
-
-
-class _HunyuanVideoMask:
-    """HunyuanVideo builds its key mask [B, 1, 1, N + L] as [all video (True), text valid-prefix] from the
-    global text mask. A rank holds video tokens n_l and text tokens l_l (chunk ``rank`` of each): its key
-    mask is [True * n_l, text_mask[:, rank * l_l:(rank + 1) * l_l]], rebuilt here for every block call."""
-
-    def __init__(self, group):
-        self.group = group
-        self.text_mask = None
-        self.cache = None
-
-    def capture_hook(self):
-        from diffusers.hooks import ModelHook
-
-        state = self
-
-        class Capture(ModelHook):
-            def pre_forward(self, module, *args, **kwargs):
-                mask = kwargs.get("encoder_attention_mask", args[3] if len(args) > 3 else None)
-                state.text_mask, state.cache = mask, None
-                return args, kwargs
-
-        return Capture()
-
-    def block_hook(self):
-        from diffusers.hooks import ModelHook
-
-        state = self
-
-        class BlockMask(ModelHook):
-            def pre_forward(self, module, *args, **kwargs):
-                args = list(args)
-                token_replace = kwargs.get("token_replace_emb", args[5] if len(args) > 5 else None)
-                if token_replace is not None:
-                    raise NotImplementedError("HunyuanVideo's image-to-video token replacement (first-frame "
-                                              "modulation) is not supported under context parallelism")
-                mask = state.local_mask(args[0] if args else kwargs["hidden_states"],
-                                        args[1] if len(args) > 1 else kwargs["encoder_hidden_states"])
-                if "attention_mask" in kwargs or len(args) <= 3:
-                    kwargs["attention_mask"] = mask
-                else:
-                    args[3] = mask
-                return tuple(args), kwargs
-
-        return BlockMask()
-
-    def local_mask(self, hidden: torch.Tensor, text: torch.Tensor) -> torch.Tensor:
-        n_l, l_l = hidden.shape[1], text.shape[1]
-        if self.cache is None or self.cache.shape[-1] != n_l + l_l:
-            # as the model does: the first sum(text_mask) text tokens are valid, whatever the mask's pattern
-            rank = dist.get_rank(self.group)
-            valid = self.text_mask.to(hidden.device).sum(dim=1, dtype=torch.int)[:, None]
-            text_idx = torch.arange(rank * l_l, (rank + 1) * l_l, device=hidden.device)[None, :]
-            video = torch.ones(valid.shape[0], n_l, dtype=torch.bool, device=hidden.device)
-            self.cache = torch.cat([video, text_idx < valid], dim=1)[:, None, None, :]
-        return self.cache
+    text split and key-mask processor), from the family table."""
+    hook = family_table.cp_hook(type(model).__name__)
+    if hook is not None and check_cp_support(model) == "sagegen":
+        hook(model, parallel_config)

@@ -22,6 +22,22 @@ identity); anything else runs the original. Mochi runs its attention eagerly und
 (a data-dependent ``nonzero`` breaks the graph), so this path serves compiled Mochi too.
 
 SD3/SD3.5, Flux and HunyuanVideo: the same idea for their joint attention, in `fused_joint`.
+
+CogVideoX's blocks with their element-wise work fused: three `residual_norm` passes per stream.
+
+diffusers' ``CogVideoXBlock`` normalises the video and the text stream with one affine LayerNorm
+(``CogVideoXLayerNormZero``: its linear makes shift, scale and gate of both streams), modulates, adds the gated
+attention output, normalises again, runs the feed-forward over the concatenated streams and adds its gated
+halves back: per stream about a dozen bf16 kernels over the hidden state. Here, per stream:
+
+    n = LN(x)·(1+scale)+shift                                  -> attention
+    x = x + attn·gate;  n = LN(x)·(1+scale2)+shift2            -> ff(cat(text, video))   (one pass)
+    x = x + ff[stream]·gate2                                                             (one pass)
+
+Values: the stock ops round the normalised row and every intermediate to bf16, the passes compute in fp32 and
+round once (tests/test_fused_blocks_cogvideox.py bounds the difference against an fp32 run). Norms without
+affine weights or of another kind, fp32 models, compile, autograd and CPU outside the interpreter take the
+stock forward.
 """
 
 from __future__ import annotations
@@ -29,8 +45,10 @@ from __future__ import annotations
 import torch
 
 from sagegen.patch import fp8_handoff as fp8_out
-from sagegen.patch.graphs import value_checks_allowed
-from sagegen.patch.fusion.prologue import _arguments, _joint_attention, _kernel_can_run, _rope_pair, qkv_projections
+from sagegen.patch.families import sd3 as _sd3
+from sagegen.patch.fusion.prologue import _arguments, _kernel_can_run, _rope_pair, qkv_projections
+from sagegen.patch.fusion.prologue import diffusers_class
+from sagegen.patch.family_table import FamilyCode, register
 
 
 def _layer_norm_params(norm, head_dim: int):
@@ -86,68 +104,53 @@ def cogvideox_call(original, session, attn, args, kwargs):
     return hidden_states, encoder_hidden_states
 
 
-def _rms_norm_params(norm, head_dim: int):
-    """(weight or None, eps) of diffusers' MochiRMSNorm over the head dim; None for no norm; False otherwise."""
-    if norm is None:
-        return None
-    if (type(norm).__name__ == "MochiRMSNorm" and tuple(getattr(norm, "dim", ())) == (head_dim,)
-            and isinstance(getattr(norm, "eps", None), float)):
-        weight = getattr(norm, "weight", None)
-        if weight is None or (isinstance(weight, torch.Tensor) and tuple(weight.shape) == (head_dim,)):
-            return weight, norm.eps
-    return False
+def _cls():
+    return diffusers_class("diffusers.models.transformers.cogvideox_transformer_3d", "CogVideoXBlock")
 
 
-def _prefix_lengths(mask: torch.Tensor, batch: int, text_len: int):
-    """Valid text tokens per sample [B] when the mask [B, T] keeps a prefix of them; else None (one sync)."""
-    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (batch, text_len) or not value_checks_allowed():
-        return None
-    valid = mask != 0
-    lengths = valid.sum(1)
-    prefix = torch.arange(text_len, device=mask.device)[None, :] < lengths[:, None]
-    return lengths if bool((valid == prefix).all()) else None
+def _norm_zero(norm, dim: int) -> bool:
+    from diffusers.models.normalization import CogVideoXLayerNormZero
+
+    ln = getattr(norm, "norm", None)
+    return (type(norm) is CogVideoXLayerNormZero and type(ln) is torch.nn.LayerNorm
+            and tuple(ln.normalized_shape) == (dim,) and ln.weight is not None and ln.bias is not None)
 
 
-def mochi_call(original, session, attn, args, kwargs):
-    """MochiAttnProcessor2_0.__call__ with Q/K norms and rotary embeddings fused into a joint buffer and one
-    batched attention call; None where not applicable."""
-    a = _arguments(original, "diffusers.models.attention_processor.MochiAttnProcessor2_0", attn, args, kwargs)
-    if a is None:
-        return None
-    hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
-    if not (isinstance(hidden_states, torch.Tensor) and isinstance(encoder_hidden_states, torch.Tensor)
-            and hidden_states.dim() == 3 and encoder_hidden_states.dim() == 3):
-        return None
-    out_features = getattr(attn.to_q, "out_features", None)
-    if not isinstance(out_features, int) or not _kernel_can_run(getattr(attn.to_q, "weight", None), hidden_states):
-        return None
-    heads = attn.heads
-    head_dim = out_features // heads
-    batch, n_video, n_text = hidden_states.size(0), hidden_states.size(1), encoder_hidden_states.size(1)
-    norms = [_rms_norm_params(getattr(attn, name, None), head_dim)
-             for name in ("norm_q", "norm_k", "norm_added_q", "norm_added_k")]
-    rope = _rope_pair(a.get("image_rotary_emb"), n_video, heads, head_dim // 2)
-    if any(n is False for n in norms) or rope is False or head_dim % 2:
-        return None
-    lengths = _prefix_lengths(a.get("attention_mask"), batch, n_text)
-    if lengths is None:
-        return None
+def fusable(block) -> bool:
+    """Exactly diffusers' CogVideoXBlock with affine LayerNorms in both CogVideoXLayerNormZero."""
+    cls = _cls()
+    if cls is None or type(block) is not cls:
+        return False
+    dim = getattr(getattr(block.norm1, "norm", None), "normalized_shape", (None,))[0]
+    return isinstance(dim, int) and _norm_zero(block.norm1, dim) and _norm_zero(block.norm2, dim)
 
-    device = hidden_states.device
-    video = qkv_projections(attn, hidden_states)
-    text = (attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
-            attn.add_v_proj(encoder_hidden_states))
-    text_valid = torch.arange(n_text, device=device)[None, :] < lengths[:, None].to(device)
-    keys = torch.cat([torch.ones(batch, n_video, dtype=torch.bool, device=device), text_valid], dim=1)
-    out = _joint_attention(session, [(video, slice(0, n_video), norms[:2], rope),
-                                     (text, slice(n_video, None), norms[2:], None)],
-                           heads, head_dim, keys[:, None, None, :],
-                           fp8_out=fp8_out.wanted(attn.to_out[0], batch * n_video))
-    hidden_states = fp8_out.tokens(out, slice(0, n_video))
-    encoder_hidden_states = fp8_out.dense(fp8_out.tokens(out, slice(n_video, None)))
-    encoder_hidden_states = encoder_hidden_states * text_valid[..., None].to(encoder_hidden_states.dtype)  # stock
-    hidden_states = attn.to_out[1](fp8_out.project(attn.to_out[0], hidden_states))
-    if hasattr(attn, "to_add_out"):
-        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-    return hidden_states, encoder_hidden_states
 
+def _modulation(norm, temb):
+    """shift, scale, gate (video) and the text's, each [B, 1, C], as CogVideoXLayerNormZero splits them."""
+    return [p[:, None, :] for p in norm.linear(norm.silu(temb)).chunk(6, dim=1)]
+
+
+def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hidden_states, temb,
+                  image_rotary_emb=None, attention_kwargs=None):
+    """`CogVideoXBlock.forward` through `residual_norm` passes."""
+    if not _sd3.joint_inputs_ok(can_run, hidden_states, encoder_hidden_states, temb):
+        return stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_kwargs)
+    text_len = encoder_hidden_states.size(1)
+    x, c = hidden_states.contiguous(), encoder_hidden_states.contiguous()
+    ln1, ln2 = self.norm1.norm, self.norm2.norm
+    shift, scale, gate, c_shift, c_scale, c_gate = _modulation(self.norm1, temb)
+    _, n = residual_norm(x, weight=ln1.weight, bias=ln1.bias, eps=ln1.eps, scale=scale, shift=shift)
+    _, cn = residual_norm(c, weight=ln1.weight, bias=ln1.bias, eps=ln1.eps, scale=c_scale, shift=c_shift)
+    attn, c_attn = self.attn1(hidden_states=n, encoder_hidden_states=cn, image_rotary_emb=image_rotary_emb,
+                              **(attention_kwargs or {}))
+    shift, scale, gate_ff, c_shift, c_scale, c_gate_ff = _modulation(self.norm2, temb)
+    x, n = residual_norm(x, attn, gate, weight=ln2.weight, bias=ln2.bias, eps=ln2.eps, scale=scale, shift=shift)
+    c, cn = residual_norm(c, c_attn, c_gate, weight=ln2.weight, bias=ln2.bias, eps=ln2.eps, scale=c_scale,
+                          shift=c_shift)
+    ff = self.ff(torch.cat([cn, n], dim=1))
+    x, _ = residual_norm(x, ff[:, text_len:], gate_ff, norm=False)
+    c, _ = residual_norm(c, ff[:, :text_len], c_gate_ff, norm=False)
+    return x, c
+
+
+register(FamilyCode("cogvideox", prologue=cogvideox_call, blocks=((fusable, fused_forward),)))

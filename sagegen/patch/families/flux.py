@@ -28,6 +28,11 @@ import torch
 from sagegen.linear.shared import sharing
 from sagegen.patch.families import sd3 as _sd3
 from sagegen.patch.fusion.prologue import TEXT_LEN, diffusers_class
+from sagegen.api import triton_interpret
+from sagegen.patch import fp8_handoff as fp8_out
+from sagegen.patch.family_table import FamilyCode, register
+from sagegen.patch.fusion.joint import _parallel_route, _torch_rms_params
+from sagegen.patch.fusion.prologue import _HALF, _arguments, _joint_attention, _rope_pair, qkv_projections
 
 _MODULE = "diffusers.models.transformers.transformer_flux"
 
@@ -106,3 +111,72 @@ def _single_attention(attn, text_len: int, n, image_rotary_emb, joint_attention_
     finally:
         if eager:
             attn.__dict__.pop(TEXT_LEN, None)
+
+
+def flux_call(original, session, attn, args, kwargs):
+    """FluxAttnProcessor.__call__ with Q/K RMSNorms and rotary embeddings written into joint buffers (no
+    concatenations, no fp32 copies); None where not applicable."""
+    a = _arguments(original, "diffusers.models.transformers.transformer_flux.FluxAttnProcessor", attn, args, kwargs)
+    if a is None:
+        return None
+    parallel = _parallel_route(original, session)
+    if parallel is False:
+        return None
+    from diffusers.models.transformers.transformer_flux import _get_qkv_projections
+    hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
+    if a.get("attention_mask") is not None or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
+        return None
+    joint_text = getattr(attn, "added_kv_proj_dim", None) is not None
+    if joint_text != (encoder_hidden_states is not None):
+        return None  # shapes the stock processor itself does not combine this way
+    if joint_text and (not isinstance(encoder_hidden_states, torch.Tensor) or encoder_hidden_states.dim() != 3):
+        return None
+    dtype, head_dim = hidden_states.dtype, getattr(attn, "head_dim", None)
+    if dtype not in _HALF or not isinstance(head_dim, int) or head_dim % 2 or not (
+            hidden_states.is_cuda or triton_interpret()):
+        return None
+    names = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if joint_text else ())
+    norms = [_torch_rms_params(getattr(attn, n, None), head_dim, dtype) for n in names]
+    if any(n is False for n in norms):
+        return None
+    n_img = hidden_states.shape[1]
+    n_txt = encoder_hidden_states.shape[1] if joint_text else 0
+    total = n_txt + n_img
+    rope = _rope_pair(a.get("image_rotary_emb"), total, head_dim)
+    if rope is False:
+        return None
+
+    if getattr(attn, "fused_projections", False):
+        projections = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    else:  # diffusers' unfused projections, the image's as one FP8 GEMM where the patch stacked them
+        e = encoder_hidden_states if joint_text else None
+        projections = qkv_projections(attn, hidden_states) + (
+            (attn.add_q_proj(e), attn.add_k_proj(e), attn.add_v_proj(e)) if e is not None else (None,) * 3)
+    if any(t is not None and t.dtype != dtype for t in projections):
+        return None
+    heads = projections[0].shape[-1] // head_dim
+    parts = [(projections[:3], slice(n_txt, None), norms[:2])]
+    if joint_text:
+        parts.append((projections[3:], slice(0, n_txt), norms[2:]))
+    parts = [(qkv, rows, n, (rope[0][rows], rope[1][rows]) if rope is not None else None) for qkv, rows, n in parts]
+    segments = None
+    if parallel is not None and not joint_text:  # a single block's [text, image] rows (`fused_blocks_flux`)
+        text_len = attn.__dict__.get(TEXT_LEN)
+        segments = (text_len, n_img - text_len) if isinstance(text_len, int) and 0 < text_len < n_img else None
+    # (a single block's output goes to its proj_out with the MLP's: bf16)
+    fp8 = joint_text and fp8_out.wanted(attn.to_out[0], hidden_states.shape[0] * n_img)
+    out = _joint_attention(session, parts, heads, head_dim, parallel=parallel, segments=segments,
+                           per_channel_rope=True, fp8_out=fp8)
+    if not joint_text:
+        return out
+    if isinstance(out, fp8_out.Fp8Rows):
+        encoder_out = fp8_out.dense(fp8_out.tokens(out, slice(0, n_txt)))
+        out = attn.to_out[1](fp8_out.project(attn.to_out[0], fp8_out.tokens(out, slice(n_txt, None))))
+        return out, attn.to_add_out(encoder_out)
+    encoder_out, out = out.split_with_sizes([n_txt, n_img], dim=1)
+    out = attn.to_out[1](attn.to_out[0](out.contiguous()))
+    return out, attn.to_add_out(encoder_out.contiguous())
+
+
+register(FamilyCode("flux", prologue=flux_call,
+                    blocks=((double_fusable, double_forward), (single_fusable, single_forward))))

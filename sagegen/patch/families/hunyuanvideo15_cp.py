@@ -11,7 +11,7 @@ query of this rank wherever another rank holds padding at the same position. So,
 - the plan splits the patch embedding's output (video) and the rotary tables, and gathers ``proj_out``;
 - a hook on the first block pads the text to a multiple of the CP world with masked tokens (exact: a masked
   key has no weight) and gives each rank chunk ``rank`` of it; every block then gets that chunk's mask;
-- `KeyMaskProcessor` (``sagegen.patch.families.hunyuanvideo15``, which `sagegen.patch` uses on every run) hands the
+- `KeyMaskProcessor` (``sagegen.patch.families.hunyuanvideo15_call``, which `sagegen.patch` uses on every run) hands the
   attention a key mask [B, 1, 1, S_local] (which sagegen's CP gathers and rotates with the KV chunk) and
   zeroes the outputs of padding queries afterwards. That equals the model's ``m[i] & m[j]`` exactly: a valid
   query sees the valid keys, a padding query (every key masked) gives 0.
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from diffusers.models._modeling_parallel import ContextParallelInput as In
 from diffusers.models._modeling_parallel import ContextParallelOutput as Out
 
-from sagegen.patch.families.hunyuanvideo15 import KeyMaskProcessor
+from sagegen.patch.families.hunyuanvideo15_call import KeyMaskProcessor
 
 
 def hunyuan_video15_plan() -> dict:

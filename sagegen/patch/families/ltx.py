@@ -1,88 +1,95 @@
-"""LTX-Video's attention with the Q/K RMSNorms (across heads) and rotary embeddings fused, on the backend route.
+"""LTX-Video's blocks with their element-wise work fused: four `residual_norm` passes (RMSNorm mode) per block.
 
-diffusers' ``LTXVideoAttnProcessor`` normalises Q and K over all heads (``torch.nn.RMSNorm(H·D)``) and, in
-self-attention, rotates them with fp32 tables of one (cos, sin) per channel [B, N, H·D] (``x·cos +
-rotate(x)·sin`` over fp32 copies: about eight eager kernels per tensor). `fused_call` writes each normalised
-(and rotated) tensor into an attention buffer in one Triton pass (`kernels.triton_heads_rms_rope`,
-``per_channel_rope``), with the eager roundings, and otherwise makes exactly the stock processor's calls (the
-text mask prepared by ``attn.prepare_attention_mask``, the same ``dispatch_attention_fn`` call).
+diffusers' ``LTXVideoTransformerBlock.forward``:
 
-As in `qwenimage`, the backend route runs a copy whose globals it sets (``dispatch_attention_fn``,
-``_SAGEGEN_SESSION``, ``_STOCK_CALL``); the routed stock call runs under torch.compile, on CPU without the
-Triton interpreter, for fp32 models, other norms or tables, or an attention override. Under context
-parallelism the fused call runs on the rank's tokens and rows of the tables, as diffusers' plan splits them.
-Imports diffusers.
+    n1 = RMSNorm(x)·(1+scale_msa)+shift_msa                -> attn1 (self-attention)  (one pass)
+    x = x + attn1·gate_msa                                  -> attn2 (cross-attention) (one pass; + FP8 copy)
+    x = x + attn2;  n2 = RMSNorm(x)·(1+scale_mlp)+shift_mlp -> ff                      (one pass)
+    x = x + ff·gate_mlp                                                                (one pass)
+
+each line several bf16 kernels in the stock forward (~30 ms of a 173 ms 704x512x161 sagegen step on an H200,
+bench/NOTES.md v5.7). The six modulation vectors (per sample or per token: image-to-video conditions the first
+frame's tokens with their own timestep) are the stock forward's ``scale_shift_table + temb`` views.
+
+Values: the stock ops round the normalised row and every intermediate to bf16, the passes compute in fp32 and
+round once (tests/test_fused_blocks_ltx.py bounds the difference against an fp32 run). Norms with weights, a
+modulation whose dtype differs from the activations' (the stock forward would then promote to fp32), fp32
+models, compile, autograd and CPU outside the interpreter take the stock forward.
 """
 
 from __future__ import annotations
 
 import torch
-from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
 
-from sagegen.patch import fp8_handoff as fp8_out
-from sagegen.patch.fusion.prologue import _backend_copy_can_fuse
-from sagegen.patch.families.wan import _heads_rms_params
-from sagegen.patch.rebind import equivalent_for
-
-_SAGEGEN_SESSION = None  # set in the backend route's copy
-_STOCK_CALL = None       # set in the backend route's copy
+from sagegen.linear.shared import sharing
+from sagegen.patch import fp8_handoff as _fp8_out
+from sagegen.patch.fusion.prologue import diffusers_class
+from sagegen.patch.family_table import FamilyCode, register
 
 
-def _channel_tables(rope, shape: tuple[int, int, int]):
-    """(cos, sin) fp32 [B, N, H·D] as LTX's apply_rotary_emb reads them; None; False for another form."""
-    if rope is None:
+def _cls():
+    return diffusers_class("diffusers.models.transformers.transformer_ltx", "LTXVideoTransformerBlock")
+
+
+def _plain_rms(norm, dim: int) -> bool:
+    from diffusers.models.normalization import RMSNorm
+
+    return type(norm) is RMSNorm and norm.weight is None and tuple(getattr(norm, "dim", (dim,))) == (dim,)
+
+
+def fusable(block) -> bool:
+    """Exactly diffusers' LTXVideoTransformerBlock with RMSNorms without weights and a [6, C] modulation table."""
+    cls = _cls()
+    if cls is None or type(block) is not cls:
+        return False
+    table = getattr(block, "scale_shift_table", None)
+    if not isinstance(table, torch.Tensor) or table.ndim != 2 or table.shape[0] != 6:
+        return False
+    dim = table.shape[1]
+    return _plain_rms(block.norm1, dim) and _plain_rms(block.norm2, dim)
+
+
+def _modulation(self, temb, x):
+    """The six [B, 1 or S, C] vectors as the stock forward derives them; None where the passes cannot take them."""
+    B, S, C = x.shape
+    if temb.ndim != 3 or temb.shape[0] != B or temb.shape[1] not in (1, S) or temb.shape[2] != 6 * C:
         return None
-    if (isinstance(rope, (tuple, list)) and len(rope) == 2
-            and all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) == shape
-                    for t in rope)):
-        return rope[0], rope[1]
-    return False
+    ada = self.scale_shift_table[None, None].to(temb.device) + temb.reshape(B, temb.size(1), 6, -1)
+    if ada.dtype != x.dtype:  # the stock forward would promote the residual stream: not reproduced
+        return None
+    return ada.unbind(dim=2)
 
 
-def fused_call(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-    """``LTXVideoAttnProcessor.__call__`` with the Q/K prologue fused (see the module doc).
-    hidden_states [B, N, C] (encoder_hidden_states [B, M, C_text] for cross-attention) -> [B, N, C]."""
-    session = _SAGEGEN_SESSION
-    args = (self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
-    # under context parallelism each rank holds its tokens' rows of the rotary tables (diffusers' LTX plan)
-    if not _backend_copy_can_fuse(session, self, hidden_states, getattr(attn.to_q, "weight", None), split_ok=True):
-        return _STOCK_CALL(*args)
-    context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
-    heads, dtype = attn.heads, hidden_states.dtype
-    inner = getattr(attn.to_q, "out_features", None)
-    if not isinstance(inner, int) or inner % heads or getattr(attn.to_k, "out_features", None) != inner \
-            or not isinstance(context, torch.Tensor) or context.dim() != 3 or (inner // heads) % 2:
-        return _STOCK_CALL(*args)
-    norms = [_heads_rms_params(getattr(attn, n, None), inner, dtype) for n in ("norm_q", "norm_k")]
-    tables = _channel_tables(image_rotary_emb, (hidden_states.shape[0], hidden_states.shape[1], inner))
-    if any(n is False for n in norms) or tables is False or (tables is not None and context is not hidden_states):
-        return _STOCK_CALL(*args)
-
-    from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
-
-    batch_size, sequence_length = context.shape[:2]
-    if attention_mask is not None:  # as the stock processor prepares it
-        attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
-        attention_mask = attention_mask.view(batch_size, heads, -1, attention_mask.shape[-1])
-    query, key, value = attn.to_q(hidden_states), attn.to_k(context), attn.to_v(context)
-    if any(t.dtype != dtype for t in (query, key, value)):
-        return _STOCK_CALL(*args)  # (the projections already ran: never a supported model)
-    query, key, value = (t.unflatten(2, (heads, -1)) for t in (query, key, value))
-    query = heads_rms_norm_rope(query, norms[0], tables, per_channel_rope=True)
-    key = heads_rms_norm_rope(key, norms[1], tables, per_channel_rope=True)
-    session.count("fused_qk_prologue")
-    rows = fp8_out.backend_copy_attention(session, self, attn.to_out[0], query, key, value, attention_mask,
-                                          query.shape[0] * query.shape[1])
-    if rows is not None:  # e4m3 for the FP8 output projection (fp8_out)
-        return attn.to_out[1](fp8_out.project(attn.to_out[0], rows))
-    out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                                backend=self._attention_backend, parallel_config=self._parallel_config)
-    out = out.flatten(2, 3).to(query.dtype)
-    return attn.to_out[1](attn.to_out[0](out))
+def fused_forward(self, stock, can_run, residual_norm, hidden_states, encoder_hidden_states, temb,
+                  image_rotary_emb=None, encoder_attention_mask=None):
+    """`LTXVideoTransformerBlock.forward` through four `residual_norm` passes."""
+    mods = _modulation(self, temb, hidden_states) if can_run(hidden_states) and torch.is_tensor(temb) else None
+    if mods is None:
+        return stock(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb, encoder_attention_mask)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
+    x = hidden_states.contiguous()
+    _, n = residual_norm(x, scale=scale_msa, shift=shift_msa, eps=self.norm1.eps, rms=True)
+    y = self.attn1(hidden_states=n, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
+    # cross-attention's Q projection reads this residual sum (as does the next pass): where it runs FP8, the
+    # pass writes the sum's per-token FP8 copy too, and the projection takes it (fp8_out.offer)
+    to_q = self.attn2.to_q
+    want_copy = _fp8_out.CROSS_Q_FP8 and _fp8_out.takes_fp8_rows(to_q, x.shape[0] * x.shape[1])
+    x, copy = residual_norm(x, y, gate_msa, norm=False, fp8_out=want_copy)
+    with sharing():
+        if copy is not None:
+            _fp8_out.offer(to_q, x, copy)
+        y = self.attn2(x, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                       attention_mask=encoder_attention_mask)
+    x, n = residual_norm(x, y, scale=scale_mlp, shift=shift_mlp, eps=self.norm2.eps, rms=True)
+    x, _ = residual_norm(x, self.ff(n), gate_mlp, norm=False)
+    return x
 
 
-def fused_call_for(processor):
-    """`fused_call` where ``processor`` runs the stock ``LTXVideoAttnProcessor.__call__`` (of the signature it mirrors);
-    None otherwise (the processor's own ``__call__`` runs)."""
-    return equivalent_for(processor, LTXVideoAttnProcessor.__call__, fused_call)
+def _fused_call_for(processor):
+    from sagegen.patch.families import ltx_call  # imports diffusers' LTX module: only for a model that has it
+
+    return ltx_call.fused_call_for(processor)
+
+
+register(FamilyCode("ltx", blocks=((fusable, fused_forward),),
+                    dispatch_calls={"LTXVideoAttnProcessor.__call__": _fused_call_for}))

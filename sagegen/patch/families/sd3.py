@@ -23,6 +23,11 @@ import importlib
 
 import torch
 
+from sagegen.patch import fp8_handoff as fp8_out
+from sagegen.patch.family_table import FamilyCode, register
+from sagegen.patch.fusion.joint import _diffusers_rms_params
+from sagegen.patch.fusion.prologue import _arguments, _joint_attention, _kernel_can_run, qkv_projections
+
 _SD3_BLOCK = ("diffusers.models.attention", "JointTransformerBlock")
 
 
@@ -113,3 +118,45 @@ def joint_body(residual_norm, hidden_states, encoder_hidden_states, mods, c_mods
     if clip_image and x.dtype == torch.float16:
         x = x.clip(-65504, 65504)
     return c, x
+
+
+def sd3_call(original, session, attn, args, kwargs):
+    """JointAttnProcessor2_0.__call__ with the Q/K RMSNorms written into joint buffers (no concatenations);
+    None where not applicable."""
+    a = _arguments(original, "diffusers.models.attention_processor.JointAttnProcessor2_0", attn, args, kwargs)
+    if a is None:  # (its attention_mask is ignored below, as the stock processor ignores it)
+        return None
+    hidden_states, encoder_hidden_states = a.get("hidden_states"), a.get("encoder_hidden_states")
+    if not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 3:
+        return None
+    if encoder_hidden_states is not None and (not isinstance(encoder_hidden_states, torch.Tensor)
+                                              or encoder_hidden_states.dim() != 3):
+        return None
+    weight, inner_dim = getattr(attn.to_q, "weight", None), getattr(attn.to_k, "out_features", None)
+    dtype = hidden_states.dtype
+    if not isinstance(inner_dim, int) or not _kernel_can_run(weight, hidden_states) or dtype != weight.dtype:
+        return None
+    heads = attn.heads
+    head_dim = inner_dim // heads
+    names = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if encoder_hidden_states is not None else ())
+    norms = [_diffusers_rms_params(getattr(attn, n, None), head_dim, dtype) for n in names]
+    if any(n is False for n in norms):
+        return None
+
+    n_img = hidden_states.shape[1]
+    parts = [(qkv_projections(attn, hidden_states), slice(0, n_img), norms[:2], None)]
+    if encoder_hidden_states is not None:
+        parts.append(((attn.add_q_proj(encoder_hidden_states), attn.add_k_proj(encoder_hidden_states),
+                       attn.add_v_proj(encoder_hidden_states)), slice(n_img, None), norms[2:], None))
+    fp8 = fp8_out.wanted(attn.to_out[0], hidden_states.shape[0] * n_img)
+    out = _joint_attention(session, parts, heads, head_dim, round_before_weight=True, fp8_out=fp8)
+    if encoder_hidden_states is not None:
+        out, encoder_out = fp8_out.tokens(out, slice(0, n_img)), fp8_out.tokens(out, slice(n_img, None))
+        encoder_out = fp8_out.dense(encoder_out)
+        if not attn.context_pre_only:
+            encoder_out = attn.to_add_out(encoder_out)
+    out = attn.to_out[1](fp8_out.project(attn.to_out[0], out))
+    return (out, encoder_out) if encoder_hidden_states is not None else out
+
+
+register(FamilyCode("sd3", prologue=sd3_call, blocks=((fusable, fused_forward),)))
