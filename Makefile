@@ -23,7 +23,7 @@ $(STAMP): $(LOCK) pyproject.toml
 	$(PY) -m pip install -q --no-cache-dir -r $(LOCK)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pip check
-	$(PY) tests/test_cli_typer_versions.py --install
+	$(PY) tests/cli/test_cli_typer_versions.py --install
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -56,7 +56,7 @@ test-gpu: $(STAMP)
 # .diffusers/<V>, beside .venv, with the transformers and huggingface-hub of its era): routes, output vs stock and
 # exact unpatch for the tiny pipelines and models, and the backend's status. `.ci/run` runs it after `make test`.
 test-diffusers: $(STAMP)
-	$(PY) tests/diffusers_versions.py --install-only
+	$(PY) tests/support/diffusers_versions.py --install-only
 	$(PY) -m pytest -q $(XDIST) --durations=10 -m diffusers_matrix tests
 
 # Drift, seen on purpose: the newest resolution of `.[eval,test]` in its own environment (.venv-latest), what
@@ -67,7 +67,7 @@ test-latest:
 	.venv-latest/bin/python -m pip install -q --upgrade 'pip>=24'
 	.venv-latest/bin/python -m pip install -q --no-cache-dir -e '.[eval,test]' -r requirements/tools.in
 	.venv-latest/bin/python requirements/drift.py --lock $(LOCK) --python .venv-latest/bin/python
-	.venv-latest/bin/python tests/test_cli_typer_versions.py --install
+	.venv-latest/bin/python tests/cli/test_cli_typer_versions.py --install
 	SAGEGEN_UNLOCKED=1 .venv-latest/bin/python -m pytest -q $(XDIST) --durations=10 -m "not diffusers_matrix" tests \
 		|| { echo "make test-latest: the suite FAILED on the newest resolution (drift above); the lock still passes"; exit 1; }
 	@echo "make test-latest: the suite passes on the newest resolution; \`make lock\` would take it"

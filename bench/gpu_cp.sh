@@ -10,7 +10,7 @@
 #   PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
 #   CPS="--cp ring=2" PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
 #   bash bench/gpu_cp.sh ringab               # HunyuanVideo Ring 2: joint calls in order vs chunk order
-#   bash bench/gpu_cp.sh quadpatched          # 4 GPUs: Wan2.1-14B Ulysses 4 patched, then tests/test_gpu_cp.py
+#   bash bench/gpu_cp.sh quadpatched          # 4 GPUs: Wan2.1-14B Ulysses 4 patched, then tests/patch/cp/test_gpu_cp.py
 # On a 4-GPU machine:
 #   bash bench/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
 #                                # sagegen only; diffusers' native backend alongside)
@@ -32,7 +32,7 @@ case $1 in
       --out "$OUT/cp-$2-${3:-_native_cudnn}-2gpu-$DAY.json" > "$OUT/$2-2gpu.log" 2>&1
     echo "$2 launch exit $?"
     if [[ $2 == wan2.1-14b ]]; then
-      timeout 200 python3 -m pytest -q tests/test_gpu_cp.py -p no:cacheprovider > "$OUT/test-gpu-cp.log" 2>&1
+      timeout 200 python3 -m pytest -q tests/patch/cp/test_gpu_cp.py -p no:cacheprovider > "$OUT/test-gpu-cp.log" 2>&1
       echo "test_gpu_cp exit $?"; tail -3 "$OUT/test-gpu-cp.log"
     fi
     ;;
@@ -62,7 +62,7 @@ case $1 in
       --model wan2.1-14b --cp ulysses=4 --patched attention --patched fp8 --single sagegen --repeats 1 \
       --baseline-dir $BASE --out "$OUT/cp-wan2.1-14b-patched-4gpu-$DAY.json" > "$OUT/cp-4gpu-patched.log" 2>&1
     echo "4-gpu patched launch exit $?"
-    timeout 150 python3 -m pytest -q tests/test_gpu_cp.py -p no:cacheprovider > "$OUT/test-gpu-cp.log" 2>&1
+    timeout 150 python3 -m pytest -q tests/patch/cp/test_gpu_cp.py -p no:cacheprovider > "$OUT/test-gpu-cp.log" 2>&1
     echo "test_gpu_cp exit $?"; tail -3 "$OUT/test-gpu-cp.log"
     ;;
   quad)

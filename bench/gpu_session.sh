@@ -9,7 +9,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee $OUT/gpu.txt
 MODE=${1:-all}
 if [[ $MODE == all || $MODE == tests ]]; then
-  python3 -m pytest -q tests/test_gpu.py tests/test_triton_interpret.py -s -p no:cacheprovider 2>&1 | tee $OUT/tests.log | tail -40
+  python3 -m pytest -q tests/kernels/test_gpu.py tests/kernels/test_triton_interpret.py -s -p no:cacheprovider 2>&1 | tee $OUT/tests.log | tail -40
 fi
 if [[ $MODE == tune ]]; then
   python3 bench/probes/tune_attention.py --out $OUT/tune.json 2>&1 | tee $OUT/tune.log

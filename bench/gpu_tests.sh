@@ -21,9 +21,16 @@ PROGRESS=$OUT/gpu-tests-progress.txt
 TIMEOUT_S=${GPU_TESTS_TIMEOUT_S:-540}
 PYTEST_ARGS=(-q -p no:cacheprovider -p gpu_tests_progress -m gpu --durations=20 -rfE tests)
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site \
-  || { echo "error: installing .whl/*.whl failed (run bench/gpu_wheels.sh here, carry .whl)"; exit 2; }
+# GPU_TESTS_REUSE_SITE=1: a later call on the same warm machine reuses /tmp/site (the carry limit leaves no room
+# for .whl beside a part of another Triton: ../shared/device/pack-wheel.sh); PYTHONPATH set before (that Triton's
+# env.sh) is kept, after /tmp/site.
+if [[ ${GPU_TESTS_REUSE_SITE:-0} == 1 && -d /tmp/site ]]; then
+  echo "reusing /tmp/site"
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "error: installing .whl/*.whl failed (run bench/gpu_wheels.sh here, carry .whl)"; exit 2; }
+fi
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-none}"
@@ -76,7 +83,7 @@ counts = dict.fromkeys(("passed", "failed", "errors", "skipped", "xfailed", "xpa
 if summary:
     for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)", summary[-1]):
         counts["errors" if word.startswith("error") else word] = int(n)
-# Per file, from the progress plugin: "call passed 1.23 tests/test_gpu.py::test_x[...]" (setup and teardown lines
+# Per file, from the progress plugin: "call passed 1.23 tests/kernels/test_gpu.py::test_x[...]" (setup and teardown lines
 # only when not passed: a skip or an error there).
 per_file = {}
 for line in open(os.environ["PROGRESS"], errors="replace"):

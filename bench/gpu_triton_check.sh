@@ -11,7 +11,7 @@ tv=$(python3 -c "import triton, torch; print(f't{triton.__version__}')")
 python3 -c "import triton, torch; print('triton', triton.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())"
 case ${1:-tests} in
   tests)
-    python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu*.py tests/test_fp8_codegen.py 2>&1 \
+    python3 -m pytest -q -p no:cacheprovider -rfEs tests/test_gpu*.py tests/kernels/test_fp8_codegen.py 2>&1 \
       | tee "$OUT/gpu-tests-$tv.txt" | grep -v -i 'leaked\|nanobind' | tail -25 ;;
   bench)
     python3 bench/bench_attention.py --quick --out "$OUT/attention-quick-$tv.json" 2>&1 | tail -30

@@ -7,7 +7,7 @@
 #   bash bench/gpu_wheels.sh          # then: device tool `run`, command `bash bench/gpu_tests.sh`, carry [".whl"]
 #
 # Left out: imageio-ffmpeg (its wheel is ~68 MB, over the 64 MiB the travelling tree may take); the GPU tests save
-# PNGs only (tests/cp_abort_launch.py) and need no ffmpeg. numpy, pillow, torch, filelock, fsspec, pyyaml, tqdm,
+# PNGs only (tests/support/cp_abort_launch.py) and need no ffmpeg. numpy, pillow, torch, filelock, fsspec, pyyaml, tqdm,
 # psutil, requests stay the device's own (binary ABI; the pins below only ask loose lower bounds of them).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"

@@ -7,7 +7,7 @@ Writes, with uv's resolver (the version pinned in the Makefile):
   ranges in pyproject.toml stay open for users.
 - ``requirements/diffusers/<V>.lock`` for each older diffusers the matrix checks: diffusers==V with the
   Hugging Face stack of its era (transformers, huggingface-hub, tokenizers, ...: the newest each had before the
-  next diffusers release), everything else held at dev.lock's pins. tests/diffusers_versions.py installs the
+  next diffusers release), everything else held at dev.lock's pins. tests/support/diffusers_versions.py installs the
   pins that differ from dev.lock into .diffusers/<V>, beside .venv.
 
 Resolution reads the package index as pip on this machine would (its extra index URLs and constraint file,
@@ -32,7 +32,7 @@ ROOT = HERE.parent
 DEV_LOCK = HERE / "dev.lock"
 DIFFUSERS_DIR = HERE / "diffusers"
 TARGET = ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28"]
-# The matrix (tests/diffusers_versions.py): the newest is the one dev.lock pins; the others get era stacks.
+# The matrix (tests/support/diffusers_versions.py): the newest is the one dev.lock pins; the others get era stacks.
 DIFFUSERS_VERSIONS = ("0.35.2", "0.36.0", "0.37.1", "0.38.0", "0.39.0", "0.40.0", "0.41.0", "0.42.1")
 # Released together with diffusers and pinned against each other (transformers 5.25 refuses hub 1.x, diffusers
 # < 0.42 refuses hub 2.x): an older diffusers takes these from its era. Everything else stays at dev.lock's pin.

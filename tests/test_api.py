@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sagegen
-from helpers import qkv, rel_l1
+from tests.support.helpers import qkv, rel_l1
 from sagegen import SageConfig
 from sagegen.kernels import dispatch as backends
 

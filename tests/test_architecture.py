@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = "sagegen"
-PACKAGE_DIR = Path(__file__).resolve().parent.parent / PACKAGE
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / PACKAGE
 
 # Bottom layer first. A module may import from its own layer and the layers below it, never from a layer above.
 # A module belongs to the layer of its longest matching prefix ("a.b" matches "a.b" and "a.b.<anything>");

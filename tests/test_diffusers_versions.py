@@ -1,6 +1,6 @@
 """sagegen on the diffusers versions it supports: each with the locked stack of its era, installed beside the
-suite's own by `make test-diffusers` (tests/diffusers_versions.py --install-only), checked by
-tests/diffusers_compat.py in a subprocess. The checks never install: a version not installed is skipped, with
+suite's own by `make test-diffusers` (tests/support/diffusers_versions.py --install-only), checked by
+tests/support/diffusers_compat.py in a subprocess. The checks never install: a version not installed is skipped, with
 the command that installs it."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import diffusers_compat
-import diffusers_versions
-
+from tests.support import diffusers_compat
+from tests.support import diffusers_versions
 # What each version must give (measured 2026-12-03 on the locked stacks): the backend's status, the checks that
 # must pass, the model classes that version lacks, and the models whose test inputs (written for 0.42) its forward
 # rejects.

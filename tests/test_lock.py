@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import diffusers_versions
-
+from tests.support import diffusers_versions
 lock = diffusers_versions.lock
 ROOT = Path(__file__).resolve().parents[1]
 

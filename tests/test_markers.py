@@ -21,7 +21,7 @@ def _collect(*args: str) -> set[str]:
 
 @pytest.mark.slow
 def test_the_gpu_marker_selects_exactly_the_gpu_files():
-    gpu_files = sorted(str(p.relative_to(TESTS.parent)) for p in TESTS.glob("test_gpu*.py"))
+    gpu_files = sorted(str(p.relative_to(TESTS.parent)) for p in TESTS.rglob("test_gpu*.py"))
     in_files = _collect(*gpu_files)
     selected = _collect("-m", "gpu", *gpu_files, "tests/test_markers.py", "tests/test_lock.py")
     assert len(in_files) > 100
@@ -34,6 +34,7 @@ def test_gpu_tests_skip_without_cuda(request, pytestconfig):
     if torch.cuda.is_available():
         pytest.skip("a CUDA machine runs them")
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs",
-                        "tests/test_gpu_graphs.py"], cwd=TESTS.parent, capture_output=True, text=True, timeout=600)
+                        "tests/patch/test_gpu_graphs.py"], cwd=TESTS.parent, capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "needs a CUDA GPU" in r.stdout and " passed" not in r.stdout, r.stdout[-2000:]

@@ -2,7 +2,7 @@
 # Session 32: the CLI's CUDA-graphs default for FP8 image runs, checked on a GPU (one device call per Triton).
 #   T3.6: bash bench/probes/gpu_cli_default.sh t36                       carry [".whl"]
 #   T3.9: after the split wheel's p0, p1 were stashed: bash bench/probes/gpu_cli_default.sh t39   carry [".big/p2", ".whl"]
-# Runs tests/test_gpu_cli.py, then `sagegen compare flux.1-dev --random-weights --linear fp8` with the default
+# Runs tests/cli/test_gpu_cli.py, then `sagegen compare flux.1-dev --random-weights --linear fp8` with the default
 # (graphs) and with --no-cuda-graphs (STEPS steps, one prompt; TESTS=0 skips the test); logs and the run directories' manifests go to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -13,7 +13,7 @@ export PYTHONPATH=/tmp/site:$PWD:${PYTHONPATH:-}
 python3 -c "import torch, triton, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__)" \
   | tee $OUT/versions-$TAG.txt
 quiet() { grep -v -E "nanobind|leaked" ; }
-[[ ${TESTS:-1} == 1 ]] && timeout ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gpu_cli.py 2>&1 | quiet \
+[[ ${TESTS:-1} == 1 ]] && timeout ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider -rfE tests/cli/test_gpu_cli.py 2>&1 | quiet \
   | tee $OUT/gpu-tests-cli-$TAG.log | tail -15
 [[ ${COMPARE:-1} == 1 ]] || exit 0
 for mode in auto eager; do

@@ -8,9 +8,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 quiet() { grep -v -E "nanobind|leaked" ; }
 one() {  # $1: tag
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee $OUT/versions-$1.txt
-  if [[ -n ${TESTS-tests/test_gpu_graphs.py tests/test_gpu_cli.py} ]]; then
-    timeout ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider -rfE ${TESTS-tests/test_gpu_graphs.py \
-      tests/test_gpu_cli.py} 2>&1 | quiet > $OUT/gpu-tests-$1.log
+  if [[ -n ${TESTS-tests/patch/test_gpu_graphs.py tests/cli/test_gpu_cli.py} ]]; then
+    timeout ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider -rfE ${TESTS-tests/patch/test_gpu_graphs.py \
+      tests/cli/test_gpu_cli.py} 2>&1 | quiet > $OUT/gpu-tests-$1.log
     grep -E "passed|failed|^FAILED|^ERROR" $OUT/gpu-tests-$1.log | tail -8
   fi
   for model in ${MODELS:-}; do

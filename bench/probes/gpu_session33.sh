@@ -9,8 +9,8 @@ quiet() { grep -v -E "nanobind|leaked" ; }
 one() {  # $1: tag
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee $OUT/versions-$1.txt
   if [[ -n ${TESTS-x} ]]; then
-    timeout ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider -rfE ${TESTS-tests/test_gpu_fp8.py \
-      tests/test_gpu_fp8_out.py tests/test_cross_q_fp8.py tests/test_residual_norm.py} 2>&1 | quiet > $OUT/gpu-tests-$1.log
+    timeout ${TEST_LIMIT:-300} python3 -m pytest -q -p no:cacheprovider -rfE ${TESTS-tests/linear/test_gpu_fp8.py \
+      tests/patch/test_gpu_fp8_out.py tests/patch/test_cross_q_fp8.py tests/kernels/test_residual_norm.py} 2>&1 | quiet > $OUT/gpu-tests-$1.log
     grep -E "passed|failed|^FAILED|^ERROR" $OUT/gpu-tests-$1.log | tail -8
   fi
   timeout ${PROBE_LIMIT:-150} python3 bench/probes/probe_cross_q_fp8.py --rounds ${ROUNDS:-5} \

@@ -19,7 +19,7 @@ group() {  # $1: group, $2: tag
   case $1 in
     a) step "$2" hunyuanvideo --sparse topk=0.5,blocks=none --linear fp8 --repeats 1 ;;
     a2) step "$2" hunyuanvideo-1.5-720p --sparse topk=0.5 --linear fp8 --repeats 1 ;;
-    b) timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gpu_fp8.py -k cross_q 2>&1 | quiet \
+    b) timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/linear/test_gpu_fp8.py -k cross_q 2>&1 | quiet \
          > "$OUT/gpu-tests-cross-q-$2.log"
        grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests-cross-q-$2.log" | tail -4
        step "$2" wan2.1-t2v-14b --sparse topk=0.5 --linear fp8 --repeats 2
@@ -34,8 +34,8 @@ group() {  # $1: group, $2: tag
          step "$2" wan2.1-t2v-1.3b --linear fp8 --repeats 3 ;;
     idx) timeout 200 python3 bench/probes/probe_sparse_index_loads.py --base .ab \
            --out "$OUT/probe-sparse-index-loads-$2.json" 2>&1 | quiet | grep -E "shape|wrote|Error" | tail -5
-         timeout "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gpu_sparse.py \
-           tests/test_gpu.py 2>&1 | quiet > "$OUT/gpu-tests-sparse-$2.log"
+         timeout "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -rfE tests/kernels/test_gpu_sparse.py \
+           tests/kernels/test_gpu.py 2>&1 | quiet > "$OUT/gpu-tests-sparse-$2.log"
          grep -E "passed|failed|^FAILED|^ERROR" "$OUT/gpu-tests-sparse-$2.log" | tail -6 ;;
     sparse) timeout "${STEP_LIMIT:-420}" python3 bench/bench_sparse.py --out "$OUT/sparse-attention-$2.json" 2>&1 \
               | quiet | tail -20 ;;

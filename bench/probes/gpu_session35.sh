@@ -24,10 +24,10 @@ for r in d['rows']: print(r['shape'][2:], r['target_density'], round(r['sparse_o
 run_tag() {  # $1: tag (t36 / t39)
   case ${GROUP:-sparse} in
     sparse) sparse_bench "$1"
-            tests "sparse-$1" tests/test_gpu_sparse.py tests/test_kernel_codegen.py tests/test_sparse_tiles.py ;;
+            tests "sparse-$1" tests/kernels/test_gpu_sparse.py tests/kernels/test_kernel_codegen.py tests/kernels/test_sparse_tiles.py ;;
     list) timeout 240 python3 bench/probes/probe_sparse_index_loads.py --base .ab --list-limit 128=1024 \
             --out "$OUT/probe-sparse-list-$1.json" 2>&1 | quiet | grep -E "shape|wrote|Error" | tail -5
-          tests "sparse-list-$1" tests/test_gpu_sparse.py tests/test_gpu.py
+          tests "sparse-list-$1" tests/kernels/test_gpu_sparse.py tests/kernels/test_gpu.py
           sparse_bench "list-$1" ;;
   esac
 }

@@ -1,6 +1,6 @@
 """Probe (H100, Triton 3.6 showed it): a Flux smoke model patched with FP8 linears differs from its own eager run
 when compiled with inductor (cos 0.956). Isolates the cause: GELU fusion, accumulation mode, attention patch,
-the re-patch sequence of tests/test_gpu_fp8.py. Prints one line per variant."""
+the re-patch sequence of tests/linear/test_gpu_fp8.py. Prints one line per variant."""
 
 import torch
 

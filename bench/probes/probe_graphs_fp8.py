@@ -1,5 +1,5 @@
 """Probe: which switch makes an FP8 model's CUDA-graph replays differ from its eager calls
-(`tests/test_gpu_graphs.py::test_replays_answer_each_call_like_eager[*-fp8]` failed on Triton 3.9, session 29).
+(`tests/patch/test_gpu_graphs.py::test_replays_answer_each_call_like_eager[*-fp8]` failed on Triton 3.9, session 29).
 
 For the smoke Flux and Wan models: eager outputs of four inputs, then the same under `cuda_graphs=True`, with the
 stacked Q/K/V GEMM and the FP8 attention output each on and off; also eager after a second patch (is a re-patch

@@ -28,7 +28,7 @@ import warnings
 
 TARGET = "diffusers.models.attention_dispatch"
 MEMBER_NAME = "SAGEGEN"
-TESTED_DIFFUSERS = "0.36.0 to 0.42.1"  # tests/diffusers_versions.py
+TESTED_DIFFUSERS = "0.36.0 to 0.42.1"  # tests/support/diffusers_versions.py
 _lock = threading.RLock()
 
 

@@ -87,7 +87,7 @@ def describe(exc: BaseException) -> str:
 
 
 # Where each command can write instead when its disk is full or read-only: only options it has (eval and report
-# write into the run directory and have no --out). tests/test_cli_hints.py checks every option named here.
+# write into the run directory and have no --out). tests/cli/test_cli_hints.py checks every option named here.
 WRITE_ELSEWHERE = {
     "run": "or write the run to another folder with --out DIR",
     "compare": "or write the run to another folder with --out DIR",

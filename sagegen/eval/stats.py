@@ -5,7 +5,7 @@ The interval is Student's t on the mean with a cluster-robust standard error: sa
 much smaller spread between seeds of one prompt; with one sample per prompt it is the textbook t interval.
 A percentile bootstrap was used before: it covers only ~84% at n = 5 and ~90% at n = 10-34 for a nominal
 95% (it ignores that the spread itself is estimated), while t holds its level at these sizes for roughly
-normal per-sample scores (tests/test_eval_stats.py simulates it). Strongly skewed scores at n = 5 still
+normal per-sample scores (tests/eval/test_eval_stats.py simulates it). Strongly skewed scores at n = 5 still
 under-cover somewhat; no interval fixes that at such sizes.
 """
 

@@ -5,7 +5,7 @@ obeys |o_c| <= max_j |v_jc|. That bound is known as soon as the quantization pas
 (its FP8 scale and mean), so the attention kernel can write e4m3 directly, with no reduction over its output:
 the projection that reads it skips its own quantization pass. P·V runs on quantized P (each e4m3 value at most
 2^-4 above the exact one), so the bound gets that margin; the e4m3 conversion saturates at +-448 as well
-(``cvt.satfinite`` on the GPU, checked in tests/test_kernel_codegen.py; an explicit clamp in the interpreter).
+(``cvt.satfinite`` on the GPU, checked in tests/kernels/test_kernel_codegen.py; an explicit clamp in the interpreter).
 
 One scale for the whole call is enough for a floating-point format: e4m3 keeps 3 mantissa bits across 2^15 of
 range, so values far below the bound lose nothing until 2^-6 of the scale's 448 (3.5e-5 x the bound).

@@ -284,7 +284,7 @@ def _epilogue(acc, l_i, r_i, VS, VM, Out, OS, Lse, b, h, v_row0, row0, N_Q, D,
     # Stored from a layout with 8 consecutive head-dim elements (16 bytes) a thread: the accumulator's layout
     # gives each thread pairs of columns, and its 4-byte stores cost up to 0.08 ms a call, a fifth of a
     # one-key-tile call (bench/NOTES.md v7.4). The conversion goes through shared memory the ring has freed.
-    if OUT_FP8:  # (the conversion to e4m3 saturates: F2FP.SATFINITE, tests/test_kernel_codegen.py)
+    if OUT_FP8:  # (the conversion to e4m3 saturates: F2FP.SATFINITE, tests/kernels/test_kernel_codegen.py)
         o = o * gl.load(OS)
     VEC: gl.constexpr = 16 if OUT_FP8 else 8  # 16 bytes a thread
     TPW_D: gl.constexpr = HEAD_DIM // VEC

@@ -11,7 +11,7 @@ Roundings as the eager ops: the residual is computed in fp32 (the gate product r
 and rounded once to x's dtype; the norm reads that rounded h back, as ``h.float()`` does. The LayerNorm itself
 is two-pass (mean, then the centred variance) in fp32, where PyTorch's kernel uses Welford's update: the fp32
 results agree to a few ulps, so a normalised output can differ from eager by one step of bf16 in rare
-elements (tests/test_residual_norm.py bounds it).
+elements (tests/kernels/test_residual_norm.py bounds it).
 
 ``fp8_out=True`` writes the normalised rows in FP8 (e4m3) with one scale per row instead of in the activations'
 dtype: the row is rounded to that dtype as it would be stored, then quantized exactly as

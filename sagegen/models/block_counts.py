@@ -3,8 +3,8 @@
 The precision policy's integer ``blocks`` entries index these blocks (`sagegen.patch.precision_policy.main_blocks`:
 the entries of the transformer's top-level ModuleLists, in execution order). For the supported
 families those lists are ``transformer_blocks`` (Wan: ``blocks``; ``num_layers``) and, for Flux and
-HunyuanVideo, ``single_transformer_blocks`` (``num_single_layers``); tests/test_cli_checks.py checks this against the
-built tiny models.
+HunyuanVideo, ``single_transformer_blocks`` (``num_single_layers``); tests/cli/test_cli_checks.py checks this
+against the built tiny models.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A preset's latent geometry, known from its denoiser config without building anything: how a requested
 height x width x frames becomes latents and transformer tokens, and how wide each token is.
 
-`sagegen.cli.memory` sizes a run from it before any model loads; tests/test_cli_memory.py checks it against
+`sagegen.cli.memory` sizes a run from it before any model loads; tests/cli/test_cli_memory.py checks it against
 `arch.tokens_per_sample` for every full-size preset and against the latents that each tiny pipeline makes.
 """
 

@@ -35,8 +35,8 @@ halves back: per stream about a dozen bf16 kernels over the hidden state. Here, 
     x = x + ff[stream]·gate2                                                             (one pass)
 
 Values: the stock ops round the normalised row and every intermediate to bf16, the passes compute in fp32 and
-round once (tests/test_fused_blocks_cogvideox.py bounds the difference against an fp32 run). Norms without
-affine weights or of another kind, fp32 models, compile, autograd and CPU outside the interpreter take the
+round once (tests/patch/families/test_fused_blocks_cogvideox.py bounds the difference against an fp32 run).
+Norms without affine weights or of another kind, fp32 models, compile, autograd and CPU outside the interpreter take the
 stock forward.
 """
 

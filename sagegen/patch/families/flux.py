@@ -16,8 +16,8 @@ In the single block, ``n`` feeds ``proj_mlp`` and the Q/K/V projections: with FP
 quantizes ``cat(attn, GELU(mlp))`` from the two tensors (`linear_fusion`: no GELU output, no concatenation).
 
 Values: the stock ops round every intermediate to bf16, the pass computes in fp32 and rounds once, so outputs
-differ from stock by the bf16 rounding of intermediates (tests/test_fused_blocks_flux.py bounds it against an
-fp64 run). Norms of other kinds or with affine weights, fp32 models, compile, autograd and CPU outside the
+differ from stock by the bf16 rounding of intermediates (tests/patch/families/test_fused_blocks_flux.py bounds
+it against an fp64 run). Norms of other kinds or with affine weights, fp32 models, compile, autograd and CPU outside the
 interpreter take the stock forward. `fused_blocks` swaps the classes and puts them back.
 """
 

@@ -12,8 +12,8 @@ bench/NOTES.md v5.7). The six modulation vectors (per sample or per token: image
 frame's tokens with their own timestep) are the stock forward's ``scale_shift_table + temb`` views.
 
 Values: the stock ops round the normalised row and every intermediate to bf16, the passes compute in fp32 and
-round once (tests/test_fused_blocks_ltx.py bounds the difference against an fp32 run). Norms with weights, a
-modulation whose dtype differs from the activations' (the stock forward would then promote to fp32), fp32
+round once (tests/patch/families/test_fused_blocks_ltx.py bounds the difference against an fp32 run). Norms with
+weights, a modulation whose dtype differs from the activations' (the stock forward would then promote to fp32), fp32
 models, compile, autograd and CPU outside the interpreter take the stock forward.
 """
 

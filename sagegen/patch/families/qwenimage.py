@@ -8,7 +8,7 @@ The fused forward is `fused_blocks_sd3.joint_body`, the same passes as SD3's and
 
 The per-token modulation of Qwen-Image-Edit (``modulate_index``, ``zero_cond_t``), norms with affine weights,
 fp32 models, compile, autograd and CPU outside the interpreter take the stock forward. Values: the stock ops round
-every intermediate to bf16, the passes round once (tests/test_fused_blocks_qwen.py bounds the difference
+every intermediate to bf16, the passes round once (tests/patch/families/test_fused_blocks_qwen.py bounds the difference
 against an fp64 run).
 """
 

@@ -12,7 +12,7 @@ SD3.5-large FP8 step at 1024² on an H100 (bench/NOTES.md v5.4). The fused forwa
 The modulation vectors come from the block's own ``norm1`` / ``norm1_context`` linear (so FP8 or hooks on it
 still apply). Values: the stock ops round every intermediate to bf16 ((1 + scale), the product, the sum); the
 pass computes in fp32 and rounds once, so outputs differ from stock by bf16 rounding of intermediates
-(tests/test_fused_blocks_sd3.py bounds it). Blocks with dual attention (SD3.5-medium's first layers), the
+(tests/patch/families/test_fused_blocks_sd3.py bounds it). Blocks with dual attention (SD3.5-medium's first layers), the
 last block (``context_pre_only``), a chunked feed-forward, other norm types, fp32 models, compile, autograd and
 CPU outside the interpreter take the stock forward. `fused_blocks` swaps the class and puts it back.
 """

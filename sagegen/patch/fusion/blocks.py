@@ -6,7 +6,7 @@ module's run check (`_can_run`) and `_residual_norm` handed in. The sub-layers (
 linears) are called exactly as before. Swapping the class (not the instance's ``forward``) keeps diffusers'
 hooks (context parallelism, caching) working whichever was installed first: one installed after wraps the fused
 forward; one installed before holds the stock forward it wrapped, which `prologue.swap_class` re-points at the
-fused one (and back on `remove`) (tests/test_residual_norm.py). The subclass runs the stock forward under
+fused one (and back on `remove`) (tests/kernels/test_residual_norm.py). The subclass runs the stock forward under
 torch.compile (inductor fuses these ops itself), on CPU outside the Triton interpreter, when gradients are
 recorded, and for anything the family's forward does not reproduce. `remove` restores the class; the outputs
 are then bit-identical to stock.
