@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from tests.support.dispatch_models import DISPATCH_MODELS
 from tests.support.helpers import rel_l1
 from sagegen.patch import attention_modules, patch_info

@@ -37,7 +37,7 @@ def test_fp8_linear_bench_row_has_every_variant_on_cpu():
 
     import torch
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     import bench_fp8_linear as b
 
     if not hasattr(torch, "_scaled_mm"):

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 from typer.testing import CliRunner
 
-from conftest import gpu
+from tests.conftest import gpu
 from sagegen.cli.app import app
 from sagegen.runs.directory import RunDir
 

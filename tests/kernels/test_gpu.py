@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from tests.support.helpers import cosine, qkv, rel_l1
 from sagegen import SageConfig
 from sagegen.kernels.reference import attention_fp64, sage_attention

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from tests.support.helpers import qkv, rel_l1, to_hnd
 from sagegen import BlockSparse, SageConfig
 from sagegen.kernels.reference import attention_fp64

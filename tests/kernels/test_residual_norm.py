@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import interpreted
+from tests.conftest import interpreted
 from tests.support.patching import rel_l1
 from sagegen.kernels import triton_residual_norm as kernel
 from sagegen.kernels.triton_residual_norm import residual_norm, residual_norm_reference

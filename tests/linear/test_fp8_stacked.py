@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import interpreted
+from tests.conftest import interpreted
 from sagegen.linear import FP8Linear, LinearPolicy
 from sagegen.linear import stacked as stacked_module
 from sagegen.linear.stacked import stack, stacked, stacked_forward

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from tests.support.helpers import cosine, rel_l1
 from sagegen.kernels.fp8_quant import quantize_fp8_rows
 from sagegen.kernels.spec import GELU_AMAX_FLOOR

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import interpreted
+from tests.conftest import interpreted
 from tests.support.patching import cross_q_on_and_off
 from sagegen.kernels.fp8_quant import quantize_fp8_rows
 from sagegen.kernels.triton_residual_norm import residual_norm

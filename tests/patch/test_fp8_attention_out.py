@@ -11,7 +11,7 @@ import torch
 from tests.support.helpers import rel_l1
 
 import sagegen
-from conftest import interpreted
+from tests.conftest import interpreted
 from sagegen.api import sageattn_fp8_out
 from sagegen.kernels import fp8_out as fp8_out_kernel
 from sagegen.kernels.reference import fp8_out_scale

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from tests.support.helpers import rel_l1
 from sagegen.api import sageattn_fp8_out
 from sagegen.kernels.spec import FP8_MAX

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from tests.support.helpers import rel_l1
 from sagegen.linear import LinearPolicy, fp8_capable
 from sagegen.models import arch as archs

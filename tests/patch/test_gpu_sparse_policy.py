@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from sagegen import SparseConfig
 from sagegen.sparse import pool, predictor
 from sagegen.testing import attention_inputs as synthetic

@@ -17,7 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 import sagegen
-from conftest import interpreted
+from tests.conftest import interpreted
 from tests.support.helpers import rel_l1
 from sagegen.models import arch as archs
 from sagegen.linear import LinearPolicy

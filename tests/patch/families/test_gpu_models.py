@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from tests.support.helpers import rel_l1
 from sagegen.kernels.triton_heads_rms_rope import heads_rms_norm_rope
 from sagegen.patch import patch_info

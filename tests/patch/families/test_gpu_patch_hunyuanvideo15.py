@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import sagegen
-from conftest import gpu
+from tests.conftest import gpu
 from sagegen.models.tiny_classes import build_tiny_class, tiny_class_inputs
 from sagegen.patch import dispatch_route as backend_route
 
