@@ -1,7 +1,7 @@
 """A/B one module-level switch of sagegen's kernels in the same run: accuracy against an fp64 reference, then
 full-call TFLOP/s at the benchmark shapes, alternating A and B (A, B, A) so drift shows. JSON to --out.
 
-    python bench/probes/ab_kernel_flag.py gluon_attn.ROWSUM_MMA --out $OUT/ab.json
+    python lab/probes/ab_kernel_flag.py gluon_attn.ROWSUM_MMA --out $OUT/ab.json
 """
 
 from __future__ import annotations

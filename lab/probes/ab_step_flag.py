@@ -2,9 +2,9 @@
 weights (the preset's size), one stock step, then patched steps with the switch on and off in alternation
 (A, B, A, B, ...), all in one process. JSON to --out.
 
-    python bench/probes/ab_step_flag.py wan2.1-t2v-14b gluon_attn_ring.ENABLED --out $OUT/ab-step.json
-    python bench/probes/ab_step_flag.py sd3.5-large fp8_quant.GELU_CHUNKS --linear fp8 --out $OUT/ab-step.json
-    python bench/probes/ab_step_flag.py flux.1-dev sagegen.patch.fused_blocks.NORM_FP8 --linear fp8 --out ...
+    python lab/probes/ab_step_flag.py wan2.1-t2v-14b gluon_attn_ring.ENABLED --out $OUT/ab-step.json
+    python lab/probes/ab_step_flag.py sd3.5-large fp8_quant.GELU_CHUNKS --linear fp8 --out $OUT/ab-step.json
+    python lab/probes/ab_step_flag.py flux.1-dev sagegen.patch.fused_blocks.NORM_FP8 --linear fp8 --out ...
 
 Also reports whether the A and B steps' outputs are bit-identical (and their rel. L1 if not), and each one's
 rel. L1 against the stock step.

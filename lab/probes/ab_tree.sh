@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The `sagegen` package of commit $1 under .ab/$1/ (ignored by git), for an A/B in one device call
-# (bench/probes/gpu_host_run.sh TREES=...; carry ".ab"). Usage: bash bench/probes/ab_tree.sh 610e59c
+# (lab/probes/gpu_host_run.sh TREES=...; carry ".ab"). Usage: bash lab/probes/ab_tree.sh 610e59c
 set -euo pipefail
 rev=${1:?usage: ab_tree.sh REV}
 dest=.ab/$rev

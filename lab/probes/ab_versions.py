@@ -4,7 +4,7 @@ the separate quantization pass alone at the benchmark shapes, alternating A, B, 
 SDPA's default in the same run. JSON to --out.
 
     git archive <commit> sagegen | tar -x -C /tmp/base && mv /tmp/base/sagegen /tmp/base/sagegen_base
-    python bench/probes/ab_versions.py --base /tmp/base --out $OUT/ab.json
+    python lab/probes/ab_versions.py --base /tmp/base --out $OUT/ab.json
 
 The older copy is imported as `sagegen_base` (the kernels' modules import each other relatively, so two
 copies live side by side). Both register the same `torch.ops.sagegen.sageattn`, so the comparison calls each

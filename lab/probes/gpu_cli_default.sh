@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 32: the CLI's CUDA-graphs default for FP8 image runs, checked on a GPU (one device call per Triton).
-#   T3.6: bash bench/probes/gpu_cli_default.sh t36                       carry [".whl"]
-#   T3.9: after the split wheel's p0, p1 were stashed: bash bench/probes/gpu_cli_default.sh t39   carry [".big/p2", ".whl"]
+#   T3.6: bash lab/probes/gpu_cli_default.sh t36                       carry [".whl"]
+#   T3.9: after the split wheel's p0, p1 were stashed: bash lab/probes/gpu_cli_default.sh t39   carry [".big/p2", ".whl"]
 # Runs tests/test_gpu_cli.py, then `sagegen compare flux.1-dev --random-weights --linear fp8` with the default
 # (graphs) and with --no-cuda-graphs (STEPS steps, one prompt; TESTS=0 skips the test); logs and the run directories' manifests go to $OUT.
 set -uo pipefail

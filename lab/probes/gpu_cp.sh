@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The context-parallel device runs of bench/NOTES.md v6.4, one device call each (one-GPU baselines are kept in
+# The context-parallel device runs of lab/NOTES.md v6.4, one device call each (one-GPU baselines are kept in
 # /tmp/cp-baselines and reused by a later call while the machine stays warm).
 # On a 2-GPU machine, one call a model (each fits the 10-minute call):
-#   bash bench/gpu_cp.sh two hunyuanvideo native;  bash bench/gpu_cp.sh two wan2.1-14b   # the second also tests
+#   bash lab/probes/gpu_cp.sh two hunyuanvideo native;  bash lab/probes/gpu_cp.sh two wan2.1-14b   # the second also tests
 # The third argument names diffusers' backend to compare with (default _native_cudnn; native for Ulysses);
 # CPS="--cp ring=2" replaces the default splits (Ulysses 2 and Ring 2).
-#   bash bench/gpu_cp.sh patched wan2.1-14b   # Ulysses 2 with sagegen.patch (+ FP8 linears) as well
-#   bash bench/gpu_cp.sh patched hunyuanvideo native
-#   PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
-#   CPS="--cp ring=2" PATCHED="--patched attention --patched sparse" bash bench/gpu_cp.sh patched wan2.1-14b
-#   bash bench/gpu_cp.sh ringab               # HunyuanVideo Ring 2: joint calls in order vs chunk order
-#   bash bench/gpu_cp.sh quadpatched          # 4 GPUs: Wan2.1-14B Ulysses 4 patched, then tests/test_gpu_cp.py
+#   bash lab/probes/gpu_cp.sh patched wan2.1-14b   # Ulysses 2 with sagegen.patch (+ FP8 linears) as well
+#   bash lab/probes/gpu_cp.sh patched hunyuanvideo native
+#   PATCHED="--patched attention --patched sparse" bash lab/probes/gpu_cp.sh patched wan2.1-14b
+#   CPS="--cp ring=2" PATCHED="--patched attention --patched sparse" bash lab/probes/gpu_cp.sh patched wan2.1-14b
+#   bash lab/probes/gpu_cp.sh ringab               # HunyuanVideo Ring 2: joint calls in order vs chunk order
+#   bash lab/probes/gpu_cp.sh quadpatched          # 4 GPUs: Wan2.1-14B Ulysses 4 patched, then tests/test_gpu_cp.py
 # On a 4-GPU machine:
-#   bash bench/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
+#   bash lab/probes/gpu_cp.sh quad    # HunyuanVideo: Ulysses 4 and Ulysses 2 x Ring 2 (the one-GPU baseline for
 #                                # sagegen only; diffusers' native backend alongside)
 # Needs the diffusers wheel in .whl (carry it). JSON and logs land in $OUT.
 set -uo pipefail

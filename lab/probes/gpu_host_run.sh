@@ -3,7 +3,7 @@
 # split Triton 3.9 parts p0, p1 were stashed): probe_launch_host (LAUNCH=1), probe_step_gc (GC: models) and
 # probe_host_profile (MODELS, VARIANTS), on the Tritons in ORDER. Optional TESTS runs pytest on both. Everything is teed to $OUT.
 # TREES (session 30): folders that each hold a `sagegen` package, run in turn within each Triton, each from inside
-# its folder (an A/B of two commits in one call): e.g. `bash bench/probes/ab_tree.sh 610e59c` writes .ab/610e59c/sagegen, then
+# its folder (an A/B of two commits in one call): e.g. `bash lab/probes/ab_tree.sh 610e59c` writes .ab/610e59c/sagegen, then
 # TREES="$PWD .ab/610e59c" with carry [".big/p2", ".whl", ".ab"]. Default: this checkout only.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -13,13 +13,13 @@ quiet() { grep -v -E "nanobind|leaked" ; }
 one() {  # $1: tag
   python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" | tee $OUT/versions-$1.txt
   if [[ ${LAUNCH:-1} == 1 ]]; then
-    python3 bench/probes/probe_launch_host.py --out $OUT/launch-host-$1.json 2>&1 | quiet | grep -E "us/call" | head -20
+    python3 lab/probes/probe_launch_host.py --out $OUT/launch-host-$1.json 2>&1 | quiet | grep -E "us/call" | head -20
   fi
   for model in ${GC:-}; do
-    python3 bench/probes/probe_step_gc.py $model --linear fp8 --rounds ${ROUNDS:-5} --out $OUT/step-gc-$model-$1.json 2>&1 | quiet | tail -12
+    python3 lab/probes/probe_step_gc.py $model --linear fp8 --rounds ${ROUNDS:-5} --out $OUT/step-gc-$model-$1.json 2>&1 | quiet | tail -12
   done
   for model in ${MODELS:-}; do
-    python3 bench/probes/probe_host_profile.py --model $model --variants ${VARIANTS:-attention,fp8} --steps 3 --top 40 \
+    python3 lab/probes/probe_host_profile.py --model $model --variants ${VARIANTS:-attention,fp8} --steps 3 --top 40 \
       --out $OUT/host-profile-$model-$1.json 2>&1 | quiet | head -60
   done
   if [[ -n ${TESTS:-} && -d tests ]]; then  # groups split by "|" run at once, group i on GPU i

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: denoising-step benchmarks of full-size random-weight transformers (stock vs sagegen.patch).
-# Usage: bash bench/gpu_models.sh "cogvideox-5b --compile" "hunyuanvideo --height 544 --width 960" ...
+# Usage: bash lab/probes/gpu_models.sh "cogvideox-5b --compile" "hunyuanvideo --height 544 --width 960" ...
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -12,7 +12,7 @@ if [[ $MODE == all || $MODE == tests ]]; then
   python3 -m pytest -q tests/test_gpu.py tests/test_triton_interpret.py -s -p no:cacheprovider 2>&1 | tee $OUT/tests.log | tail -40
 fi
 if [[ $MODE == tune ]]; then
-  python3 bench/probes/tune_attention.py --out $OUT/tune.json 2>&1 | tee $OUT/tune.log
+  python3 lab/probes/tune_attention.py --out $OUT/tune.json 2>&1 | tee $OUT/tune.log
 fi
 if [[ $MODE == all || $MODE == bench ]]; then
   python3 bench/bench_attention.py --out $OUT/attention.json --plot $OUT/attention.png ${BENCH_ARGS:-} 2>&1 | tee $OUT/bench.log

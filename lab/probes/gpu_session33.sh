@@ -13,10 +13,10 @@ one() {  # $1: tag
       tests/test_gpu_fp8_out.py tests/test_cross_q_fp8.py tests/test_residual_norm.py} 2>&1 | quiet > $OUT/gpu-tests-$1.log
     grep -E "passed|failed|^FAILED|^ERROR" $OUT/gpu-tests-$1.log | tail -8
   fi
-  timeout ${PROBE_LIMIT:-150} python3 bench/probes/probe_cross_q_fp8.py --rounds ${ROUNDS:-5} \
+  timeout ${PROBE_LIMIT:-150} python3 lab/probes/probe_cross_q_fp8.py --rounds ${ROUNDS:-5} \
     --out $OUT/probe-cross-q-fp8-$1.json 2>&1 | quiet | tail -5
   for model in ${STEPS:-}; do
-    timeout ${STEP_LIMIT:-200} python3 bench/probes/ab_step_flag.py $model sagegen.patch.fp8_out.CROSS_Q_FP8 \
+    timeout ${STEP_LIMIT:-200} python3 lab/probes/ab_step_flag.py $model sagegen.patch.fp8_out.CROSS_Q_FP8 \
       --linear fp8 --rounds 3 --out $OUT/ab-step-cross-q-$model-$1.json 2>&1 | quiet | tail -6
   done
 }

@@ -32,7 +32,7 @@ group() {  # $1: group, $2: tag
        step "$2" flux.1-dev --linear fp8 --cuda-graphs --repeats 5 ;;
     wan) step "$2" wan2.1-t2v-14b --linear fp8 --repeats 2
          step "$2" wan2.1-t2v-1.3b --linear fp8 --repeats 3 ;;
-    idx) timeout 200 python3 bench/probes/probe_sparse_index_loads.py --base .ab \
+    idx) timeout 200 python3 lab/probes/probe_sparse_index_loads.py --base .ab \
            --out "$OUT/probe-sparse-index-loads-$2.json" 2>&1 | quiet | grep -E "shape|wrote|Error" | tail -5
          timeout "${TEST_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -rfE tests/test_gpu_sparse.py \
            tests/test_gpu.py 2>&1 | quiet > "$OUT/gpu-tests-sparse-$2.log"

@@ -25,7 +25,7 @@ run_tag() {  # $1: tag (t36 / t39)
   case ${GROUP:-sparse} in
     sparse) sparse_bench "$1"
             tests "sparse-$1" tests/test_gpu_sparse.py tests/test_kernel_codegen.py tests/test_sparse_tiles.py ;;
-    list) timeout 240 python3 bench/probes/probe_sparse_index_loads.py --base .ab --list-limit 128=1024 \
+    list) timeout 240 python3 lab/probes/probe_sparse_index_loads.py --base .ab --list-limit 128=1024 \
             --out "$OUT/probe-sparse-list-$1.json" 2>&1 | quiet | grep -E "shape|wrote|Error" | tail -5
           tests "sparse-list-$1" tests/test_gpu_sparse.py tests/test_gpu.py
           sparse_bench "list-$1" ;;

@@ -25,10 +25,10 @@ if [[ -n ${OUTPROJ:-} ]]; then
   python3 bench/bench_out_proj.py --only $OUTPROJ --rounds ${ROUNDS:-5} --out $OUT/out-proj-$TAG.json 2>&1 | quiet | tail -8
 fi
 for model in ${AB:-}; do  # (AB_GRAPHS=0: eager only)
-  python3 bench/probes/ab_step_flag.py $model sagegen.linear.stacked.ENABLED --linear fp8 --rounds ${AB_ROUNDS:-3} \
+  python3 lab/probes/ab_step_flag.py $model sagegen.linear.stacked.ENABLED --linear fp8 --rounds ${AB_ROUNDS:-3} \
     --out $OUT/ab-step-stacked-$model-$TAG.json 2>&1 | quiet | tail -2
   if [[ ${AB_GRAPHS:-1} == 1 ]]; then
-    python3 bench/probes/ab_step_flag.py $model sagegen.linear.stacked.ENABLED --linear fp8 --rounds ${AB_ROUNDS:-3} \
+    python3 lab/probes/ab_step_flag.py $model sagegen.linear.stacked.ENABLED --linear fp8 --rounds ${AB_ROUNDS:-3} \
       --cuda-graphs --out $OUT/ab-step-stacked-graphs-$model-$TAG.json 2>&1 | quiet | tail -2
   fi
 done

@@ -2,7 +2,7 @@
 # One device call: the single-GPU test suite (MODE=tests) or the quick attention and sparse benchmarks
 # (MODE=bench) under whichever Triton comes first on PYTHONPATH (source a split wheel's env.sh first to test
 # another version). Logs and JSON land under $OUT, named by the Triton version.
-#   bash bench/gpu_triton_check.sh tests|bench
+#   bash lab/probes/gpu_triton_check.sh tests|bench
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

@@ -4,7 +4,7 @@ CUBLAS_STATUS_NOT_SUPPORTED at M = 250 (a size chosen not to be a multiple of 4)
 4096} with the activation scales' M padded to a multiple of 4 or not, and, where it runs, times it against the
 row-wise path at two model shapes.
 
-    python bench/probes/probe_blockwise_mm.py [--out FILE.json]
+    python lab/probes/probe_blockwise_mm.py [--out FILE.json]
 """
 
 from __future__ import annotations

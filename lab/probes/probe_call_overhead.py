@@ -7,9 +7,9 @@ call, measured with the queue kept full (a sleep kernel first, so the host's lau
 a case whose host time is below its GPU time is not host-bound. Also a cProfile of the sageattn and FP8-linear
 calls (top functions by own time).
 
-    python bench/probes/probe_call_overhead.py [--out FILE.json] [--n 100] [--rounds 7] [--base DIR]
+    python lab/probes/probe_call_overhead.py [--out FILE.json] [--n 100] [--rounds 7] [--base DIR]
 
---base: an older copy of the package imported as `sagegen_base` (as bench/probes/ab_versions.py does); its
+--base: an older copy of the package imported as `sagegen_base` (as lab/probes/ab_versions.py does); its
 kernel launcher (`kernels.triton_attn.sage_attention`, what the op runs after its checks) is timed beside this
 checkout's, interleaved.
 """

@@ -9,8 +9,8 @@ profiled step) each round, and the outputs compared (the fused GELU may move a f
 step with every proj_out's input captured: the fused layer against the unfused one on those inputs (how far
 the layers themselves differ, against how far the step's output moves).
 
-python bench/probes/probe_cat_gelu.py --out bench/results/probe-flux-cat-gelu-<gpu>-<date>.json
-python bench/probes/probe_cat_gelu.py --model hunyuanvideo --rounds 2 --repeats 3 --out ...
+python lab/probes/probe_cat_gelu.py --out bench/results/probe-flux-cat-gelu-<gpu>-<date>.json
+python lab/probes/probe_cat_gelu.py --model hunyuanvideo --rounds 2 --repeats 3 --out ...
 """
 
 import argparse

@@ -3,7 +3,7 @@ it), a few times over. Eager FP8 image steps are host-bound, and their time acro
 loop's time (probe_step_gc.py's `python_loop_ms`: ~10 ms in processes with 88-102 ms steps, 18-21 ms in those
 with 132-163 ms steps, 2026-11-29): the CPU, not sagegen's code, set the step time.
 
-    python bench/probes/probe_cpu_speed.py --rounds 3 --out $OUT/cpu-speed.json
+    python lab/probes/probe_cpu_speed.py --rounds 3 --out $OUT/cpu-speed.json
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Composites (sums of medians) and the ratios the issue reads: the Q projection wi
 norm + projection pair. Identity: the FP8 rows against the quantizer of the bf16 rows (codes that differ) and the
 two projections' outputs. JSON to --out.
 
-    python bench/probes/probe_cross_q_fp8.py --rounds 5 --out bench/results/probe-cross-q-fp8-h200-$(date +%F).json
+    python lab/probes/probe_cross_q_fp8.py --rounds 5 --out bench/results/probe-cross-q-fp8-h200-$(date +%F).json
 """
 
 from __future__ import annotations

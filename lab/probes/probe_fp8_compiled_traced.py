@@ -2,10 +2,10 @@
 triton_op, torch._scaled_mm) against the opaque `sagegen::fp8_linear` custom op, alternating, with wall time and
 GPU busy time (profiler) per variant. JSON to --out.
 
-    python bench/probes/probe_fp8_compiled_traced.py --out $OUT/probe-fp8-compiled-traced.json
+    python lab/probes/probe_fp8_compiled_traced.py --out $OUT/probe-fp8-compiled-traced.json
 
 Needs the traced path (`sagegen.linear.module.traceable`, `ops.fp8_linear_traced`) of commit 495a30f, reverted
-after these runs (bench/NOTES.md v6.1): check it out to rerun.
+after these runs (lab/NOTES.md v6.1): check it out to rerun.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
    each with its wall time (CUDA events) and its GPU busy time (sum of kernel times, one profiled step): a wall
    time well above the busy time is host-bound.
 
-python bench/probes/probe_fp8_eager_host.py --out bench/results/probe-fp8-eager-host-<gpu>-<date>.json
+python lab/probes/probe_fp8_eager_host.py --out bench/results/probe-fp8-eager-host-<gpu>-<date>.json
 """
 
 import argparse
@@ -29,7 +29,7 @@ from sagegen.models import arch as archs  # noqa: E402
 from sagegen.runfiles import atomic_write_json  # noqa: E402
 from sagegen.stepbench_measure import Timer, compare, device_info, profile_step, versions  # noqa: E402
 
-from probe_util import per_call_us  # noqa: E402  (bench/probes, the script's own folder)
+from probe_util import per_call_us  # noqa: E402  (lab/probes, the script's own folder)
 
 SHAPES = {"3072->3072": (3072, 3072), "3072->12288": (3072, 12288), "12288->3072": (12288, 3072)}
 ROWS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)

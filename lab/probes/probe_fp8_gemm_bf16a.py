@@ -10,7 +10,7 @@ Variants, per shape, interleaved rounds (triton.testing.do_bench, median):
 Each Triton GEMM runs at a few tile configs; the best is reported with all. Outputs are checked against
 quant_cublas (same quantized values: the difference is accumulation order only).
 
-    python bench/probes/probe_fp8_gemm_bf16a.py --out $OUT/probe-fp8-gemm-bf16a.json
+    python lab/probes/probe_fp8_gemm_bf16a.py --out $OUT/probe-fp8-gemm-bf16a.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The "before" module is a copy of `sagegen/kernels/fp8_quant.py` at an earlier co
 `git show <commit>:sagegen/kernels/fp8_quant.py > .old/fp8_quant_before.py`). Times plain and GELU-prologue
 quantization at the models' activation shapes and checks that the plain outputs agree bit for bit.
 
-    python bench/probes/probe_fp8_quant_ab.py --before .old/fp8_quant_before.py --out $OUT/probe-quant-ab.json
+    python lab/probes/probe_fp8_quant_ab.py --before .old/fp8_quant_before.py --out $OUT/probe-quant-ab.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ does not try (1-2 warps a row, several rows a program, capped grids), timed alon
 floor. Question: can any launch bring the attention output projections of Flux (4-4.6k x 3072) and SD3.5
 (8858 x 2432) and SD3.5's GELU-fused MLP down projection to 1.6x bf16 cuBLAS?
 
-    python bench/probes/probe_fp8_quant_small.py --out $OUT/probe-fp8-quant-small.json
+    python lab/probes/probe_fp8_quant_small.py --out $OUT/probe-fp8-quant-small.json
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ If the kernel with the items is slower than the kernel alone by much less than t
 pass into the kernel (items of head h done by CTAs of an earlier head, with per-head ready counters) would
 pay; otherwise it cannot.
 
-    python bench/probes/probe_fused_pass.py [--out probe.json]
+    python lab/probes/probe_fused_pass.py [--out probe.json]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Also checks, per shape, that the chunked codes and scales equal the one-tile ker
 never reach the amax floor), and times the plain quantizer of the same tensor and a bf16 -> fp8 cast as the
 traffic reference.
 
-    python bench/probes/probe_gelu_chunks.py --out $OUT/probe-gelu-chunks.json
+    python lab/probes/probe_gelu_chunks.py --out $OUT/probe-gelu-chunks.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 pass structure, at the MLP down-projection inputs of the models (H100). Prints ms and how many FP8 codes
 differ from eager GELU + quantizer.
 
-    python bench/probes/probe_gelu_quant.py --out /tmp/gelu.json
+    python lab/probes/probe_gelu_quant.py --out /tmp/gelu.json
 """
 
 from __future__ import annotations

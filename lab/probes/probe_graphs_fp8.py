@@ -5,7 +5,7 @@ For the smoke Flux and Wan models: eager outputs of four inputs, then the same u
 stacked Q/K/V GEMM and the FP8 attention output each on and off; also eager after a second patch (is a re-patch
 deterministic?). Prints rel-L1 per call against eager and whether the bits match.
 
-    python bench/probes/probe_graphs_fp8.py --out $OUT/graphs-fp8.json
+    python lab/probes/probe_graphs_fp8.py --out $OUT/graphs-fp8.json
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Host-side Python traffic of one patched forward, counted (not timed), by the line that caused it.
 
-Eager image steps with FP8 linears wait on the host CPU (bench/NOTES.md v7.7): every `nn.Module.__getattr__`
+Eager image steps with FP8 linears wait on the host CPU (lab/NOTES.md v7.7): every `nn.Module.__getattr__`
 (a buffer, parameter or submodule read), `nn.Module.__setattr__`, `os.environ` read and `Signature.bind` costs
 0.2-6 us there. Counts are the same on a CPU and a GPU host for the same code path, so this runs on the CPU
 (the tiny random-weight models, FP8 linears in emulation, `min_rows=1` so that every layer takes the FP8 path).
 
-    TRITON_INTERPRET=1 python bench/probes/probe_host_attr_traffic.py --family flux [--top 25]
+    TRITON_INTERPRET=1 python lab/probes/probe_host_attr_traffic.py --family flux [--top 25]
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Probe: where an eager step's host time goes (cProfile), for stock, sagegen attention only and sagegen + FP8
 linears, on the model at full size with random weights (--model, FLUX.1-dev by default).
 
-Eager image steps are host-bound on some machines (bench/NOTES.md v5.7, v5.9): the GPU waits for Python. Each
+Eager image steps are host-bound on some machines (lab/NOTES.md v5.7, v5.9): the GPU waits for Python. Each
 variant runs --steps steps under cProfile after a warm-up; the report lists the functions with the most own
 time and the most cumulative time, plus the wall time per step with and without the profiler, and the GPU busy
 time of one step (torch profiler), so host and GPU can be compared.
 
-python bench/probes/probe_host_profile.py --out bench/results/probe-host-profile-flux-<gpu>-<date>.json
+python lab/probes/probe_host_profile.py --out bench/results/probe-host-profile-flux-<gpu>-<date>.json
 """
 
 import argparse

@@ -3,7 +3,7 @@ alone (~141 ms) because of the GEMMs around it? Times the 720p self-attention ca
 NHD, DIFFUSION_CONFIG) alone, then interleaved with the block's bf16 GEMMs (QKV, O, FFN at Wan's shapes),
 each call between CUDA events; run it next to `nvidia-smi -lms` to see the SM clock and power.
 
-    python bench/probes/probe_insitu_clocks.py [--out FILE.json]
+    python lab/probes/probe_insitu_clocks.py [--out FILE.json]
 """
 
 from __future__ import annotations

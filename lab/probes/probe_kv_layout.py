@@ -3,7 +3,7 @@
 transpose needs no shared memory and the stores are 8 bytes; K with 16-byte loads), timed next to
 `triton_quant`'s K/V launch on the same statistics, outputs compared bit for bit.
 
-    python bench/probes/probe_kv_layout.py [--out probe.json]
+    python lab/probes/probe_kv_layout.py [--out probe.json]
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Times `triton_quant.quantize` (the whole pass: statistics, their finish, K/V) of
 holding it as ``sagegen_base/``) and of this one, at 4 and 8 warps for the K/V launch, alternating four times,
 and checks that K, its scales and V come out bit-identical to the older package's. JSON to --out.
 
-    python bench/probes/probe_kv_split.py --base DIR --out $OUT/probe-kv-split.json
+    python lab/probes/probe_kv_split.py --base DIR --out $OUT/probe-kv-split.json
 
-The split launch it measured on 2026-11-29 was slower and was not committed (bench/NOTES.md v7.4); as it stands
+The split launch it measured on 2026-11-29 was slower and was not committed (lab/NOTES.md v7.4); as it stands
 the probe compares this checkout's launch with the base's.
 """
 

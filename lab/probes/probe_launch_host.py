@@ -1,12 +1,12 @@
 """Probe: host time per launch of sagegen's eager kernels, to compare Triton versions on one machine.
 
 An eager FP8 Flux step ran 107 ms on Triton 3.6 and ~175 ms on Triton 3.9 on the same H200 host (GPU busy ~87 ms
-either way; bench/NOTES.md v7.6). This times back-to-back launches where the GPU work is tiny (the host is all
+either way; lab/NOTES.md v7.6). This times back-to-back launches where the GPU work is tiny (the host is all
 that is measured), for a trivial Triton kernel, the FP8 per-token quantizer, the residual-norm pass, a short
 attention call and a bf16 ``F.linear`` for scale, then profiles the quantizer's and the attention call's
 launches (cProfile, top functions by own time).
 
-    python bench/probes/probe_launch_host.py --out $OUT/launch-host-t39.json
+    python lab/probes/probe_launch_host.py --out $OUT/launch-host-t39.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What do the CTA barriers in the Hopper kernel's loop cost? Triton 3.6's shared-memory barrier analysis puts
 a `bar.sync` before every mbarrier wait, mbarrier expect and TMA load (it treats the mbarrier as shared memory
 written by one thread and read by all): four per loop iteration, where CUDA kernels such as FlashAttention-3
-have none (the mbarriers already order those operations). PC sampling (`bench/probes/probe_stalls.py`) counts 4-5% of
+have none (the mbarriers already order those operations). PC sampling (`lab/probes/probe_stalls.py`) counts 4-5% of
 the warps' samples stalled on them. This probe compiles a copy of `gluon_attn` through a PTX rewrite (Triton's
 `knobs.runtime.add_stages_inspection_hook`) that deletes the barriers in front of those operations after the
 kernel's first mbarrier wait (the ones after the mbarrier inits stay), checks the output bit for bit and times
@@ -11,7 +11,7 @@ Why it is safe: the expect and both TMA loads are issued by the same thread (thr
 wait that starts before the expect only waits longer; a ring slot is refilled after `warpgroup_mma_wait(0)`,
 and a warpgroup's wgmma has finished reading shared memory once any of its warps has passed that wait.
 
-    python bench/probes/probe_loop_barriers.py [--out probe.json]
+    python lab/probes/probe_loop_barriers.py [--out probe.json]
 """
 
 from __future__ import annotations

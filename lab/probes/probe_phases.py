@@ -4,7 +4,7 @@ SM clock (%clock) at five points of every steady-state iteration and stores them
 Q·Kᵀ(j+1)), accumulator update + ring refill. The clock reads cost a little themselves; read the split, not
 the totals.
 
-    python bench/probes/probe_phases.py [--shape 4 32 8192 128] [--out probe.json]
+    python lab/probes/probe_phases.py [--shape 4 32 8192 128] [--out probe.json]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Probe: where the block-mask predictor's time goes at 32k and 75.6k tokens (hd128, 24 heads): each stage
 timed alone (triton.testing.do_bench) and a CUDA kernel table of one `sparse_blocks` call.
 
-    python bench/probes/probe_predictor_stages.py
+    python lab/probes/probe_predictor_stages.py
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Timed here in one process: eager steps (wall and host enqueue time, medians of R
 then eager steps again, then (second profile) again. With ``--probe-launch``: a trivial kernel's host time per
 launch before and after, too.
 
-    python bench/probes/probe_profiler_after.py flux.1-dev --linear fp8 --out $OUT/profiler-after.json
+    python lab/probes/probe_profiler_after.py flux.1-dev --linear fp8 --out $OUT/profiler-after.json
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ contraction in the prologue kernel (`triton_qk_prologue.FP_FUSION`). Eager PyTor
 separately; a contracted a*b + c*d rounds once less. Prints the fraction of differing bf16 elements per case;
 JSON to --out.
 
-    python bench/probes/probe_prologue_rounding.py --out $OUT/prologue-rounding.json
+    python lab/probes/probe_prologue_rounding.py --out $OUT/prologue-rounding.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Probe: Wan's block element-wise work, diffusers' eager ops vs `residual_norm` (one Triton pass), at the
 hidden-state sizes of Wan2.1-14B 720p and Wan2.1-1.3B 480p. Prints ms per block and effective GB/s.
 
-    python bench/probes/probe_residual_norm.py
+    python lab/probes/probe_residual_norm.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Probe: does a K/V ring shared by two warpgroups (`shared_ring_kernel`: half the L2 -> shared-memory tile
 traffic) make Wan2.1-14B's 720p attention faster inside a step, where the H200 sits at its 700 W cap
-(bench/NOTES.md v5.6: the call alone 138 ms, in the step 147)?
+(lab/NOTES.md v5.6: the call alone 138 ms, in the step 147)?
 
 Variants, in one process: `default` (gluon_attn, Q quantized in the kernel), `qpass` (gluon_attn with the separate
 Q pass, which the shared-ring kernel needs), `ring` (the shared-ring kernel). For each: agreement with `default`
@@ -8,7 +8,7 @@ Q pass, which the shared-ring kernel needs), `ring` (the shared-ring kernel). Fo
 GEMMs (the in-step proxy of `probe_insitu_clocks.py`), then whole Wan2.1-14B 720p steps in alternation, with one
 stock step for the ratio.
 
-    python bench/probes/probe_shared_ring_power.py --out $OUT/probe-shared-ring-power.json [--no-step]
+    python lab/probes/probe_shared_ring_power.py --out $OUT/probe-shared-ring-power.json [--no-step]
 """
 
 from __future__ import annotations

@@ -7,10 +7,10 @@ buffers, in alternating rounds, with every q-tile given c key tiles (c = 1, 4, 1
 128 x 128 blocks, diagonal kept). The traffic floor of Q's read and O's write (`out.copy_(q)`) is timed too.
 Outputs of the copies are wrong by design; nothing here is a product change.
 
-    python bench/probes/probe_sparse_ablation.py --out $OUT/probe-sparse-ablation.json
+    python lab/probes/probe_sparse_ablation.py --out $OUT/probe-sparse-ablation.json
 
 The edits match `gluon_attn.py` as it was before the epilogue change they led to (commit d829e42; the kernel now
-stores as `cvt` does): check that file out to run the probe again. Results: bench/NOTES.md v7.4.
+stores as `cvt` does): check that file out to run the probe again. Results: lab/NOTES.md v7.4.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Probe: the Hopper kernel with 128-row query tiles (two warpgroups, 8 warps, one CTA per SM) against the
 shipped 64-row tiles (three CTAs per SM) on block-sparse calls, where each CTA's fixed cost (Q load and
-quantization, the first TMA wait, the epilogue) weighs most (bench/NOTES.md v5.8). Same numerics (per-token
+quantization, the first TMA wait, the epilogue) weighs most (lab/NOTES.md v5.8). Same numerics (per-token
 Q scales, 128-key K blocks): the outputs must be equal. Timed in alternating rounds on the same buffers.
 
-    python bench/probes/probe_sparse_block_m.py --out /tmp/out/probe-sparse-block-m.json
+    python lab/probes/probe_sparse_block_m.py --out /tmp/out/probe-sparse-block-m.json
 """
 
 from __future__ import annotations

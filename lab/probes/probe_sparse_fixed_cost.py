@@ -6,7 +6,7 @@ with every q-tile given exactly c key tiles (c = 1, 2, 4, 8, 16, 32: the fixed c
 and the kernel under other launch settings (ring slots, register cap). FlexAttention (compiled, same blocks) on
 the first shape. JSON to --out.
 
-    python bench/probes/probe_sparse_fixed_cost.py --out $OUT/probe-sparse-fixed.json
+    python lab/probes/probe_sparse_fixed_cost.py --out $OUT/probe-sparse-fixed.json
 
 ``--base DIR`` (a directory holding an older package as ``sagegen_base/``, as `ab_versions.py` makes it): also
 times that copy's Hopper kernel on the same buffers, alternating base / new four times, at d = 0.1, dense and

@@ -10,7 +10,7 @@ launch's output is also compared, bit for bit, between the two versions (`identi
 Session 35 added the tile list staged in shared memory (``gluon_attn.list_in_smem``); ``--list-limit 128=1024``
 turns it on at head dim 128 in this checkout, to measure it there too.
 
-    python bench/probes/probe_sparse_index_loads.py --base /tmp/base --out $OUT/probe-sparse-index-loads.json
+    python lab/probes/probe_sparse_index_loads.py --base /tmp/base --out $OUT/probe-sparse-index-loads.json
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ memory) three CTAs share an SM. Outputs compared bit for bit with the kernel's. 
     mkdir -p abbase && git show 17d5f88:sagegen/kernels/gluon_attn.py \
       | sed 's/return head_dim >= 128 and block_n == 64/return head_dim >= 128 and (block_n == 64 or SPLIT_128)/' \
       > abbase/gluon_split.py && echo "SPLIT_128 = True" >> abbase/gluon_split.py
-    python bench/probes/probe_split_pv128.py --module abbase/gluon_split.py [--out probe.json]
+    python lab/probes/probe_split_pv128.py --module abbase/gluon_split.py [--out probe.json]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 Triton's profiler (proton, `backend="cupti", mode="pcsampling"`): the warp stall reasons of the attention kernel
 alone (and of the K/V quantization launch), in total and per source line. No Nsight needed.
 
-    python bench/probes/probe_stalls.py [--shape 4 32 8192 128] [--out stalls.json]
+    python lab/probes/probe_stalls.py [--shape 4 32 8192 128] [--out stalls.json]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ collector on (A) and off during the step (B, collected between steps), so a coll
 Eager FP8 Flux steps ran ~100 ms on Triton 3.6 and ~134 ms on 3.9 on one H200 host (session 29), with cProfile
 showing only ~20 ms more host work on 3.9: this tells the rest apart.
 
-    python bench/probes/probe_step_gc.py flux.1-dev --linear fp8 --out $OUT/step-gc.json
+    python lab/probes/probe_step_gc.py flux.1-dev --linear fp8 --out $OUT/step-gc.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ steps alternating A (True) and B (False). Per step: the wall time between CUDA e
 GPU-bound and host savings cannot show in it. (Timing the enqueue behind a long GPU sleep does not work: the
 launch queue fills within a step and the host waits for the sleep.) JSON to --out.
 
-    python bench/probes/probe_step_host.py sd3.5-large [--linear fp8] --out $OUT/step-host.json
+    python lab/probes/probe_step_host.py sd3.5-large [--linear fp8] --out $OUT/step-host.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ between GEMMs, against `do_bench`'s repeats of one call).
 
 Each variant: `do_bench` median and the mean of 40 calls in a row (CUDA events around all 40).
 
-    python bench/probes/probe_wan_attention.py [--out FILE.json] [--tokens N]
+    python lab/probes/probe_wan_attention.py [--out FILE.json] [--tokens N]
 """
 
 from __future__ import annotations

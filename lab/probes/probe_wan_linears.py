@@ -6,7 +6,7 @@ difference from an fp64 reference; (2) Q, K and V as three GEMMs against one GEM
 The question: does either save enough of the ~3.1 s spent outside attention in a step to matter (issue 18's
 1.45x needs ~0.32 s)?
 
-    python bench/probes/probe_wan_linears.py [--out FILE.json]
+    python lab/probes/probe_wan_linears.py [--out FILE.json]
 """
 
 from __future__ import annotations

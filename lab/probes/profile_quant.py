@@ -1,8 +1,8 @@
 """Where the quantization pass's time goes on the GPU: per-kernel times from torch.profiler for
 `triton_quant.quantize` at one shape (default B=4, H=32, N=8192, D=128, bf16).
 
-    python bench/probes/profile_quant.py [--shape 4 32 8192 128] [--permute]
-    python bench/probes/profile_quant.py --variant "{'STATS_ROWS': 16}" \
+    python lab/probes/profile_quant.py [--shape 4 32 8192 128] [--permute]
+    python lab/probes/profile_quant.py --variant "{'STATS_ROWS': 16}" \
         --variant "{'QUANT_WARPS': {'stats': 4, 'q': 4, 'kv': 4}}"
 """
 

@@ -1,7 +1,7 @@
 """Probe kernel (not shipped): `gluon_attn`'s numerics and loop order with two warpgroups of one CTA reading one
 shared K/V ring, fed by a loader warp (warp-specialized), so each K/V tile crosses L2 -> shared memory once per
 128 query rows instead of once per 64. The structure of v3.0's ping-pong experiment without its turn barriers
-(bench/NOTES.md v3.0: 741 / 804 / 837 TFLOP/s at hd128 8k / 16k / 32k against 755 / 802 / 820 for `gluon_attn`,
+(lab/NOTES.md v3.0: 741 / 804 / 837 TFLOP/s at hd128 8k / 16k / 32k against 755 / 802 / 820 for `gluon_attn`,
 alone on an H200). Question for `probe_shared_ring_power.py`: does half the tile traffic pay inside a Wan step,
 where the H200 runs at its power cap?
 

@@ -1,7 +1,7 @@
 """Sweep tile sizes and launch settings of the attention kernel on the GPU (full call, bf16), next to SDPA's
 default in the same run. Prints a table; writes JSON to --out.
 
-    python bench/probes/tune_attention.py --out $OUT/tune.json
+    python lab/probes/tune_attention.py --out $OUT/tune.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Sweep the Hopper Gluon kernel's launch settings (ring slots, register cap) on the GPU, next to SDPA's
 default and the portable Triton kernel in the same run (full call, bf16). Prints a table; JSON to --out.
 
-    python bench/probes/tune_gluon.py --out $OUT/tune-gluon.json
+    python lab/probes/tune_gluon.py --out $OUT/tune-gluon.json
 """
 
 from __future__ import annotations

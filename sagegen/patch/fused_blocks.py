@@ -5,7 +5,7 @@ and SkyReels-V2's here; SD3's, Flux's, Qwen-Image's, LTX-Video's and CogVideoX's
 diffusers' ``WanTransformerBlock.forward`` (Wan 2.1, Wan 2.2 T2V/I2V and TI2V; SkyReels-V2's block is the same
 code with a self-attention mask and its per-token modulation laid out [B, 6, S, C]) runs its norms, modulation and
 residual adds as eager fp32 ops around the three sub-layers; at 720p they cost about 8% of a stock step and
-16% of a sagegen one (bench/NOTES.md). With the patch's ``fuse_prologue`` (the default) each such block's class
+16% of a sagegen one (lab/NOTES.md). With the patch's ``fuse_prologue`` (the default) each such block's class
 is swapped for a subclass whose forward computes the same values with four `residual_norm` passes:
 
     n1 = LN(x)·(1+scale)+shift                          -> attn1

@@ -9,7 +9,7 @@ kernel. It runs through `fused_blocks_sd3.ada_zero_body` (three passes per strea
 
 instead of LayerNorm, (1 + scale), product and sum, then product and sum. On an H200 these element-wise
 kernels were ~45 ms of a 1024² Flux step's ~165 ms
-(bench/results/model-step-flux.1-dev-profile-triton-h200-2026-11-21.json).
+(bench/results/archive/model-step-flux.1-dev-profile-triton-h200-2026-11-21.json).
 
 In the single block, ``n`` feeds ``proj_mlp`` and the Q/K/V projections: with FP8 linears the block runs in one
 `sharing` scope, so ``n`` is quantized once for all four (`sagegen.linear.shared`), and an FP8 ``proj_out``

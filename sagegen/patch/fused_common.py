@@ -102,7 +102,7 @@ def _diffusers_class(cls_path: str) -> type | None:
 def _call_signature(cls: type) -> tuple[inspect.Signature, tuple[str, ...] | None, frozenset[str]]:
     """``cls.__call__``'s signature; its parameter names and the required ones, or (None, ...) where it takes
     *args or **kwargs. Once per class: inspect.signature on every attention call was ~2% of an eager Flux
-    step's host time on a slow host (bench/results/probe-host-profile-flux-h200-2026-11-26.json)."""
+    step's host time on a slow host (bench/results/archive/probe-host-profile-flux-h200-2026-11-26.json)."""
     signature = inspect.signature(cls.__call__)
     params = signature.parameters.values()
     if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
