@@ -2,7 +2,8 @@
 
 Every bar is a ratio within one run (a variant's median step time over the same run's stock median), so bars
 from different runs never share a denominator. `ROWS` names, for each README row, the result file each bar
-comes from; a file or variant that is missing is an error, so the chart cannot quietly drift from the data.
+comes from, as listed in bench/results/current/steps.json; a file or variant that is missing is an error, so
+the chart cannot quietly drift from the data.
 
     python bench/plot_steps.py                      # -> docs/step-speedups.svg
     python bench/plot_steps.py --out /tmp/x.png
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = ROOT / "bench" / "results" / "current"  # the files README.md and docs/results.md use
 
 # The bars: what a user turns on, in order (label, variant key in the result file's "results").
 SERIES = (
@@ -25,28 +26,19 @@ SERIES = (
     ("sagegen attention + block-sparse top-k 0.5", "sagegen_sparse[topk=0.5]"),
 )
 
-# README row -> {variant key: result file}. The sparse runs name their variant with their options. One H200,
-# 2026-11-30, Triton 3.6 (bench/probes/gpu_session34.sh); image models' FP8 bars are their CUDA-graph runs.
-_T = "model-step-{}-table-h200-2026-11-30.json"
-ROWS: tuple[tuple[str, dict[str, str]], ...] = (
-    ("HunyuanVideo 720p", {
-        "sagegen": _T.format("hunyuanvideo"), "sagegen_fp8": _T.format("hunyuanvideo"),
-        "sagegen_sparse[topk=0.5]": _T.format("hunyuanvideo") + "#sagegen_sparse[topk=0.5,blocks=none]"}),
-    ("HunyuanVideo-1.5 720p¹", {
-        "sagegen": _T.format("hunyuanvideo-1.5-720p"), "sagegen_fp8": _T.format("hunyuanvideo-1.5-720p"),
-        "sagegen_sparse[topk=0.5]": _T.format("hunyuanvideo-1.5-720p")}),
-    ("Wan2.1-14B 720p", {
-        "sagegen": _T.format("wan2.1-t2v-14b"), "sagegen_fp8": _T.format("wan2.1-t2v-14b"),
-        "sagegen_sparse[topk=0.5]": _T.format("wan2.1-t2v-14b")}),
-    ("Wan2.1-1.3B 480p", {"sagegen": _T.format("wan2.1-t2v-1.3b"), "sagegen_fp8": _T.format("wan2.1-t2v-1.3b")}),
-    ("Wan2.2-TI2V-5B 720p", {"sagegen": _T.format("wan2.2-ti2v-5b"), "sagegen_fp8": _T.format("wan2.2-ti2v-5b")}),
-    ("CogVideoX-5b, CFG 2", {"sagegen": _T.format("cogvideox-5b"), "sagegen_fp8": _T.format("cogvideox-5b")}),
-    ("LTX-Video 704×512×161", {"sagegen": _T.format("ltx-video"), "sagegen_fp8": _T.format("ltx-video")}),
-    ("Qwen-Image 1328²", {"sagegen": _T.format("qwen-image"), "sagegen_fp8_graphs": _T.format("qwen-image")}),
-    ("SD3.5-large 1024², CFG 2", {"sagegen": _T.format("sd3.5-large"),
-                                  "sagegen_fp8_graphs": _T.format("sd3.5-large")}),
-    ("FLUX.1-dev 1024²", {"sagegen": _T.format("flux.1-dev"), "sagegen_fp8_graphs": _T.format("flux.1-dev")}),
-)
+# README row -> {variant key: result file}, read from the index in bench/results/current/ (steps.json), which
+# names the files the README's table draws on; the sparse runs name their variant with their options
+# ("file#variant"). To move the chart to new runs, put their files in current/ and edit the index.
+INDEX = RESULTS / "steps.json"
+
+
+def load_rows(index: Path = INDEX) -> tuple[tuple[str, dict[str, str]], ...]:
+    """The rows of the index, in order: (README row label, {series key: "file" or "file#variant"})."""
+    data = json.loads(index.read_text())
+    return tuple((row["model"], dict(row["bars"])) for row in data["rows"])
+
+
+ROWS: tuple[tuple[str, dict[str, str]], ...] = load_rows()
 
 
 def _device_tag(data: dict) -> str:

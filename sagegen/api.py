@@ -322,7 +322,7 @@ def _eager_direct(*tensors) -> bool:
     FlopCounterMode, a torch-function mode other than the one whose handler is calling, a default device or a
     mode that says it passes sagegen through: those see the op) and the tensors are plain ones. The dispatch
     alone took 20-110 us of host time a call on an H200's host
-    (bench/results/probe-call-overhead-ab-h200-2026-11-26.json); the result is the same."""
+    (lab/data/probe-call-overhead-ab-h200-2026-11-26.json); the result is the same."""
     return (EAGER_DIRECT and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
             and not torch._C._len_torch_dispatch_stack() and _function_modes_pass_through()
             and all(t is None or type(t) is torch.Tensor for t in tensors))

@@ -270,7 +270,7 @@ def _context_parallel(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                settings=part, window=window)
 
     # A Ring attends once over the gathered keys: equal to one GPU where Q's quantization blocks align, ~7%
-    # faster and less memory than chunk by chunk with the LSE merge (bench/NOTES.md v6.8), and where a block-
+    # faster and less memory than chunk by chunk with the LSE merge (lab/NOTES.md v6.8), and where a block-
     # sparse predictor sees every key. SAGEGEN_RING_ONE_CALL=0 walks the chunks (dense calls only). A joint
     # call's keys are gathered in one process's order (its output then one GPU's, and 1 GB less a GPU than
     # the chunk order's key compaction at HunyuanVideo 720p: NOTES v7.0); SAGEGEN_RING_IN_ORDER=0 keeps chunk

@@ -81,7 +81,7 @@ def check_out_dir(path: Path, option: str = "--out") -> None:
                            "empty folder (or an earlier run's, to resume it)", option)
 
 
-# what an existing run directory holds from its first moment (`generate`, `runlock`)
+# what an existing run directory holds from its first moment (`generate`, `lock`)
 _RUN_DIR_MARKS = ("manifest.json", ".manifest.lock", ".sagegen-run.lock", "samples")
 
 

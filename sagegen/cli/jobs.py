@@ -245,7 +245,7 @@ def print_warnings(console, warnings: list[str]) -> None:
 def graphs_by_default(preset, *, linear, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> bool:
     """--cuda-graphs when neither it nor --no-cuda-graphs is given: on for FP8 linears on an image model on a
     GPU, whose eager steps (~4-7k tokens a call) wait on the host, so that FP8 can be slower than attention
-    alone there (bench/NOTES.md v7.9: 107-175 ms eager vs 93-98 ms as graphs for the same Flux step); off
+    alone there (lab/NOTES.md v7.9: 107-175 ms eager vs 93-98 ms as graphs for the same Flux step); off
     where graphs do not combine (compile, offload, CP, sparse) or gain nothing (videos are GPU-bound)."""
     return (on_gpu and linear == "fp8" and not preset.is_video and not compile and offload == "none"
             and cp is None and sparse is None)

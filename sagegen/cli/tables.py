@@ -25,7 +25,7 @@ def cpu_note(manifest: dict) -> str | None:
 
 def fp8_eager_note(manifest: dict) -> str | None:
     """Eager FP8 linears on an image model's GPU run: ~4-7k tokens a call leave the step bound by the host,
-    and FP8 adds launches (bench/NOTES.md v5.1-v5.5), so it can be slower than attention alone."""
+    and FP8 adds launches (lab/NOTES.md v5.1-v5.5), so it can be slower than attention alone."""
     runtime = manifest.get("runtime", {})
     if (runtime.get("device") in (None, "cpu") or runtime.get("compile") or runtime.get("cuda_graphs")
             or manifest.get("model", {}).get("kind") != "image"):

@@ -43,7 +43,7 @@ def describe_cuda(device: torch.device) -> tuple[bool, str]:
 
 # Below this much work, `backend="auto"` runs PyTorch SDPA on the GPU: the quantized kernel's fixed costs (the
 # quantization pass, its extra launches, a grid too small to fill the GPU) outweigh its faster main loop.
-# Work = batch·heads·Nq·Nk, per head dim; measured on an H200 (bench/results/attention-h200-*-gluon.json,
+# Work = batch·heads·Nq·Nk, per head dim; measured on an H200 (bench/results/archive/attention-h200-*-gluon.json,
 # "crossover" at B·H = 48 and the Flux / SD3.5 shapes): at head dim 128 the kernel is 0.96x at B·H=24,
 # 4,608 tokens (Flux) and 1.07x at B·H=48, 4,608; at head dim 64 0.99x at B·H=48, 4,608, 1.07x at 6,144
 # and 1.13x at B·H=76, 4,429 (SD3.5-large with CFG).
@@ -56,7 +56,7 @@ def auto_min_work(head_dim: int) -> float:
 
 # Cross-attention to a short text (Wan, LTX-Video, SkyReels-V2: 128-512 keys) runs SDPA at any query length:
 # there the kernel's per-query quantization pass is most of its time. Measured on an H100 (Triton 3.9,
-# bench/results/backend-h100-2026-11-24.json): 512 keys, 32,760 queries x 12 heads 0.80 ms vs SDPA's 0.19;
+# bench/results/archive/backend-h100-2026-11-24.json): 512 keys, 32,760 queries x 12 heads 0.80 ms vs SDPA's 0.19;
 # 512 keys, 75,600 x 40 1.89 vs 1.58; 128 keys, 6,144 x 32 0.53 vs 0.03.
 AUTO_MAX_SHORT_KV = 512
 

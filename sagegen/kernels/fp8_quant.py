@@ -85,7 +85,7 @@ def _gelu_tanh(x, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
         return (0.5 * x) * (1.0 + libdevice.tanh(inner))
     # 0.5 x (1 + tanh(u)) = x / (1 + 2^(-2 log2(e) u)), with -2 log2(e) u = x (a + b x^2): five operations, one
     # exp2 and one fast division (an inf for very negative x gives -0), no cancellation. The kernel is bound by
-    # instruction issue, not memory, with the tanh form (bench/NOTES.md v5.8). Within a few fp32 ulps of torch's
+    # instruction issue, not memory, with the tanh form (lab/NOTES.md v5.8). Within a few fp32 ulps of torch's
     # formula: far below the bf16 rounding that follows.
     e = tl.exp2(x * tl.fma(x * x, _GELU_B, _GELU_A))
     if INTERPRET:
@@ -174,7 +174,7 @@ def _quantize_rows_once(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, s
                         HAS_COL: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr, HAS_PREFIX: tl.constexpr,
                         INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     # One power-of-two tile: a row of 12288 computes 16384 lanes, a quarter of them masked. Rows split into
-    # power-of-two parts (8192 + 4096) were slower on the H200 (a cross-warp reduction per part; bench/NOTES.md
+    # power-of-two parts (8192 + 4096) were slower on the H200 (a cross-warp reduction per part; lab/NOTES.md
     # v5.8), the GELU included.
     cols = tl.arange(0, BLOCK_K)
     col_ok = cols < K
@@ -192,7 +192,7 @@ def _quantize_rows_twice(X, P, C, Q, S, rows, rows64, row_ok, K, K0, stride_xm, 
                          HAS_COL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GELU: tl.constexpr,
                          HAS_PREFIX: tl.constexpr, INTERPRET: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
     # Pass 1, the row's amax: a running element-wise maximum over chunks, reduced once (a cross-warp reduction
-    # per chunk is what made power-of-two parts slow, bench/NOTES.md v5.8).
+    # per chunk is what made power-of-two parts slow, lab/NOTES.md v5.8).
     if GELU and not HAS_COL and not HAS_PREFIX:
         # GELU rises for x > -0.75 and stays within the amax floor below it, so with the floor the row's amax is
         # GELU(max x): pass 1 reads x and computes no GELU, pass 2 computes each GELU once
@@ -257,7 +257,7 @@ def _gelu_chunk(K: int) -> int:
 def gelu_rows_chunked(K: int, gelu: bool, has_col: bool, has_prefix: bool) -> bool:
     """Whether GELU rows of K channels run in chunks (two passes, GELU(max x) for the scale) rather than in one
     power-of-two tile: where the tile would leave GELU_CHUNK_IDLE_SHARE of its lanes idle or more and the chunks
-    would not, because the GELU path is bound by instruction issue and idle lanes issue too (bench/NOTES.md v5.8,
+    would not, because the GELU path is bound by instruction issue and idle lanes issue too (lab/NOTES.md v5.8,
     v6.3)."""
     if not gelu or has_col or has_prefix or not GELU_CHUNKS:
         return False
@@ -281,7 +281,7 @@ def per_token_launch(K: int, *, chunked: bool = False, block_m: int | None = Non
     elif chunked:
         # one row a program, 8 warps, chunks of 4096 or 2048 (whichever pads the row less; 12288 -> 3 x 4096,
         # 9728 -> 5 x 2048): the fastest of 1024-4096-wide chunks at 1-4 rows, 4-16 warps on the H200
-        # (bench/NOTES.md v6.3)
+        # (lab/NOTES.md v6.3)
         bk = chunk_k or _gelu_chunk(K)
         bm = block_m or 1
         num_warps = num_warps or 8

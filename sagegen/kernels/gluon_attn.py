@@ -2,7 +2,7 @@
 tensor-core work scheduled by hand.
 
 Why a second kernel: Triton waits for every `tl.dot` whose result is not an accumulator right after issuing
-it, so in `triton_attn` the softmax never overlaps a matrix multiply of the same warpgroup (bench/NOTES.md,
+it, so in `triton_attn` the softmax never overlaps a matrix multiply of the same warpgroup (lab/NOTES.md,
 v1.6). Gluon exposes `warpgroup_mma(..., is_async=True)` and `warpgroup_mma_wait`, so here the next key
 block's INT8 Q·Kᵀ runs on the tensor cores while this block's exp2 runs (FlashAttention-3's intra-warpgroup
 overlap), and the FP8 P·V of each block is still computed fresh and added into the FP32 accumulator
@@ -283,7 +283,7 @@ def _epilogue(acc, l_i, r_i, VS, VM, Out, OS, Lse, b, h, v_row0, row0, N_Q, D,
         o = gl.where(gl.expand_dims(l_o != 0, 1), o + v_mean, 0.0)
     # Stored from a layout with 8 consecutive head-dim elements (16 bytes) a thread: the accumulator's layout
     # gives each thread pairs of columns, and its 4-byte stores cost up to 0.08 ms a call, a fifth of a
-    # one-key-tile call (bench/NOTES.md v7.4). The conversion goes through shared memory the ring has freed.
+    # one-key-tile call (lab/NOTES.md v7.4). The conversion goes through shared memory the ring has freed.
     if OUT_FP8:  # (the conversion to e4m3 saturates: F2FP.SATFINITE, tests/kernels/test_kernel_codegen.py)
         o = o * gl.load(OS)
     VEC: gl.constexpr = 16 if OUT_FP8 else 8  # 16 bytes a thread
@@ -317,7 +317,7 @@ def shared_layouts(block_m: int, block_n: int, head_dim: int):
 PERMUTE_V = True
 # Q quantized inside the kernel (no separate Q pass); False only to measure the difference.
 QUANT_Q_IN_KERNEL = True
-# (ring slots, register cap) per padded head dim; bench/probes/tune_gluon.py measures the alternatives.
+# (ring slots, register cap) per padded head dim; lab/probes/tune_gluon.py measures the alternatives.
 LAUNCH_OVERRIDES: dict[int, tuple[int, int | None]] = {}
 
 
@@ -335,7 +335,7 @@ def early_index(head_dim: int) -> bool:
     Triton 3.9 moves each loaded index into a uniform register a few instructions after its load, so every key
     tile waited on a global load: at head dim 128 the sparse loop ran 6-8% slower than the dense one. Loaded a
     step earlier, the value crosses the loop's back edge first and the wait is gone. H200, kernel alone, sparse
-    over dense with every tile listed (bench/probes/probe_sparse_index_loads.py, bench/NOTES.md v8.2):
+    over dense with every tile listed (lab/probes/probe_sparse_index_loads.py, lab/NOTES.md v8.2):
     Triton 3.9 hd128 1.084 -> 1.006 (32k), 1.057 -> 0.998 (75.6k); Triton 3.6, whose loop carries the indices
     in ordinary registers already, 0.998 -> 1.019; head dim 64 1.045-1.049 -> 1.062-1.067 on both. Offline
     SASS of Triton 3.8 shows 3.9's pattern."""

@@ -234,7 +234,7 @@ def _attn_fwd_kernel(
         tl.store(Lse + b * stride_lb + h * stride_lh + offs_m, lse, mask=offs_m < N_Q)
 
 
-# Launch settings per (block_m, block_n, head_dim); tuned on an H200 (bench/probes/tune_attention.py), and
+# Launch settings per (block_m, block_n, head_dim); tuned on an H200 (lab/probes/tune_attention.py), and
 # overridable for tuning runs.
 LAUNCH_OVERRIDES: dict[tuple[int, int, int], tuple] = {}
 
@@ -248,7 +248,7 @@ def launch_settings(block_m: int, block_n: int, head_dim: int, capability=None) 
     if capability is not None and tuple(capability) < (9, 0):
         return (8 if block_m >= 128 else 4), 2  # cp.async double buffering; no TMA before Hopper
     if (block_m, block_n, head_dim) == (64, 128, 128):
-        # Capping registers at 168 lets three CTAs share an SM (bench/results/tune-*.json: +5%).
+        # Capping registers at 168 lets three CTAs share an SM (lab/data/tune-*.json: +5%).
         return 4, 2, 168
     return (8 if block_m >= 128 else 4), 3
 

@@ -3,7 +3,7 @@ scores, top-k or cumulative-mass selection, the always-keep rules, and the compa
 
 The same computation as `sagegen.sparse.predictor.predict_keep` followed by `BlockSparse.from_block_dense`,
 which take ~25 PyTorch kernels (softmax, a sort-based top-k, scatters, a scan): at 32k tokens their launches
-made the predictor host-bound (2.2 ms for 0.8 ms of GPU work, bench/NOTES.md). Here each program loads one row
+made the predictor host-bound (2.2 ms for 0.8 ms of GPU work, lab/NOTES.md). Here each program loads one row
 of pooled scores, finds the k-th largest (``tl.sort``), ORs in the rules, drops key blocks without live keys,
 and writes the kept indices ascending (``tl.cumsum``) followed by zeros.
 

@@ -27,7 +27,7 @@ from sagegen.kernels.triton_quant import interpreting
 
 # No FMA contraction here: eager PyTorch rounds every product of the rotation separately, and so does this
 # kernel then; the rotation matches diffusers' ops bit for bit on an H200 (with contraction 2e-5 of the
-# elements differ by a bf16 step: bench/probes/probe_prologue_rounding.py). Memory-bound, so no speed cost.
+# elements differ by a bf16 step: lab/probes/probe_prologue_rounding.py). Memory-bound, so no speed cost.
 FP_FUSION = False
 
 

@@ -344,7 +344,7 @@ def _kv_stats(k, v, d_pad, k_mean, v_mean, v_range, key_bias=None, fp8=True):
     return km, vm, v_scale, v_inv_scale
 
 
-# Warps per CTA of the three quantization launches (bench/probes/profile_quant.py --warps measures alternatives).
+# Warps per CTA of the three quantization launches (lab/probes/profile_quant.py --warps measures alternatives).
 # H200, hd128 8k: statistics 111 us with 2 warps, 167 with 4, 188 with 8; K/V 249 us with 4 warps, 329 with 8.
 QUANT_WARPS = {"stats": 2, "q": 4, "kv": 4}
 

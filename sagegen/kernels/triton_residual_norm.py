@@ -103,7 +103,7 @@ def launch(C: int, fp8_out: bool) -> dict:
 
     One row a program; fewer warps than a row's width would suggest, since the row's two or three reductions
     cross warps through shared memory and wait on it. H200, Triton 3.6, Wan's widths at 27-76k rows
-    (bench/probes/probe_cross_q_fp8.py --sweep, bench/NOTES.md v8.1), against 8 / 8 / 16 warps before:
+    (lab/probes/probe_cross_q_fp8.py --sweep, lab/NOTES.md v8.1), against 8 / 8 / 16 warps before:
     bf16 rows 2 / 2 / 4 warps at 1536 / 3072 / 5120 channels, 8-17% faster; FP8 rows 1 / 4 / 8 warps, 21% / 6% /
     4% faster. The warps set the order of a row's sums, so outputs move by a bf16 step in ~4e-6 of the elements
     from one launch to another."""

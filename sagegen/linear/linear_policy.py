@@ -38,7 +38,7 @@ class LinearPolicy:
         min_rows: calls with fewer tokens run the bf16 linear (default 1024). Below ~1k rows an FP8 layer
             (quantizer launch + ``_scaled_mm``, ~70 us of host time a call) costs more than the bf16 GEMM it
             replaces: back to back on an H200, FP8 wins from M = 1024 at 3072 x 12288 and 12288 x 3072, from
-            M = 4096 at 3072 x 3072 (bench/results/probe-fp8-eager-host-h200-2026-11-26.json). So the text
+            M = 4096 at 3072 x 3072 (bench/results/archive/probe-fp8-eager-host-h200-2026-11-26.json). So the text
             streams of the image models (Flux 512, SD3.5 2 x 333, Qwen-Image ~128 tokens) and the modulation
             vectors stay bf16; their eager steps got faster (Flux 110.0 -> 106.1 ms, SD3.5 113.2 -> 104.6 ms).
         bf16_copies: ``"keep"`` (default): the original bf16 weights stay where they are (+1 byte per quantized
@@ -52,7 +52,7 @@ class LinearPolicy:
             (``FeedForward``: GELU, Dropout(0), Linear), the GELU runs inside the activation quantization
             (one read of the pre-GELU tensor instead of GELU's read+write and the quantizer's read). Default True:
             on an H100 the fused quantizer takes 0.57-0.80x the time of eager GELU + the plain quantizer at the
-            models' MLP shapes (bench/results/probe-gelu-quant-h100-2026-11-25.json; CogVideoX-5b step 1089 ->
+            models' MLP shapes (bench/results/archive/probe-gelu-quant-h100-2026-11-25.json; CogVideoX-5b step 1089 ->
             1069 ms). Its tanh differs from torch's in the last bits: ~1e-4 of the FP8 codes differ.
     """
 

@@ -33,10 +33,10 @@ FP8 by sagegen's kernel, for the output projections): the GEMM only.
 Calls with fewer than ``min_rows`` tokens (modulation of one timestep vector, the image models' text streams) run
 the original bf16 linear: FP8 does not pay there.
 
-Host cost: eager image steps with FP8 linears wait on the host CPU (bench/NOTES.md v7.7), and a Flux step makes
+Host cost: eager image steps with FP8 linears wait on the host CPU (lab/NOTES.md v7.7), and a Flux step makes
 ~180 FP8 GEMMs. So the call paths read buffers, the wrapped linear and its parameters from their dicts rather
 than through ``nn.Module.__getattr__`` (~0.5-2 us a read), and count calls in a list rather than through
-``nn.Module.__setattr__`` (~2-6 us a write); `bench/probes/probe_host_attr_traffic.py` counts both.
+``nn.Module.__setattr__`` (~2-6 us a write); `lab/probes/probe_host_attr_traffic.py` counts both.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def blockwise_weight_scale_for_gemm(w_s: torch.Tensor) -> torch.Tensor:
 
 def _pad_rows_to_4(xq: torch.Tensor, xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cuBLASLt's 1x128 recipe found no algorithm at M = 250 (CUBLAS_STATUS_NOT_SUPPORTED; M = 256, 4096 and
-    75600 ran: torch 2.11 / CUDA 13, H200, bench/results/probe-blockwise-mm-h200-2026-11-26.json): zero rows
+    75600 ran: torch 2.11 / CUDA 13, H200, lab/data/probe-blockwise-mm-h200-2026-11-26.json): zero rows
     (unit scales) up to the next multiple of 4; the caller drops their outputs. xs: [M, K/128], stride (1, M)."""
     m = xq.shape[0]
     m4 = -(-m // 4) * 4
@@ -178,7 +178,7 @@ def fp8_linear_eager(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, 
                      col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,
                      prologue: str | None = None, prefix: torch.Tensor | None = None) -> torch.Tensor:
     """`fp8_linear` without the custom-op dispatch, for eager calls: on an H100 the dispatch alone cost ~60 us
-    of host time a call (bench/probes/probe_fp8_overhead.py), which made a Flux step launch-bound.
+    of host time a call (lab/probes/probe_fp8_overhead.py), which made a Flux step launch-bound.
     ``prefix`` [M, K0]: the product of ``cat([prefix, prologue(x)], 1)`` (eager only)."""
     xq, xs = quantize_eager(x, act_granularity, emulate, col_scale, prologue, prefix)
     return gemm_eager(xq, xs, w_q, w_scale, bias, act_granularity, emulate, fast_accum, x.dtype)

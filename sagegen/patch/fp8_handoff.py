@@ -3,7 +3,7 @@
 When a fused processor's output projection (``attn.to_out[0]``) is an `FP8Linear` that takes FP8 input, the
 attention kernel writes its output in e4m3 with one scale from V's range (kernels/fp8_out.py) and the projection
 runs its GEMM on that directly: no bf16 output and no quantization pass (~15-22 us a layer at 4-9k tokens, a
-fifth of the FP8 projection; bench/NOTES.md v6.1). Rows that another layer reads in bf16 (the text stream of a
+fifth of the FP8 projection; lab/NOTES.md v6.1). Rows that another layer reads in bf16 (the text stream of a
 joint call, whose few rows stay bf16) are dequantized. Everything else (a fallback, context parallelism,
 outlier handling, torch.compile) keeps the bf16 output and the projection's own quantization.
 """

@@ -13,10 +13,10 @@ state-dict keys do not change.
 
 Flux's single blocks project ``cat(attention, GELU(mlp))``: where ``proj_out`` is an `FP8Linear` and ``act_mlp``
 the tanh GELU, the layer is marked (``fuse_cat_gelu``) and the block's fused forward
-(`fused_blocks_flux.single_forward`) calls ``proj_out.cat_gelu(attention, mlp)``: the quantization kernel reads
+(`families.flux.single_forward`) calls ``proj_out.cat_gelu(attention, mlp)``: the quantization kernel reads
 both tensors and computes the GELU, so neither the GELU output nor the concatenation is written. Nothing changes
 in the module tree; the stock forward (compile, CPU) ignores the mark. HunyuanVideo's single blocks compute the
-same product in diffusers' own forward: they get a subclass that calls ``cat_gelu`` (`linear_fusion_hunyuan`),
+same product in diffusers' own forward: they get a subclass that calls ``cat_gelu`` (`families.hunyuanvideo`),
 put back by `unfuse`.
 """
 

@@ -1,7 +1,7 @@
 """CUDA graphs for a denoiser's forward: ``sagegen.patch(pipe, cuda_graphs=True)``.
 
 Why: an eager step at ~4k tokens (Flux, SD3.5 at 1024²) is bound by the host. Every FP8 linear adds two
-launches (quantization, GEMM), and the GPU waits for Python (bench/NOTES.md v5.0: a Flux FP8 step took
+launches (quantization, GEMM), and the GPU waits for Python (lab/NOTES.md v5.0: a Flux FP8 step took
 104 ms of GPU time and 126-197 ms of wall time). Replaying the whole forward as one CUDA graph takes those
 launches off the host without `torch.compile`'s compile time.
 

@@ -3,7 +3,7 @@
 Some diffusers forwards build a tiny tensor from Python values and copy it to the GPU: Qwen-Image's
 ``compute_text_seq_len_from_mask`` calls ``torch.as_tensor(text_seq_len, device=...)`` on every call. A copy
 from pageable host memory cannot be captured ("Cannot copy between CPU and CUDA tensors during CUDA graph
-capture unless the CPU tensor is pinned"), so the whole forward ran eagerly (bench/NOTES.md v5.4).
+capture unless the CPU tensor is pinned"), so the whole forward ran eagerly (lab/NOTES.md v5.4).
 
 While a capture runs, `HostConstants` (a TorchFunctionMode) answers such copies of host tensors of at most
 `MAX_ELEMENTS` values with device-side fills of the same values: the graph holds them as constants. That is no

@@ -19,7 +19,7 @@ import torch
 from sagegen.linear import FP8Linear, LinearPolicy, fp8_capable, select_linears
 from sagegen.linear.ops import blockwise_supported
 from sagegen.linear.stacked import stack
-from sagegen.patch import gelu_fp8 as linear_fusion
+from sagegen.patch import gelu_fp8
 from sagegen.patch.precision_policy import main_blocks
 
 _STATE_ATTR = "_sagegen_linear"
@@ -102,7 +102,7 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
         for name, (_, _, lin) in originals.items():
             parked[name] = lin.weight.device
             lin.to("cpu")  # in place: the same Parameter objects, their data moved
-    fused = linear_fusion.fuse(transformer) if policy.fuse_gelu else {}
+    fused = gelu_fp8.fuse(transformer) if policy.fuse_gelu else {}
     object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked,
                                                               fused, stacked))
 
@@ -112,7 +112,7 @@ def remove(transformer: torch.nn.Module) -> None:
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return
-    linear_fusion.unfuse(state.gelu_fused)  # the GELU modules first: they hold the first layers
+    gelu_fp8.unfuse(state.gelu_fused)  # the GELU modules first: they hold the first layers
     for name, (parent, key, original) in state.originals.items():
         if name in state.parked:
             original.to(state.parked[name])

@@ -7,7 +7,7 @@ attention. Every attention module of a denoiser takes one of three routes (`targ
 - ``fused``: the families sagegen knows (CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5, Wan) keep their
   fused Q/K prologue processors;
 - ``backend``: processors that call diffusers' ``dispatch_attention_fn`` run diffusers' ``"sagegen"`` backend
-  per module, with this patch's config and policy (`backend_route`). diffusers' process-global default is
+  per module, with this patch's config and policy (`dispatch_route`). diffusers' process-global default is
   never set;
 - ``sdpa``: processors that call ``F.scaled_dot_product_attention`` have that call answered by sageattn
   (`processors`).
@@ -77,7 +77,7 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
         fp32_dtype: the dtype q/k/v of an fp32 model are cast to for the kernel (bf16 or fp16).
         fuse_prologue: in eager mode, run the Q/K norms and rotary embeddings of CogVideoX, Mochi, Flux,
             SD3/SD3.5, HunyuanVideo and Wan processors as one Triton pass writing straight into (joint) Q/K/V
-            buffers (`sagegen.patch.families.cogvideox`, `fused_joint`, `fused_wan`; counted as ``fused_qk_prologue`` in
+            buffers (`sagegen.patch.families.cogvideox`, `joint`, `wan`; counted as ``fused_qk_prologue`` in
             `patch_info`), and the blocks' modulated norms and residual adds as one pass each (Wan, SD3,
             Flux, Qwen-Image, LTX-Video, CogVideoX: `sagegen.patch.fusion.blocks`; ``fused_blocks`` in
             `patch_info`). False: diffusers' own code runs around attention (the same values up to rounding).

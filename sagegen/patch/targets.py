@@ -4,9 +4,9 @@ Routes (``patch_info(obj)["routes"]`` counts them, ``["modules"]`` names each mo
 
 - ``"fused"``: the families sagegen knows (``SUPPORTED_MODELS``: CogVideoX, HunyuanVideo, Mochi, Flux, SD3/SD3.5,
   Wan and SkyReels-V2) keep their fused processors: in eager mode the Q/K norm + rotary prologue runs as one Triton pass
-  (`fused`, `fused_joint`, `fused_wan`), and attention is sageattn.
+  (`fused`, `joint`, `wan`), and attention is sageattn.
 - ``"backend"``: the processor calls diffusers' ``dispatch_attention_fn``. The module runs diffusers'
-  ``"sagegen"`` backend with the patch's settings (`backend_route`). Most newer models work this way:
+  ``"sagegen"`` backend with the patch's settings (`dispatch_route`). Most newer models work this way:
   LTX-Video, LTX-2, Qwen-Image, HunyuanVideo-1.5, Flux.2.
 - ``"sdpa"``: the processor calls ``F.scaled_dot_product_attention`` itself. Those calls are intercepted and
   answered by sageattn (`processors`). This covers the known families' other processors too.

@@ -11,7 +11,7 @@ covers both kinds of processor diffusers has:
   from diffusers 0.35 on), whose default ``native`` backend ends in ``F.scaled_dot_product_attention``.
 
 One exception, eager CogVideoX, Mochi, Flux and SD3: their processors run with the Q/K norms and rotary
-embeddings fused into one Triton pass writing (joint) Q/K/V buffers (`fused_route.call`; Mochi's per-sample loop
+embeddings fused into one Triton pass writing (joint) Q/K/V buffers (`route.call`; Mochi's per-sample loop
 becomes one masked call), falling back to the mechanism above for anything they do not reproduce exactly.
 
 Nothing module-global is replaced: torch-function modes are thread-local and live only for the duration of
@@ -77,7 +77,7 @@ class PatchSession:
         self.sparse = None  # sparse_policy.SparseState when patched with sparse=...
         self.current_name = ""  # the attention module whose processor is running (sparse policy, calibration)
         self.stats: Counter = Counter()  # diagnostics only (no lock: a lock would break torch.compile graphs)
-        # the backend route's settings (quantized, full precision), rebuilt by `sagegen.patch` (backend_route)
+        # the backend route's settings (quantized, full precision), rebuilt by `sagegen.patch` (dispatch_route)
         self.backend_settings = None
         self.backend_settings_full = None
         self._warned: set[str] = set()
@@ -217,7 +217,7 @@ class SageProcessorBase:
         object.__setattr__(self, "_sage_session", session)
         object.__setattr__(self, "_sage_full_precision", name in session.full_precision_names)
         object.__setattr__(self, "_sage_rebound", rebind(original, session))
-        # the backend route (`backend_route`): (quantized, full-precision) copies of the processor's __call__
+        # the backend route (`dispatch_route`): (quantized, full-precision) copies of the processor's __call__
         object.__setattr__(self, "_sage_backend_fns", backend_fns)
         object.__setattr__(self, "_sage_dispatch_fns", None)  # built on the first call that dispatches to sagegen
 

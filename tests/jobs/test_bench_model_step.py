@@ -256,7 +256,7 @@ def test_sagegen_bench_command(tmp_path, monkeypatch):
 def test_torchao_variants_quantize_the_same_layers(tmp_path, monkeypatch):
     """--torchao hands torchao's quantize_ exactly the layers sagegen's FP8 quantizes, then times both
     attentions with them. torchao refuses float8 on a CPU, so a stand-in module records what it is given
-    (the real one runs on the GPU: bench/NOTES.md)."""
+    (the real one runs on the GPU: lab/NOTES.md)."""
     seen = {}
 
     class Config:

@@ -61,7 +61,7 @@ def _triton_before(major: int, minor: int) -> bool:
 # size and stage count tried spills too, checked offline on 2026-11-29); Triton 3.8 and later do not (186
 # registers). Strict: a Triton 3.6 that stops spilling makes this fail, so the note gets revisited.
 _T36_SM89 = pytest.mark.xfail(_triton_before(3, 7), strict=True,
-                              reason="Triton 3.6 spills the sm89 head-dim-128 kernel (bench/NOTES.md v7.6)")
+                              reason="Triton 3.6 spills the sm89 head-dim-128 kernel (lab/NOTES.md v7.6)")
 CASES = [  # arch, head dim, SageConfig fields, matrix instructions expected in the SASS
     (90, 128, {}, {"IGMMA", "QGMMA"}),
     (90, 64, {"smooth_v": True}, {"IGMMA", "QGMMA"}),
@@ -146,7 +146,7 @@ def test_loop_load_waits_finds_an_index_moved_to_a_uniform_register_in_its_itera
 def test_block_sparse_loop_does_not_wait_on_its_index_loads():
     """Head dim 128, block-sparse: with the launch's EARLY_INDEX the loop's key-tile indices are never moved to a
     uniform register in the iteration that loads them (Triton 3.8/3.9 did so without it, and the sparse loop ran
-    6-8% slower than the dense one on an H200: bench/NOTES.md v8.2)."""
+    6-8% slower than the dense one on an H200: lab/NOTES.md v8.2)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", SPARSE_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)

@@ -148,7 +148,7 @@ def test_fused_processors_run_qkv_as_one_gemm(name):
 
 
 def test_call_paths_read_no_module_attribute_through_getattr(seed, monkeypatch):
-    """Eager FP8 image steps wait on the host (bench/NOTES.md v7.7): `FP8Linear.forward`, `cat_gelu`,
+    """Eager FP8 image steps wait on the host (lab/NOTES.md v7.7): `FP8Linear.forward`, `cat_gelu`,
     `forward_fp8` and `stacked_forward` read buffers, the wrapped linear and its parameters from their dicts and
     count calls without writing a module attribute (nn.Module.__getattr__ / __setattr__: ~0.5-6 us each, ~180
     FP8 GEMMs a Flux step). An outlier-split layer reads the same way."""

@@ -242,7 +242,7 @@ def test_patched_step_with_fp8_linears_is_close_to_stock(name):
             torch._dynamo.reset()
             stock_compiled = torch.compile(model, fullgraph=True)(**inputs)[0]
             # Held to the compiled stock model: with torch 2.11 + Triton 3.6 inductor itself moves this smoke
-            # model (stock compiled vs stock eager: cos 0.959 on an H100; bench/probes/probe_fp8_compile.py)
+            # model (stock compiled vs stock eager: cos 0.959 on an H100; lab/probes/probe_fp8_compile.py)
             assert cosine(compiled, stock_compiled) > 0.99 and rel_l1(compiled, stock_compiled) < 0.15
     sagegen.unpatch(model)
     torch._dynamo.reset()
@@ -286,7 +286,7 @@ def test_blockwise_runs_on_hopper():
 def test_norm_fp8_rows_are_the_quantizer_of_its_bf16_rows_on_gpu(seed, C):
     """`residual_norm(fp8_out=True)` (Wan's cross-attention Q input) against the per-token quantizer of the
     kernel's bf16 rows. The two compiled kernels may sum a row's statistics in another order (the H200 showed
-    one bf16 step in ~1e-5 of the rows' elements at 2432-5120 channels, bench/NOTES.md v6.3): then a code, or a
+    one bf16 step in ~1e-5 of the rows' elements at 2432-5120 channels, lab/NOTES.md v6.3): then a code, or a
     row's scale, moves by one e4m3 step; never more, and rarely."""
     from sagegen.kernels.triton_residual_norm import residual_norm
 

@@ -53,7 +53,7 @@ class Timer:
 def cpu_loop_ms() -> float:
     """Milliseconds this thread takes for a fixed pure-Python loop (best of 3): the host CPU's speed right now.
     Host-bound eager steps track it, not the code: on the H200 hosts of 2026-11-29/30 the same vCPU ran it in
-    ~12 or ~24 ms from one second to the next (hypervisor contention; bench/NOTES.md v8.0)."""
+    ~12 or ~24 ms from one second to the next (hypervisor contention; lab/NOTES.md v8.0)."""
     best = float("inf")
     for _ in range(3):
         t = time.perf_counter()
@@ -126,7 +126,7 @@ def host_check(entry: dict, fn, replayed: bool = False) -> str:
     entry's ``host_median_s`` (the time to enqueue a step, `Timer.host_times`) where it has one.
     ``replayed``: the step is a CUDA graph replay, which launches nothing from the host, so its wall time beyond
     the GPU busy time is not host time (gaps between the graph's kernels, or kernels the profiler leaves out):
-    ``host_bound`` is None there (a Flux FP8 replay: 101.0 ms wall, 85.1 ms busy; bench/NOTES.md v6.1)."""
+    ``host_bound`` is None there (a Flux FP8 replay: 101.0 ms wall, 85.1 ms busy; lab/NOTES.md v6.1)."""
     if entry["median_s"] >= HOST_CHECK_MAX_S:
         return ""
     gpu = profile_step(fn)["total_s"]

@@ -2,7 +2,7 @@
 
 CogVideoX: its processor normalises Q and K (LayerNorm over the head dim) and rotates the video tokens
 (``apply_rotary_emb``), about a dozen eager kernels over fp32 copies of Q and K per layer: ~0.2 s of a
-CogVideoX-5b step on an H200 (bench/results/model-step-cogvideox-5b-profile-*.json), more than the
+CogVideoX-5b step on an H200 (bench/results/archive/model-step-cogvideox-5b-profile-*.json), more than the
 quantization pass. `cogvideox_call` runs the same processor with those steps as one Triton pass
 (`kernels.triton_qk_prologue`) and the attention routed as usual; everything else is diffusers' code path
 step for step. It answers None (the caller then runs the wrapped original) for anything it does not
@@ -21,7 +21,7 @@ the tokens are taken (the stock code compacts the valid tokens to the front; for
 identity); anything else runs the original. Mochi runs its attention eagerly under torch.compile as well
 (a data-dependent ``nonzero`` breaks the graph), so this path serves compiled Mochi too.
 
-SD3/SD3.5, Flux and HunyuanVideo: the same idea for their joint attention, in `fused_joint`.
+SD3/SD3.5, Flux and HunyuanVideo: the same idea for their joint attention, in `joint`.
 
 CogVideoX's blocks with their element-wise work fused: three `residual_norm` passes per stream.
 

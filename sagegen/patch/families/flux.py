@@ -2,18 +2,18 @@
 
 diffusers' ``FluxTransformerBlock`` (double stream) is SD3's joint block with rotary embeddings: per stream a
 LayerNorm with the modulation ``* (1 + scale) + shift``, gate products and residual adds, each a separate bf16
-kernel. It runs through `fused_blocks_sd3.ada_zero_body` (three passes per stream). ``FluxSingleTransformerBlock``:
+kernel. It runs through `families.sd3.ada_zero_body` (three passes per stream). ``FluxSingleTransformerBlock``:
 
     h = cat(text, image);  n = LN(h)·(1+scale)+shift             -> proj_mlp, attention   (one pass)
     h = h + proj_out(cat(attn, GELU(mlp)))·gate                                          (one pass)
 
 instead of LayerNorm, (1 + scale), product and sum, then product and sum. On an H200 these element-wise
 kernels were ~45 ms of a 1024² Flux step's ~165 ms
-(bench/results/model-step-flux.1-dev-profile-triton-h200-2026-11-21.json).
+(bench/results/archive/model-step-flux.1-dev-profile-triton-h200-2026-11-21.json).
 
 In the single block, ``n`` feeds ``proj_mlp`` and the Q/K/V projections: with FP8 linears the block runs in one
 `sharing` scope, so ``n`` is quantized once for all four (`sagegen.linear.shared`), and an FP8 ``proj_out``
-quantizes ``cat(attn, GELU(mlp))`` from the two tensors (`linear_fusion`: no GELU output, no concatenation).
+quantizes ``cat(attn, GELU(mlp))`` from the two tensors (`gelu_fp8`: no GELU output, no concatenation).
 
 Values: the stock ops round every intermediate to bf16, the pass computes in fp32 and rounds once, so outputs
 differ from stock by the bf16 rounding of intermediates (tests/patch/families/test_fused_blocks_flux.py bounds
@@ -102,7 +102,7 @@ def single_forward(self, stock, can_run, residual_norm, hidden_states, encoder_h
 def _single_attention(attn, text_len: int, n, image_rotary_emb, joint_attention_kwargs):
     """The single block's attention over its [text, image] rows ``n``. The processor gets one joint tensor, so
     the text length travels as a module attribute for the call (eager only): under context parallelism the
-    fused call hands the split these (text, image) lengths (`fused_joint.flux_call`)."""
+    fused call hands the split these (text, image) lengths (`joint.flux_call`)."""
     eager = not torch.compiler.is_compiling()
     if eager:
         attn.__dict__[TEXT_LEN] = text_len
@@ -160,7 +160,7 @@ def flux_call(original, session, attn, args, kwargs):
         parts.append((projections[3:], slice(0, n_txt), norms[2:]))
     parts = [(qkv, rows, n, (rope[0][rows], rope[1][rows]) if rope is not None else None) for qkv, rows, n in parts]
     segments = None
-    if parallel is not None and not joint_text:  # a single block's [text, image] rows (`fused_blocks_flux`)
+    if parallel is not None and not joint_text:  # a single block's [text, image] rows (`families.flux`)
         text_len = attn.__dict__.get(TEXT_LEN)
         segments = (text_len, n_img - text_len) if isinstance(text_len, int) and 0 < text_len < n_img else None
     # (a single block's output goes to its proj_out with the MLP's: bf16)

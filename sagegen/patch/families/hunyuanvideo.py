@@ -2,7 +2,7 @@
 
 diffusers' ``HunyuanVideoSingleTransformerBlock.forward`` runs ``mlp = GELU(proj_mlp(n))``, then
 ``proj_out(cat([attn, mlp], dim=2))``: at 720p (119k tokens) the GELU output and the concatenation are ~10 GB
-of memory traffic a block. Where ``proj_out`` is an `FP8Linear` and ``act_mlp`` the tanh GELU, `linear_fusion`
+of memory traffic a block. Where ``proj_out`` is an `FP8Linear` and ``act_mlp`` the tanh GELU, `gelu_fp8`
 swaps the block's class for a subclass whose forward is diffusers' own, except that it hands the attention output
 and the pre-GELU tensor to ``proj_out.cat_gelu`` (the quantization kernel reads both and computes the GELU).
 Swapping the class keeps diffusers' hooks working (as `fused_blocks` does); the subclass runs the stock forward

@@ -8,7 +8,7 @@ diffusers' ``LTXVideoTransformerBlock.forward``:
     x = x + ff·gate_mlp                                                                (one pass)
 
 each line several bf16 kernels in the stock forward (~30 ms of a 173 ms 704x512x161 sagegen step on an H200,
-bench/NOTES.md v5.7). The six modulation vectors (per sample or per token: image-to-video conditions the first
+lab/NOTES.md v5.7). The six modulation vectors (per sample or per token: image-to-video conditions the first
 frame's tokens with their own timestep) are the stock forward's ``scale_shift_table + temb`` views.
 
 Values: the stock ops round the normalised row and every intermediate to bf16, the passes compute in fp32 and

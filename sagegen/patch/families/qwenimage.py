@@ -4,7 +4,7 @@ diffusers' ``QwenImageTransformerBlock`` runs, per stream (image and text), a La
 the modulation ``* (1 + scale) + shift`` from its ``img_mod`` / ``txt_mod`` linear, the gated residual add after
 the joint attention, a second modulated LayerNorm and the gated residual after the MLP, each as separate bf16
 kernels: ~30 ms of a 1328² sagegen step of 238 ms on an H200 (bench/results/prof-qwen-image in NOTES v5.7).
-The fused forward is `fused_blocks_sd3.joint_body`, the same passes as SD3's and Flux's blocks.
+The fused forward is `families.sd3.joint_body`, the same passes as SD3's and Flux's blocks.
 
 The per-token modulation of Qwen-Image-Edit (``modulate_index``, ``zero_cond_t``), norms with affine weights,
 fp32 models, compile, autograd and CPU outside the interpreter take the stock forward. Values: the stock ops round

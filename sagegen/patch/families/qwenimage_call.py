@@ -11,7 +11,7 @@ The roundings are the eager ones (the norm rounded before and after its bf16 wei
 every product rounded; torch's complex kernel may contract one product into an FMA, a bf16 step on a few
 elements).
 
-The backend route (`backend_route.rebind_backend`) runs a copy of `fused_call` whose globals it sets:
+The backend route (`dispatch_route.rebind_backend`) runs a copy of `fused_call` whose globals it sets:
 ``dispatch_attention_fn`` (the routed dispatcher), ``_SAGEGEN_SESSION`` (the patch session: `fuse_prologue`,
 counters; None in the full-precision copy) and ``_STOCK_CALL`` (the routed copy of the stock ``__call__``).
 The stock call runs whenever the fused one would not reproduce it: under torch.compile, on CPU without the

@@ -3,7 +3,7 @@
 diffusers' ``JointTransformerBlock.forward`` runs, per stream (image and text), a LayerNorm, the modulation
 ``* (1 + scale) + shift``, the gate product and the residual add as separate bf16 kernels around attention and
 the feed-forward: about ten launches and passes over the hidden state per stream and block, ~20 ms of an
-SD3.5-large FP8 step at 1024² on an H100 (bench/NOTES.md v5.4). The fused forward computes, per stream:
+SD3.5-large FP8 step at 1024² on an H100 (lab/NOTES.md v5.4). The fused forward computes, per stream:
 
     n1 = LN(x)·(1+scale_msa)+shift_msa                       -> joint attention
     x = x + attn·gate_msa;   n2 = LN(x)·(1+scale_mlp)+shift_mlp  -> ff       (one pass)

@@ -168,7 +168,7 @@ def cross_attention_fp8(attn, encoder_hidden_states, x: torch.Tensor):
     hidden state of x's shape [B, S, C]: a function ``run(n_fp8, scales)`` that returns the module's output from
     that state's per-token FP8 copy (the norm's `residual_norm(fp8_out=True)`), where the patched processor would
     run this fused call with an FP8 Q projection anyway (Q is the norm's only reader: the quantization pass is
-    gone, bench/NOTES.md v8.1). None wherever anything could differ: another processor or settings for the
+    gone, lab/NOTES.md v8.1). None wherever anything could differ: another processor or settings for the
     layer (full precision, another backend, context parallelism, an analysis override), hooks on the module or
     its Q projection, a Q projection that quantizes its input otherwise, I2V's image K/V, other norms."""
     processor = getattr(attn, "processor", None)

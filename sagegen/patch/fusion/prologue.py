@@ -1,4 +1,4 @@
-"""What the fused prologues of `fused` (CogVideoX, Mochi) and `fused_joint` (SD3/SD3.5, Flux, HunyuanVideo)
+"""What the fused prologues of `fused` (CogVideoX, Mochi) and `joint` (SD3/SD3.5, Flux, HunyuanVideo)
 share: argument binding, the checks that decide whether a fused call may run, and the joint-buffer attention
 call. A module of its own so that neither family module imports the other."""
 
@@ -102,7 +102,7 @@ def _diffusers_class(cls_path: str) -> type | None:
 def _call_signature(cls: type) -> tuple[inspect.Signature, tuple[str, ...] | None, frozenset[str]]:
     """``cls.__call__``'s signature; its parameter names and the required ones, or (None, ...) where it takes
     *args or **kwargs. Once per class: inspect.signature on every attention call was ~2% of an eager Flux
-    step's host time on a slow host (bench/results/probe-host-profile-flux-h200-2026-11-26.json)."""
+    step's host time on a slow host (bench/results/archive/probe-host-profile-flux-h200-2026-11-26.json)."""
     signature = inspect.signature(cls.__call__)
     params = signature.parameters.values()
     if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
@@ -149,8 +149,8 @@ def _is_sagegen(backend) -> bool:
     return backend is not None and getattr(backend, "value", backend) == BACKEND_NAME
 
 
-# a Flux single block's text length, set on its attention module for the call (`fused_blocks_flux`): its joint
-# call under context parallelism hands the split the (text, image) lengths (`fused_joint.flux_call`)
+# a Flux single block's text length, set on its attention module for the call (`families.flux`): its joint
+# call under context parallelism hands the split the (text, image) lengths (`joint.flux_call`)
 TEXT_LEN = "_sagegen_text_len"
 
 
