@@ -185,7 +185,7 @@ def local_attention(query, key, value, *, attn_mask=None, dropout_p=0.0, is_caus
     if q.device.type != "cuda":  # the emulation (CPU) needs contiguous inputs; the GPU kernels read strides
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     rows = None
-    if value_checks_allowed():  # value-dependent reduction: eager only, not under capture (see processors' doc)
+    if value_checks_allowed():  # value-dependent reduction: eager only, not under capture (see patch.wrapper's doc)
         attn_mask, rows = simplify_mask(attn_mask, q.shape[1])
     if rows is not None:
         rows = rows.transpose(1, 2)  # [B, 1, S_q, 1] -> [B, S_q, 1, 1] for the [B, S, H, D] output

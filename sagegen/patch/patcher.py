@@ -10,7 +10,7 @@ attention. Every attention module of a denoiser takes one of three routes (`targ
   per module, with this patch's config and policy (`dispatch_route`). diffusers' process-global default is
   never set;
 - ``sdpa``: processors that call ``F.scaled_dot_product_attention`` have that call answered by sageattn
-  (`processors`).
+  (`wrapper`, `session`).
 
 `unpatch` puts the very same processor objects back, restores each processor's ``_attention_backend``, and
 removes the step hook, so outputs are bit-identical to before.
@@ -35,6 +35,7 @@ from sagegen.patch import dispatch_route as _route
 from sagegen.patch.fusion import blocks as _blocks
 from sagegen.patch import graphs as _graphs
 from sagegen.patch import linear_swap as _linear
+from sagegen.patch import session as _session
 from sagegen.patch import wrapper as _proc
 from sagegen.patch.graph_counts import ForwardCounters
 from sagegen.patch.precision_policy import PrecisionPolicy, resolve_blocks
@@ -50,7 +51,7 @@ _FP32_DTYPES = (torch.bfloat16, torch.float16)
 
 @dataclasses.dataclass
 class _PatchState:
-    session: _proc.PatchSession
+    session: _session.PatchSession
     policy: PrecisionPolicy
     originals: dict[str, object]          # attention-module name -> original processor
     tracker: StepTracker | None = None
@@ -194,7 +195,7 @@ def sparse_density(obj) -> dict:
 def _patch_one(transformer, modules, full_names, config, policy, backend, fp32_dtype, fuse_prologue) -> _PatchState:
     state: _PatchState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
-        session = _proc.PatchSession(family=family_of(transformer), config=config, backend=backend,
+        session = _session.PatchSession(family=family_of(transformer), config=config, backend=backend,
                                      fp32_dtype=fp32_dtype)
         state = _PatchState(session=session, policy=policy, originals={})
         object.__setattr__(transformer, _STATE_ATTR, state)

@@ -2,7 +2,7 @@
 ``F.scaled_dot_product_attention`` and ``dispatch_attention_fn`` with a patch session's routing.
 
 Dynamo inlines such a copy as plain Python, so ``torch.ops.sagegen.sageattn`` lands in the graph; the
-torch-function mode that eager calls use is fragile while dynamo traces (see `processors`).
+torch-function mode that eager calls use is fragile while dynamo traces (see `wrapper`).
 """
 
 from __future__ import annotations

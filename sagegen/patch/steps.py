@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from sagegen.patch.precision_policy import PrecisionPolicy
-from sagegen.patch.wrapper import PatchSession
+from sagegen.patch.session import PatchSession
 
 
 class StepTracker:

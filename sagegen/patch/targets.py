@@ -9,7 +9,7 @@ Routes (``patch_info(obj)["routes"]`` counts them, ``["modules"]`` names each mo
   ``"sagegen"`` backend with the patch's settings (`dispatch_route`). Most newer models work this way:
   LTX-Video, LTX-2, Qwen-Image, HunyuanVideo-1.5, Flux.2.
 - ``"sdpa"``: the processor calls ``F.scaled_dot_product_attention`` itself. Those calls are intercepted and
-  answered by sageattn (`processors`). This covers the known families' other processors too.
+  answered by sageattn (`wrapper`, `session`). This covers the known families' other processors too.
 """
 
 from __future__ import annotations

@@ -284,7 +284,7 @@ def test_registration_in_both_import_orders():
 import sys
 import sagegen
 assert "diffusers" not in sys.modules, "import sagegen must not import diffusers"
-from sagegen import diffusers_registry as reg
+from sagegen.backend import registry as reg
 assert reg.hook_installed()
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 assert not reg.hook_installed()
@@ -296,7 +296,7 @@ print("late-ok")
     code = """
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 import sagegen
-from sagegen import diffusers_registry as reg
+from sagegen.backend import registry as reg
 assert not reg.hook_installed()
 assert AttentionBackendName("sagegen") in _AttentionBackendRegistry._backends
 print("early-ok")

@@ -91,7 +91,7 @@ def test_lock_refuses_a_second_writer_and_is_released(tmp_path):
         owner = json.loads(path.read_text())
         assert owner["pid"] == os.getpid() and owner["command"] == ["sagegen", "run", "x"]
         # another process: flock is per open file, so a child sees the lock as taken
-        code = f"from sagegen import runlock\nwith runlock.hold({str(run)!r}): pass"
+        code = f"from sagegen.runs import lock as runlock\nwith runlock.hold({str(run)!r}): pass"
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "RunDirBusy" in r.stderr and f"pid {os.getpid()}" in r.stderr
     assert not path.exists()
@@ -110,7 +110,8 @@ def test_stale_lock_file_is_taken_over(tmp_path):
 
 def test_cli_says_which_process_holds_the_run(fake_model, tmp_path):  # noqa: F811
     run = tmp_path / "run"
-    code = (f"import time\nfrom sagegen import runlock\nwith runlock.hold({str(run)!r}, ['sagegen', 'compare']):\n"
+    code = ("import time\nfrom sagegen.runs import lock as runlock\n"
+            f"with runlock.hold({str(run)!r}, ['sagegen', 'compare']):\n"
             "    print('held', flush=True)\n    time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:

@@ -375,7 +375,7 @@ def test_square_padding_mask_becomes_a_key_mask(monkeypatch, seed):
 
 def test_auto_backend_crossover_is_reported_from_the_kernel_rule():
     from sagegen.kernels import dispatch as backends
-    from sagegen.patch.wrapper import _auto_prefers_sdpa
+    from sagegen.patch.session import _auto_prefers_sdpa
 
     rule = getattr(backends, "auto_prefers_sdpa", None)
     if rule is None:
