@@ -273,7 +273,7 @@ def test_a_diffusers_without_the_dispatcher_gets_a_clear_error(monkeypatch):
 
 # -- subprocesses: import order, DIFFUSERS_ATTN_CHECKS, DIFFUSERS_ATTN_BACKEND ---------------------------------
 def _python(code: str, **env) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT),
                 "TRITON_INTERPRET": "1", **env}
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=600)

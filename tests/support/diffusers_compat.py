@@ -25,7 +25,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 PIPELINE_TOL = 0.06  # rel. L1 of a tiny pipeline's latents vs stock (tests/patch/test_patch_pipelines.py)

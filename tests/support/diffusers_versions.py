@@ -96,7 +96,7 @@ def check(version: str) -> dict:
            "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
-        r = subprocess.run([sys.executable, str(ROOT / "tests" / "diffusers_compat.py"), "--out", str(out)],
+        r = subprocess.run([sys.executable, str(ROOT / "tests" / "support" / "diffusers_compat.py"), "--out", str(out)],
                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
         if not out.exists():
             return {"version": version, "error": (r.stderr or r.stdout).strip()[-1500:]}
