@@ -311,6 +311,35 @@ def test_no_repeated_module_file_names():
         f"{name}: {', '.join(paths)}" for name, paths in sorted(repeated.items()))
 
 
+# Rooms that work on tensors and files only: the kernels (and what sits beside them) know nothing of diffusers.
+NO_DIFFUSERS = ("sagegen.config", "sagegen.kernels", "sagegen.linear", "sagegen.sparse", "sagegen.runs",
+                "sagegen.api", "sagegen.eval", "sagegen.parallel", "sagegen.report")
+
+
+def third_party_imports(source: str) -> set[str]:
+    """Top-level names of every module `source` imports, at any depth (functions, if/try blocks)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_lower_rooms_import_no_diffusers():
+    files = module_files(PACKAGE_DIR, PACKAGE)
+    offenders = sorted(f"{name} ({path.relative_to(PACKAGE_DIR.parent)})" for name, path in files.items()
+                       if any(name == room or name.startswith(room + ".") for room in NO_DIFFUSERS)
+                       and "diffusers" in third_party_imports(path.read_text(encoding="utf-8")))
+    assert not offenders, f"these modules import diffusers: {offenders}"
+
+
+def test_the_diffusers_check_sees_nested_imports():
+    assert "diffusers" in third_party_imports("def f():\n    if True:\n        from diffusers.hooks import X\n")
+    assert "diffusers" not in third_party_imports("import torch\nfrom sagegen.kernels import spec\n")
+
+
 def test_graph_sees_the_lazy_tables(graph):
     """The lazy name tables count as imports (otherwise the root's layer would be checked on too little)."""
     targets = {dst for dst, _, _ in graph[PACKAGE]}
