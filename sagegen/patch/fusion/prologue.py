@@ -42,8 +42,28 @@ def forward_subclass(cls: type, fused, marker: str, cache: dict, module: str) ->
 
         sub = type(cls.__name__, (cls,), {"forward": forward, "__module__": module, marker: True,
                                           "__qualname__": cls.__qualname__})
+        _share_block_metadata(cls, sub)
         cache[cls] = sub
     return sub
+
+
+def _share_block_metadata(base: type, sub: type) -> None:
+    """Give ``sub`` the entry ``base`` has in diffusers' ``TransformerBlockRegistry``: diffusers' cache hooks
+    (FirstBlockCache, MagCache, ...) look a block up by its exact class, and refused the fused subclass ("not
+    registered"). The entry is ``base``'s own object (its ``_cls`` stays ``base``: diffusers reads the forward's
+    signature from it, and the subclass's forward takes ``*args``). Private diffusers API: skipped where absent."""
+    try:
+        from diffusers.hooks._helpers import TransformerBlockRegistry
+    except ImportError:
+        return
+    registry = getattr(TransformerBlockRegistry, "_registry", None)
+    if not isinstance(registry, dict):
+        return
+    try:
+        metadata = TransformerBlockRegistry.get(base)
+    except (ValueError, KeyError):
+        return
+    registry[sub] = metadata
 
 
 def swap_class(module: torch.nn.Module, cls: type) -> None:
