@@ -71,3 +71,47 @@ def test_fused_subclass_shares_its_base_registry_entry():
         assert sub is not WanTransformerBlock and issubclass(sub, WanTransformerBlock)
         assert TransformerBlockRegistry.get(sub) is TransformerBlockRegistry.get(WanTransformerBlock)
         assert TransformerBlockRegistry.get(sub)._cls is WanTransformerBlock  # its forward's signature is read
+
+
+def _other_caches():
+    from diffusers.hooks import MagCacheConfig, PyramidAttentionBroadcastConfig, TaylorSeerCacheConfig
+
+    return {
+        "taylorseer": lambda: TaylorSeerCacheConfig(cache_interval=2),
+        "magcache": lambda: MagCacheConfig(num_inference_steps=4, mag_ratios=[1.0] * 4),
+        "pab": lambda: PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=2,
+                                                       spatial_attention_timestep_skip_range=(0, 1000),
+                                                       current_timestep_callback=lambda: 500),
+    }
+
+
+@pytest.mark.parametrize("order", ["patch_then_cache", "cache_then_patch"])
+@pytest.mark.parametrize("cache", ["taylorseer", "magcache", "pab"])
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_other_diffusers_caches_on_a_patched_model(family, cache, order):
+    """Three calls (a computed one, then ones the cache may serve), against the same cache on the stock model;
+    unpatched (and the caches reset, as a pipeline does after each call), the model gives the stock outputs.
+    (FasterCache needs a batched CFG call: it fails on these stock models too, so it is not here.)"""
+    config = _other_caches()[cache]
+    model, inputs = MODELS[family]()
+    stock = copy.deepcopy(model)
+    stock.enable_cache(config())
+
+    def three(m, context):
+        with torch.no_grad(), m.cache_context(context):
+            return [m(**inputs)[0].clone() for _ in range(3)]
+
+    expected = three(stock, "cond")
+    if order == "patch_then_cache":
+        sagegen.patch(model)
+        model.enable_cache(config())
+    else:
+        model.enable_cache(config())
+        sagegen.patch(model)
+    for g, e in zip(three(model, "cond"), expected):
+        assert torch.isfinite(g).all() and rel_l1(g, e) < TOL, rel_l1(g, e)
+    sagegen.unpatch(model)
+    for m in (model, stock):  # what a pipeline does after each generation: the cached values start over
+        m._reset_stateful_cache()
+    for g, e in zip(three(model, "after_unpatch"), three(stock, "fresh")):
+        assert torch.equal(g, e)
