@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+# Fixtures of the command-line tests (`fake_model`: a fake pipeline, no model loads; `isolated`: no HF cache, runs
+# under tmp), used as `pytestmark = pytest.mark.usefixtures("isolated")` and a `fake_model` argument.
+pytest_plugins = ["tests.support.cli_fakes"]
+
 # No test reaches the network: the guard is on here and in every Python the tests start (offline/sitecustomize.py
 # on PYTHONPATH), and the Hugging Face libraries are told to stay offline.
 _OFFLINE = Path(__file__).resolve().parent / "offline"

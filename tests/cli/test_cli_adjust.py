@@ -2,15 +2,17 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 runner = CliRunner()
 
 
-def test_frames_are_fitted_recorded_and_announced(fake_model, tmp_path):  # noqa: F811
+def test_frames_are_fitted_recorded_and_announced(fake_model, tmp_path):
     out = tmp_path / "run"
     r = runner.invoke(app, ["run", "tiny-cogvideox", "-p", "x", "--frames", "10", "--steps", "1", "--warmup", "0",
                             "-q", "--out", str(out)])
@@ -22,7 +24,7 @@ def test_frames_are_fitted_recorded_and_announced(fake_model, tmp_path):  # noqa
     assert fake_model.calls[-1]["num_frames"] == 9
 
 
-def test_fitting_frames_reaches_the_same_output_count(fake_model, tmp_path):  # noqa: F811
+def test_fitting_frames_reaches_the_same_output_count(fake_model, tmp_path):
     """A count of the VAE's form is passed through untouched, with no note."""
     r = runner.invoke(app, ["run", "tiny-cogvideox", "-p", "x", "--frames", "13", "--steps", "1", "--warmup", "0",
                             "-q", "--out", str(tmp_path / "run")])
@@ -30,7 +32,7 @@ def test_fitting_frames_reaches_the_same_output_count(fake_model, tmp_path):  # 
     assert fake_model.calls[-1]["num_frames"] == 13
 
 
-def test_sdpa_names_the_sage_only_options_it_ignores(fake_model, tmp_path):  # noqa: F811
+def test_sdpa_names_the_sage_only_options_it_ignores(fake_model, tmp_path):
     r = runner.invoke(app, ["run", "tiny-flux", "-p", "x", "--attention", "sdpa", "--kernel", "smooth_v=false",
                             "--fp-blocks", "0", "--steps", "1", "--warmup", "0", "-q", "--out", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output

@@ -4,9 +4,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import isolated  # noqa: F401 (fixture)
 from sagegen.cli.app import app
 from sagegen.cli.bench_cmd import bench_architecture
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 runner = CliRunner()
 

@@ -6,10 +6,11 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
 from sagegen.models.block_counts import block_count
 from sagegen.models.presets import PRESETS, tiny_presets
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 runner = CliRunner()
 BASE = ["run", "tiny-flux", "-p", "x", "--steps", "1", "--warmup", "0", "-q"]
@@ -21,7 +22,7 @@ def _error(result) -> str:
     return lines[0]
 
 
-def test_huge_seed_range_is_refused_at_once(fake_model):  # noqa: F811
+def test_huge_seed_range_is_refused_at_once(fake_model):
     t0 = time.perf_counter()
     r = runner.invoke(app, [*BASE, "--seed", "0-100000000"])
     assert time.perf_counter() - t0 < 5
@@ -29,7 +30,7 @@ def test_huge_seed_range_is_refused_at_once(fake_model):  # noqa: F811
     assert fake_model.loads == []
 
 
-def test_plan_limit_counts_prompts_times_seeds(fake_model, monkeypatch, tmp_path):  # noqa: F811
+def test_plan_limit_counts_prompts_times_seeds(fake_model, monkeypatch, tmp_path):
     monkeypatch.setenv("SAGEGEN_MAX_SAMPLES", "3")
     r = runner.invoke(app, [*BASE, "-p", "y", "--seed", "0-1", "--out", str(tmp_path / "a")])
     assert r.exit_code == 2 and "2 prompt(s) x 2 seed(s) = 4 samples" in _error(r)
@@ -37,7 +38,7 @@ def test_plan_limit_counts_prompts_times_seeds(fake_model, monkeypatch, tmp_path
     assert r.exit_code == 0, r.output
 
 
-def test_out_is_a_file(fake_model, tmp_path):  # noqa: F811
+def test_out_is_a_file(fake_model, tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
     r = runner.invoke(app, [*BASE, "--out", str(f)])
@@ -48,7 +49,7 @@ def test_out_is_a_file(fake_model, tmp_path):  # noqa: F811
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
-def test_out_in_a_read_only_folder(fake_model, tmp_path):  # noqa: F811
+def test_out_in_a_read_only_folder(fake_model, tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
@@ -62,7 +63,7 @@ def test_out_in_a_read_only_folder(fake_model, tmp_path):  # noqa: F811
     assert fake_model.loads == [] and list(ro.iterdir()) == []
 
 
-def test_out_that_cannot_be_created_is_a_usage_error(fake_model, tmp_path):  # noqa: F811
+def test_out_that_cannot_be_created_is_a_usage_error(fake_model, tmp_path):
     """Even where `os.access` says yes (root; /proc), a folder that cannot be made is refused by name; a folder
     that can be made is not left behind by the check."""
     r = runner.invoke(app, [*BASE, "--out", "/proc/sagegen-no-such-dir/run"])
@@ -72,7 +73,7 @@ def test_out_that_cannot_be_created_is_a_usage_error(fake_model, tmp_path):  # n
     assert r.exit_code == 2 and not (tmp_path / "new").exists()  # checked, then refused later: nothing made
 
 
-def test_out_holding_other_files_is_refused_unless_it_is_a_run_directory(fake_model, tmp_path):  # noqa: F811
+def test_out_holding_other_files_is_refused_unless_it_is_a_run_directory(fake_model, tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     for name in ("README.md", "a.txt", "b.txt", "c.txt"):
@@ -88,7 +89,7 @@ def test_out_holding_other_files_is_refused_unless_it_is_a_run_directory(fake_mo
     assert runner.invoke(app, [*BASE, "--out", str(empty)]).exit_code == 0
 
 
-def test_fp_blocks_out_of_range_before_loading(fake_model, tmp_path):  # noqa: F811
+def test_fp_blocks_out_of_range_before_loading(fake_model, tmp_path):
     out = tmp_path / "run"
     r = runner.invoke(app, [*BASE, "--fp-blocks", "99", "--out", str(out)])
     assert r.exit_code == 2 and "--fp-blocks" in _error(r) and "tiny-flux has 2 blocks" in _error(r)
@@ -99,7 +100,7 @@ def test_fp_blocks_out_of_range_before_loading(fake_model, tmp_path):  # noqa: F
     assert runner.invoke(app, [*BASE, "--fp-blocks", "-2", "--out", str(out)]).exit_code == 0
 
 
-def test_failed_first_attempt_leaves_no_manifest_only_folder(fake_model, monkeypatch, tmp_path):  # noqa: F811
+def test_failed_first_attempt_leaves_no_manifest_only_folder(fake_model, monkeypatch, tmp_path):
     """A policy that fails only when the model is patched (a module name that matches nothing)."""
     from sagegen.jobs import generate
 
@@ -135,7 +136,7 @@ def test_block_counts_of_full_size_presets():
     assert {k: block_count(PRESETS[k]) for k in expected} == expected
 
 
-def test_out_not_writable_as_seen_by_access(fake_model, monkeypatch, tmp_path):  # noqa: F811
+def test_out_not_writable_as_seen_by_access(fake_model, monkeypatch, tmp_path):
     """The same check where the tests run as root (who may write anywhere): os.access says no."""
     from sagegen.cli import checks
 
@@ -147,7 +148,7 @@ def test_out_not_writable_as_seen_by_access(fake_model, monkeypatch, tmp_path): 
     assert fake_model.loads == [] and list(ro.iterdir()) == []
 
 
-def test_a_missing_video_encoder_is_said_before_loading(fake_model, monkeypatch, tmp_path):  # noqa: F811
+def test_a_missing_video_encoder_is_said_before_loading(fake_model, monkeypatch, tmp_path):
     """Video presets need imageio-ffmpeg's ffmpeg to save their MP4s: without it the run stops before loading
     (exit 2), instead of after generating a sample whose frames a failed save would discard. Image presets
     need no ffmpeg."""

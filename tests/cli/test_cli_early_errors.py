@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -35,7 +36,7 @@ def _error(result) -> str:
 
 
 # ------------------------------------------------------------------------------------------ calibrate --out
-def test_calibrate_out_folder_is_refused_before_any_work(fake_model, tmp_path):  # noqa: F811
+def test_calibrate_out_folder_is_refused_before_any_work(fake_model, tmp_path):
     folder = tmp_path / "calibs"
     folder.mkdir()
     for out, why in ((folder, "is a folder"), (tmp_path / "file.txt" / "c.json", "is a file, not a folder")):
@@ -78,7 +79,7 @@ def test_no_module_writes_through_a_fixed_tmp_name():
 
 # ------------------------------------------------------------------------------------------ --steps
 @pytest.mark.parametrize("model", ["tiny-mochi", "mochi-1"])
-def test_too_few_steps_for_the_scheduler_is_a_usage_error(model, fake_model):  # noqa: F811
+def test_too_few_steps_for_the_scheduler_is_a_usage_error(model, fake_model):
     r = runner.invoke(app, ["run", model, "-p", "a", "--steps", "1"])
     assert r.exit_code == 2, r.output
     assert "--steps 1" in _error(r) and "at least 2" in _error(r)
@@ -117,7 +118,7 @@ def _pipeline_folder(root: Path, class_name: str | None, components=("vae",), te
     ("no_index", "has no model_index.json"),
 ])
 @pytest.mark.parametrize("command", ["run", "calibrate"])
-def test_model_path_problems_are_named_before_loading(case, why, command, fake_model, tmp_path):  # noqa: F811
+def test_model_path_problems_are_named_before_loading(case, why, command, fake_model, tmp_path):
     root = tmp_path / "m"
     path = {
         "other_class": lambda: _pipeline_folder(root, "FluxPipeline"),
@@ -157,7 +158,7 @@ class _FullDiskOs:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def test_a_full_disk_at_start_is_named_and_leaves_no_run_directory(fake_model, tmp_path, monkeypatch):  # noqa: F811
+def test_a_full_disk_at_start_is_named_and_leaves_no_run_directory(fake_model, tmp_path, monkeypatch):
     from sagegen.runs import lock as runlock
 
     monkeypatch.setattr(runlock, "os", _FullDiskOs())
@@ -171,7 +172,7 @@ def test_a_full_disk_at_start_is_named_and_leaves_no_run_directory(fake_model, t
 
 # ------------------------------------------------------------------------------------------ eval weight files
 @pytest.mark.parametrize("option", ["--clip-model", "--inception-weights", "--lpips-weights"])
-def test_a_text_file_as_weights_is_a_usage_error(option, fake_model, tmp_path):  # noqa: F811
+def test_a_text_file_as_weights_is_a_usage_error(option, fake_model, tmp_path):
     run = tmp_path / "run"
     made = runner.invoke(app, ["compare", "tiny-flux", "-p", "a", "--steps", "1", "-q", "--out", str(run)])
     assert made.exit_code == 0, made.output
@@ -213,7 +214,7 @@ def test_weight_files_are_recognised_by_their_first_bytes(tmp_path):
     (["run", "tiny-flux", "-p", "a", "--sparse", "radial,decay=1.5"], "--sparse"),
     (["run", "tiny-flux", "-p", "a", "--sparse", "topk=0.5,text=1"], "--sparse"),
 ])
-def test_bad_sparse_specs_exit_2_naming_their_option(args, option, fake_model):  # noqa: F811
+def test_bad_sparse_specs_exit_2_naming_their_option(args, option, fake_model):
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     line = _error(r)

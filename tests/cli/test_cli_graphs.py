@@ -9,11 +9,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import isolated  # noqa: F401 (fixture)
 
 from sagegen.cli import jobs
 from sagegen.cli.app import app
 from sagegen.patch import graphs
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 runner = CliRunner()
 

@@ -18,9 +18,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli import errors
 from sagegen.cli.app import app
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
@@ -165,7 +166,7 @@ def _no_space(*_a, **_k):
 
 
 @pytest.fixture
-def compared(fake_model, tmp_path):  # noqa: F811
+def compared(fake_model, tmp_path):
     out = tmp_path / "run"
     r = runner.invoke(app, ["compare", "tiny-flux", "-p", "a fox", "--steps", "1", "-q", "--out", str(out)])
     assert r.exit_code == 0, r.output

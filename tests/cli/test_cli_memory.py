@@ -5,7 +5,6 @@ checked here against the full-size token counts and the latents of every tiny pi
 
 import pytest
 import torch
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from typer.testing import CliRunner
 
 from sagegen.cli import estimate, memory
@@ -13,6 +12,8 @@ from sagegen.cli.app import app
 from sagegen.cli.checks import MAX_STEPS
 from sagegen.models.geometry import arch_name, geometry
 from sagegen.models.presets import PRESETS, resolve, tiny_presets
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 runner = CliRunner()
 GiB = 2**30
@@ -40,13 +41,13 @@ def _settings(preset, **changes) -> dict:
 
 # --- the step cap ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["run", "compare", "calibrate"])
-def test_steps_above_the_cap_are_refused_before_loading(fake_model, tmp_path, command):  # noqa: F811
+def test_steps_above_the_cap_are_refused_before_loading(fake_model, tmp_path, command):
     r = runner.invoke(app, [*_command(command, "tiny-cogvideox", tmp_path), "--steps", "100000000000"])
     assert r.exit_code == 2 and "--steps" in _error(r) and f"1 to {MAX_STEPS}" in _error(r)
     assert fake_model.loads == [] and not (tmp_path / "run").exists()
 
 
-def test_steps_at_the_cap_still_run(fake_model, tmp_path):  # noqa: F811
+def test_steps_at_the_cap_still_run(fake_model, tmp_path):
     r = runner.invoke(app, [*_command("run", "tiny-flux", tmp_path), "--steps", str(MAX_STEPS)])
     assert r.exit_code == 0, r.output
     assert fake_model.calls[-1]["steps"] == MAX_STEPS
@@ -55,7 +56,7 @@ def test_steps_at_the_cap_still_run(fake_model, tmp_path):  # noqa: F811
 # --- sizes against the host -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("command", ["run", "compare", "calibrate"])
 @pytest.mark.parametrize("model", TINY_VIDEO)
-def test_frames_that_cannot_fit_the_host_are_refused_before_loading(fake_model, tmp_path, monkeypatch, command,  # noqa: F811
+def test_frames_that_cannot_fit_the_host_are_refused_before_loading(fake_model, tmp_path, monkeypatch, command,
                                                                     model):
     """--frames 1000000 on tiny-cogvideox grew to 17 GiB in 60 s on a 24 GiB machine."""
     monkeypatch.setattr(estimate, "available_bytes", lambda: 16 * GiB)
@@ -68,7 +69,7 @@ def test_frames_that_cannot_fit_the_host_are_refused_before_loading(fake_model, 
 
 
 @pytest.mark.parametrize("model", TINY_IMAGE + ["tiny-cogvideox"])
-def test_height_and_width_that_cannot_fit_are_refused_before_loading(fake_model, tmp_path, monkeypatch,  # noqa: F811
+def test_height_and_width_that_cannot_fit_are_refused_before_loading(fake_model, tmp_path, monkeypatch,
                                                                      model):
     """--height 100000 --width 100000 gave an OverflowError after the model load (exit 1)."""
     monkeypatch.setattr(estimate, "available_bytes", lambda: 16 * GiB)
@@ -163,7 +164,7 @@ def test_random_weights_count_both_experts_of_wan22(monkeypatch):
     assert 0.2 * GiB < weights["the full-size VAE"] < 1 * GiB  # Wan2.1's VAE, 127M float32 parameters
 
 
-def test_random_weights_too_large_for_the_cpu_name_the_option_through_the_cli(fake_model, tmp_path,  # noqa: F811
+def test_random_weights_too_large_for_the_cpu_name_the_option_through_the_cli(fake_model, tmp_path,
                                                                               monkeypatch):
     preset = resolve("flux.1-dev")
     monkeypatch.setattr(estimate, "available_bytes", lambda: estimate.transformer_bytes(preset, "bfloat16") + GiB)
@@ -176,7 +177,7 @@ def test_random_weights_too_large_for_the_cpu_name_the_option_through_the_cli(fa
 # --- float options: nan and inf -------------------------------------------------------------------------------
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1"])
 @pytest.mark.parametrize("command", ["run", "compare", "calibrate"])
-def test_guidance_must_be_a_finite_number(fake_model, tmp_path, command, value):  # noqa: F811
+def test_guidance_must_be_a_finite_number(fake_model, tmp_path, command, value):
     r = runner.invoke(app, [*_command(command, "tiny-flux", tmp_path), "--guidance", value])
     line = _error(r)
     assert r.exit_code == 2 and "--guidance" in line and "finite number >= 0" in line, line
@@ -191,7 +192,7 @@ def test_report_gain_must_be_a_finite_number_from_1_to_255(tmp_path, value):
 
 
 @pytest.mark.parametrize("value", ["nan", "inf"])
-def test_calibrate_target_must_be_a_finite_number(fake_model, tmp_path, value):  # noqa: F811
+def test_calibrate_target_must_be_a_finite_number(fake_model, tmp_path, value):
     r = runner.invoke(app, [*_command("calibrate", "tiny-flux", tmp_path), "--target", value])
     assert r.exit_code == 2 and "--target" in _error(r) and "finite number" in _error(r)
 

@@ -7,21 +7,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.runs import lock as runlock
 from sagegen.cli.app import app
 from sagegen.cli.progress import LineReporter, RichReporter, make_reporter
 from sagegen.jobs.generate import Sample
 from sagegen.models.presets import resolve
 
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
+
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_not_a_terminal_gets_one_line_per_sample(fake_model, tmp_path):  # noqa: F811
+def test_not_a_terminal_gets_one_line_per_sample(fake_model, tmp_path):
     r = runner.invoke(app, ["compare", "tiny-flux", "-p", "a", "-p", "b", "--steps", "2", "--warmup", "0",
                             "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
@@ -57,7 +59,7 @@ def test_long_samples_get_step_lines(monkeypatch):
                      "[rank 1] sage 1/1 p000-s0: step 4/50, 70 s"]
 
 
-def test_random_weights_on_cpu_warns_with_an_estimate(fake_model, tmp_path, monkeypatch):  # noqa: F811
+def test_random_weights_on_cpu_warns_with_an_estimate(fake_model, tmp_path, monkeypatch):
     from sagegen.cli import estimate
 
     monkeypatch.setattr(estimate, "available_bytes", lambda: 2**40)  # (the fake model needs none)
@@ -69,7 +71,7 @@ def test_random_weights_on_cpu_warns_with_an_estimate(fake_model, tmp_path, monk
     assert r.output.index("warning: --random-weights") < r.output.index("sage 1/1 p000-s0:")  # before the work
 
 
-def test_random_weights_that_cannot_fit_in_memory_are_refused_before_loading(fake_model, tmp_path,  # noqa: F811
+def test_random_weights_that_cannot_fit_in_memory_are_refused_before_loading(fake_model, tmp_path,
                                                                              monkeypatch):
     """Flux's 11.9B-parameter transformer is 22.2 GiB of bf16 weights: on a machine with less memory the run
     was killed minutes later (exit 137); now it is a usage error naming the sizes, before anything loads."""
@@ -108,7 +110,7 @@ def test_stale_lock_file_is_taken_over(tmp_path):
         assert json.loads(path.read_text())["pid"] == os.getpid()
 
 
-def test_cli_says_which_process_holds_the_run(fake_model, tmp_path):  # noqa: F811
+def test_cli_says_which_process_holds_the_run(fake_model, tmp_path):
     run = tmp_path / "run"
     code = ("import time\nfrom sagegen.runs import lock as runlock\n"
             f"with runlock.hold({str(run)!r}, ['sagegen', 'compare']):\n"

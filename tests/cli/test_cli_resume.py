@@ -5,9 +5,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
 from sagegen.runs.manifest import json_normal, merge_manifest
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 runner = CliRunner()
 
@@ -18,7 +19,7 @@ runner = CliRunner()
     ("run", ["--fp-last-steps", "1", "--fp-blocks", "transformer_blocks.0"]),
     ("compare", ["--fp-blocks", "0,-1"]),
 ])
-def test_policy_run_twice_resumes(cmd, extra, fake_model, tmp_path):  # noqa: F811
+def test_policy_run_twice_resumes(cmd, extra, fake_model, tmp_path):
     out = tmp_path / "D"
     args = [cmd, "tiny-flux", "-p", "x", "--steps", "2", "--warmup", "0", "-q", "--out", str(out), *extra]
     first = runner.invoke(app, args)
@@ -32,7 +33,7 @@ def test_policy_run_twice_resumes(cmd, extra, fake_model, tmp_path):  # noqa: F8
     assert fake_model.loads == ["tiny-flux"]  # the second run had nothing to do, so loaded nothing
 
 
-def test_a_different_policy_is_still_refused(fake_model, tmp_path):  # noqa: F811
+def test_a_different_policy_is_still_refused(fake_model, tmp_path):
     out = tmp_path / "D"
     base = ["run", "tiny-flux", "-p", "x", "--steps", "2", "--warmup", "0", "-q", "--out", str(out)]
     assert runner.invoke(app, [*base, "--fp-blocks", "0"]).exit_code == 0

@@ -7,11 +7,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.runs.reader import RunDirError, load_run
 from sagegen.eval.runner import EvalOptions, evaluate
 from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.runs.directory import DamagedFile, RunDir
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_manifest_that_is_not_an_object_is_a_clear_error(run, content):
     assert res.exit_code == 2 and "damaged" in res.output and "AttributeError" not in res.output
 
 
-def test_run_redoes_a_damaged_sample_and_refuses_a_damaged_manifest(fake_model, tmp_path):  # noqa: F811
+def test_run_redoes_a_damaged_sample_and_refuses_a_damaged_manifest(fake_model, tmp_path):
     """The same rule end to end through `sagegen run` (fake pipeline, no model)."""
     from sagegen.cli.app import app as sagegen_app
 

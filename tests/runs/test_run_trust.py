@@ -12,13 +12,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tests.support.cli_fakes import fake_model, isolated  # noqa: F401 (fixtures)
 from sagegen.cli.app import app
 from sagegen.eval.runner import EvalOptions, evaluate
 from sagegen.runs.reader import load_run
 from sagegen.testing.run_dirs import make_synthetic_run
 from sagegen.report.builder import build_report
 from sagegen.runs.directory import RunDir
+
+pytestmark = pytest.mark.usefixtures("isolated")  # tests/support/cli_fakes.py
 
 runner = CliRunner()
 ENV = {"COLUMNS": "200"}
@@ -36,7 +37,7 @@ def _one_line(output: str) -> str:
 # ------------------------------------------------------------------------------------------------- identity
 @pytest.mark.parametrize("model,extra", [("tiny-wan2.1", []), ("tiny-cogvideox", ["--steps", "3"]),
                                          ("tiny-cogvideox", ["--height", "48"])])
-def test_a_run_without_its_manifest_is_not_adopted_by_another_run(fake_model, tmp_path, model, extra):  # noqa: F811
+def test_a_run_without_its_manifest_is_not_adopted_by_another_run(fake_model, tmp_path, model, extra):
     out = tmp_path / "A"
     assert _compare(out).exit_code == 0
     (out / "manifest.json").unlink()
@@ -48,7 +49,7 @@ def test_a_run_without_its_manifest_is_not_adopted_by_another_run(fake_model, tm
     assert fake_model.loads == ["tiny-cogvideox"]  # refused before loading
 
 
-def test_a_run_without_its_manifest_is_rebuilt_by_the_same_command(fake_model, tmp_path):  # noqa: F811
+def test_a_run_without_its_manifest_is_rebuilt_by_the_same_command(fake_model, tmp_path):
     out = tmp_path / "A"
     assert _compare(out).exit_code == 0
     before = {p: p.read_bytes() for p in out.rglob("frames/*.png")}
@@ -59,7 +60,7 @@ def test_a_run_without_its_manifest_is_rebuilt_by_the_same_command(fake_model, t
     assert {p: p.read_bytes() for p in out.rglob("frames/*.png")} == before  # nothing redone, nothing lost
 
 
-def test_samples_written_before_fingerprints_are_not_adopted_without_a_manifest(fake_model, tmp_path):  # noqa: F811
+def test_samples_written_before_fingerprints_are_not_adopted_without_a_manifest(fake_model, tmp_path):
     out = tmp_path / "A"
     assert _compare(out).exit_code == 0
     for sj in out.glob("samples/*/*/sample.json"):
@@ -97,7 +98,7 @@ def test_a_sample_made_with_other_settings_is_left_out(tmp_path):
     assert [s.id for s in loaded.samples] == ["p000-s0"]
 
 
-def test_generation_refuses_a_sample_made_with_other_settings(fake_model, tmp_path):  # noqa: F811
+def test_generation_refuses_a_sample_made_with_other_settings(fake_model, tmp_path):
     a, b = tmp_path / "A", tmp_path / "B"
     assert _compare(a).exit_code == 0
     assert _compare(b, "tiny-cogvideox", "--steps", "3").exit_code == 0
@@ -109,7 +110,7 @@ def test_generation_refuses_a_sample_made_with_other_settings(fake_model, tmp_pa
 
 # ------------------------------------------------------------------------------------------------ integrity
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "missing", "renumbered"])
-def test_a_damaged_frame_is_that_samples_error_and_resume_redoes_it(fake_model, tmp_path, damage):  # noqa: F811
+def test_a_damaged_frame_is_that_samples_error_and_resume_redoes_it(fake_model, tmp_path, damage):
     out = tmp_path / "A"
     assert _compare(out).exit_code == 0
     frame = out / "samples" / "sage" / "p001-s0" / "frames" / "00001.png"
@@ -160,7 +161,7 @@ def test_frames_of_a_different_size_are_still_a_per_sample_error(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- containment
-def test_generation_refuses_a_sample_folder_linked_outside_the_run(fake_model, tmp_path):  # noqa: F811
+def test_generation_refuses_a_sample_folder_linked_outside_the_run(fake_model, tmp_path):
     out, elsewhere = tmp_path / "A", tmp_path / "elsewhere"
     assert _compare(out).exit_code == 0
     target = out / "samples" / "sage" / "p001-s0"

@@ -55,7 +55,7 @@ def fake_model(monkeypatch):
     yield pipe
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def isolated(tmp_path, monkeypatch):
     """No real HF cache, no network, runs under tmp, no debug from the outside."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
