@@ -29,7 +29,7 @@ from collections import Counter
 
 import torch
 
-from sagegen.config import SageConfig
+from sagegen.config import SageConfig, check_config
 import sagegen.patch.families  # noqa: F401 (registers every family in sagegen.patch.family_table)
 from sagegen.patch import dispatch_route as _route
 from sagegen.patch.fusion import blocks as _blocks
@@ -41,7 +41,7 @@ from sagegen.patch.graph_counts import ForwardCounters
 from sagegen.patch.precision_policy import PrecisionPolicy, resolve_blocks
 from sagegen.patch.sparse_policy import SparseState, resolve_sparse
 from sagegen.patch.steps import StepTracker, pipeline_scheduler_source
-from sagegen.patch.targets import (ROUTES, SUPPORTED_MODELS, attention_modules, check_config, denoisers, family_of,  # noqa: F401 -- SUPPORTED_MODELS and attention_modules are re-exported
+from sagegen.patch.targets import (ROUTES, SUPPORTED_MODELS, attention_modules, denoisers, family_of,  # noqa: F401 -- SUPPORTED_MODELS and attention_modules are re-exported
                                    is_fused_processor, set_processor)
 
 _STATE_ATTR = "_sagegen_patch"

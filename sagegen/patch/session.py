@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from sagegen import api as _api
 from sagegen.backend.calls import bind_sdpa, simplify_mask, unsupported
 from sagegen.config import SUPPORTED_HEAD_DIMS, SageConfig
-from sagegen.patch.graphs import value_checks_allowed
+from sagegen.kernels.spec import value_checks_allowed
 
 
 _SDPA = F.scaled_dot_product_attention

@@ -18,7 +18,6 @@ import re
 
 import torch
 
-from sagegen.config import check_config  # noqa: F401 (sagegen.patch.patcher imports it from here)
 from sagegen.models.families import FUSED, family_of_class
 
 # Denoisers with fused processors: class name -> family (the table lives with the model knowledge).

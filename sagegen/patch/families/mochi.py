@@ -17,7 +17,7 @@ import torch
 from sagegen.patch import fp8_handoff as fp8_out
 from sagegen.patch.family_table import FamilyCode, register
 from sagegen.patch.fusion.prologue import _arguments, _joint_attention, _kernel_can_run, _rope_pair, qkv_projections
-from sagegen.patch.graphs import value_checks_allowed
+from sagegen.kernels.spec import value_checks_allowed
 
 
 def _rms_norm_params(norm, head_dim: int):
