@@ -17,6 +17,7 @@ from sagegen.linear import numerics
 from sagegen.linear.module import OUTLIER_MODES
 
 _GEMM_DIVISOR = 16  # cuBLASLt FP8: K and N must be multiples of 16
+BF16_COPIES = ("cpu", "keep", "drop")
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,14 @@ class LinearPolicy:
             M = 4096 at 3072 x 3072 (bench/results/archive/probe-fp8-eager-host-h200-2026-11-26.json). So the text
             streams of the image models (Flux 512, SD3.5 2 x 333, Qwen-Image ~128 tokens) and the modulation
             vectors stay bf16; their eager steps got faster (Flux 110.0 -> 106.1 ms, SD3.5 113.2 -> 104.6 ms).
-        bf16_copies: ``"keep"`` (default): the original bf16 weights stay where they are (+1 byte per quantized
-            weight on the GPU). ``"cpu"``: they are moved to the CPU while patched (GPU memory: -1 byte per
-            quantized weight vs the unpatched model) and moved back, bit for bit, by unpatch; calls below
-            ``min_rows`` then use the dequantized FP8 weight.
+        bf16_copies: where the original bf16 weights of the FP8 layers stay while patched.
+            ``"cpu"`` (default): moved to host memory, so the GPU holds only the FP8 weights (GPU memory: -1 byte
+            per quantized weight against the unpatched model; host memory: +2 bytes per quantized weight,
+            ``patch_info(...)["linear"]["bf16_bytes_moved_to_cpu"]``); `unpatch` moves them back, bit for bit.
+            ``"keep"``: they stay where they are (+1 byte per quantized weight on the GPU; patching costs no copy).
+            ``"drop"``: freed (the meta device): nothing on the host either, and `unpatch` restores the
+            dequantized FP8 weights (not the original bits; it warns). With ``"cpu"`` or ``"drop"``, calls below
+            ``min_rows`` use the dequantized FP8 weight.
         fast_accum: cuBLASLt's fast FP8 accumulation for the row-wise GEMM (default True, as torchao's
             inference float8; False: the periodic promotion to fp32, slower). bench/bench_fp8_linear.py
             measures both, speed and error.
@@ -64,7 +69,7 @@ class LinearPolicy:
     outlier_ratio: float = 8.0
     max_outliers: int = 64
     min_rows: int = 1024
-    bf16_copies: str = "keep"
+    bf16_copies: str = "cpu"
     fast_accum: bool = True
     fuse_gelu: bool = True
 
@@ -90,8 +95,11 @@ class LinearPolicy:
             raise ValueError(f"LinearPolicy.outliers={self.outliers!r}; use one of {OUTLIER_MODES}")
         if not (isinstance(self.min_rows, int) and not isinstance(self.min_rows, bool) and self.min_rows >= 1):
             raise ValueError(f"LinearPolicy.min_rows must be an int >= 1, got {self.min_rows!r}")
-        if self.bf16_copies not in ("keep", "cpu"):
-            raise ValueError(f"LinearPolicy.bf16_copies={self.bf16_copies!r}; use 'keep' or 'cpu'")
+        if self.bf16_copies not in BF16_COPIES:
+            raise ValueError(f"LinearPolicy.bf16_copies={self.bf16_copies!r}; use one of {BF16_COPIES}")
+        if self.bf16_copies == "drop" and self.outliers != "off":
+            raise ValueError(f"LinearPolicy.bf16_copies='drop' needs outliers='off' (outliers={self.outliers!r} "
+                             "calibrates from the bf16 weight on the first call); use bf16_copies='cpu'")
         for flag in ("fast_accum", "fuse_gelu"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"LinearPolicy.{flag} must be True or False, got {getattr(self, flag)!r}")
@@ -103,7 +111,7 @@ class LinearPolicy:
     def module_kwargs(self) -> dict:
         return dict(act_granularity=self.act_granularity, weight_granularity=self.weight_granularity,
                     outliers=self.outliers, min_rows=self.min_rows, outlier_ratio=self.outlier_ratio,
-                    max_outliers=self.max_outliers, park=self.bf16_copies == "cpu", fast_accum=self.fast_accum)
+                    max_outliers=self.max_outliers, park=self.bf16_copies != "keep", fast_accum=self.fast_accum)
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -1,9 +1,10 @@
 """`FP8Linear`: an ``nn.Linear`` whose product runs in FP8 (quantized weight, activations quantized per call).
 
-The original ``nn.Linear`` stays inside (``.linear``, untouched) so that unpatching puts the very same object
-back; its ``weight``/``bias``/``in_features``/``out_features`` are forwarded, since diffusers' processors read
-them (dtype checks, fused-QKV shapes). Memory: the FP8 copy of the weight is added to the bf16 one (+50% for
-the patched layers' weights); nothing is freed.
+The original ``nn.Linear`` stays attached (``.linear``) so that unpatching puts the very same object back; its
+``weight``/``bias``/``in_features``/``out_features`` are forwarded, since diffusers' processors read them (dtype
+checks, fused-QKV shapes). ``park=True`` keeps it outside the module tree, so that its bf16 weight can live on the
+CPU (or nowhere: the meta device) while the GPU holds only the FP8 copy; the patcher decides
+(`LinearPolicy.bf16_copies`).
 
 Outliers (``outliers=``):
 - ``"off"``: plain FP8 (the activation's largest value sets the scale of its row or 1x128 block).
@@ -118,6 +119,20 @@ class FP8Linear(torch.nn.Module):
         """No outlier handling in place (no column scale, no split channels): the plain FP8 product."""
         buffers = self._buffers
         return buffers["col_scale"] is None and buffers["w_outlier"] is None
+
+    @torch.no_grad()
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight this layer's products use, fp32 [N, K]: the FP8 weight times its scales, a smoothing
+        column scale undone, split outlier columns as kept. What `unpatch` restores when the bf16 copy was
+        dropped (`LinearPolicy(bf16_copies="drop")`)."""
+        buffers = self._buffers
+        w = numerics.dequantize_weight(buffers["w_q"], buffers["w_scale"])
+        col_scale, idx = buffers["col_scale"], buffers["outlier_idx"]
+        if idx is not None:
+            w[:, idx] = buffers["w_outlier"].float()
+        elif col_scale is not None:  # smoothing quantized W * s, and col_scale = 1 / s
+            w = w * col_scale.float()
+        return w
 
     def gemm_bias(self) -> torch.Tensor | None:
         """The bias the GEMM adds: the parked copy, or the wrapped linear's."""

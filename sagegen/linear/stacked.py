@@ -43,7 +43,8 @@ class _Stack:
         parts = [lay.gemm_bias() for lay in layers]
         if any(b is None for b in parts):
             return None  # (none has one: `stack` refuses mixed layers, and `stacked_forward` a bias dropped since)
-        key = tuple((b.data_ptr(), b._version, b.device, b.dtype) for b in parts)
+        # (inference tensors, e.g. a parked layer's bias copy made under inference_mode, have no version counter)
+        key = tuple((b.data_ptr(), 0 if b.is_inference() else b._version, b.device, b.dtype) for b in parts)
         if self._bias is None or self._bias[0] != key:  # made once; again only if a bias changed in place
             with torch.no_grad():
                 self._bias = (key, torch.cat([b.detach() for b in parts]))

@@ -98,10 +98,11 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
     stacked = [name for name, m in transformer.named_modules()
                if stack([getattr(m, p, None) for p in ("to_q", "to_k", "to_v")])]
     parked = {}
-    if policy.bf16_copies == "cpu":
+    if policy.bf16_copies != "keep":
+        where = "cpu" if policy.bf16_copies == "cpu" else "meta"
         for name, (_, _, lin) in originals.items():
             parked[name] = lin.weight.device
-            lin.to("cpu")  # in place: the same Parameter objects, their data moved
+            lin.to(where)  # "cpu": in place, the same Parameter objects with their data moved; "meta": freed
     fused = gelu_fp8.fuse(transformer) if policy.fuse_gelu else {}
     object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked,
                                                               fused, stacked))
@@ -113,13 +114,39 @@ def remove(transformer: torch.nn.Module) -> None:
     if state is None:
         return
     gelu_fp8.unfuse(state.gelu_fused)  # the GELU modules first: they hold the first layers
+    dropped = []
     for name, (parent, key, original) in state.originals.items():
-        if name in state.parked:
-            original.to(state.parked[name])
         current = parent._modules.get(key)
+        if name in state.parked:
+            # back to where the FP8 layer is now (the model may have moved since), else where it was
+            ours = isinstance(current, FP8Linear) and current.linear is original
+            device = current.w_q.device if ours else state.parked[name]
+            if not original.weight.is_meta:
+                original.to(device)
+            elif ours:
+                _restore_dropped(original, current, device)
+                dropped.append(name)
+            else:
+                warnings.warn(f"sagegen.unpatch: {name} was patched with bf16_copies='drop' and replaced since; "
+                              "its original linear keeps no weights (meta)", stacklevel=3)
         if isinstance(current, FP8Linear) and current.linear is original:
             parent._modules[key] = original
     object.__delattr__(transformer, _STATE_ATTR)
+    if dropped:
+        warnings.warn(f"sagegen.unpatch: {len(dropped)} linears were patched with LinearPolicy(bf16_copies='drop') "
+                      "and get their dequantized FP8 weights back, not the original bits; reload the model for "
+                      "those", stacklevel=3)
+
+
+@torch.no_grad()
+def _restore_dropped(original: torch.nn.Linear, fp8: torch.nn.Module, device: torch.device) -> None:
+    """Give a linear whose bf16 weight was dropped (meta) real storage on ``device``: the FP8 layer's
+    dequantized weight and its bias copy, in the original dtype."""
+    dtype = original.weight.dtype
+    original.to_empty(device=device)
+    original.weight.copy_(fp8.dequantized_weight().to(device=device, dtype=dtype))
+    if original.bias is not None:
+        original.bias.copy_(fp8.gemm_bias().to(device=device, dtype=dtype))
 
 
 def current(transformer: torch.nn.Module) -> tuple[str | None, LinearPolicy | None]:
@@ -161,4 +188,9 @@ def info(transformer: torch.nn.Module) -> dict | None:
             "gelu_fused_layers": sorted(state.gelu_fused),
             "qkv_stacked_modules": len(state.stacked),
             "bf16_bytes_moved_to_cpu": sum(o.weight.numel() * o.weight.element_size()
-                                           for n, (_, _, o) in state.originals.items() if n in state.parked)}
+                                           + (o.bias.numel() * o.bias.element_size() if o.bias is not None else 0)
+                                           for n, (_, _, o) in state.originals.items()
+                                           if n in state.parked and not o.weight.is_meta),
+            "bf16_bytes_dropped": sum(o.weight.numel() * o.weight.element_size()
+                                      for n, (_, _, o) in state.originals.items()
+                                      if n in state.parked and o.weight.is_meta)}

@@ -247,6 +247,81 @@ def test_patching_again_with_the_same_linear_policy_keeps_the_fp8_layers():
     sagegen.unpatch(model)
 
 
+def test_the_default_policy_parks_the_bf16_weights_outside_the_module_tree():
+    """FP8 linears save memory by default: the GPU keeps only the FP8 weights (`LinearPolicy.bf16_copies`)."""
+    assert LinearPolicy().bf16_copies == "cpu"
+    model, _ = _tiny("flux.1-dev")
+    sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=()))  # (1-block tiny model)
+    layers = [m for m in model.modules() if isinstance(m, FP8Linear)]
+    assert layers and all(m.parked and "linear" not in m._modules for m in layers)
+    info = patch_info(model)["linear"]
+    moved = sum(m.linear.weight.numel() * 2 + (m.linear.bias.numel() * 2 if m.linear.bias is not None else 0)
+                for m in layers)
+    assert info["bf16_bytes_moved_to_cpu"] == moved and info["bf16_bytes_dropped"] == 0
+    sagegen.unpatch(model)
+
+
+def test_bf16_copies_dropped_free_them_and_unpatch_restores_the_dequantized_weights(seed):
+    model, inputs = _tiny("sd3.5-medium")
+    before = _linears(model)
+    originals = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.inference_mode():
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1))
+        parked = model(**inputs)[0]
+        sagegen.unpatch(model)
+        sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=(), min_rows=1,
+                                                                      bf16_copies="drop"))
+        layers = {n: m for n, m in model.named_modules() if isinstance(m, FP8Linear)}
+        assert layers and all(m.linear.weight.is_meta and m.linear.bias is None or m.linear.bias.is_meta
+                              for m in layers.values())
+        info = patch_info(model)["linear"]
+        assert info["bf16_bytes_moved_to_cpu"] == 0
+        assert info["bf16_bytes_dropped"] == sum(m.linear.weight.numel() * 2 for m in layers.values())
+        dropped = model(**inputs)[0]
+        expected = {n: (m.dequantized_weight().to(torch.bfloat16), m.gemm_bias()) for n, m in layers.items()}
+    assert torch.equal(dropped, parked)  # the FP8 products do not read the bf16 weights
+    with pytest.warns(UserWarning, match="dequantized FP8 weights"):
+        sagegen.unpatch(model)
+    after = _linears(model)
+    assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
+    state = model.state_dict()
+    assert state.keys() == originals.keys()
+    for name, (weight, bias) in expected.items():
+        assert torch.equal(state[name + ".weight"], weight) and not state[name + ".weight"].is_meta
+        assert bias is None or torch.equal(state[name + ".bias"], bias)
+        # the FP8 weight's rounding: e4m3 keeps 3 mantissa bits, so each element is within ~6% of the original
+        orig = originals[name + ".weight"].float()
+        assert (weight.float() - orig).abs().max() <= 0.07 * orig.abs().amax(dim=1, keepdim=True).max()
+        assert not torch.equal(weight, originals[name + ".weight"])
+    untouched = [k for k in originals if not any(k.startswith(n + ".") for n in expected)]
+    assert untouched and all(torch.equal(state[k], originals[k]) for k in untouched)
+
+
+@pytest.mark.parametrize("outliers", ["smooth", "split"])
+def test_dropping_the_bf16_copies_refuses_outlier_calibration(outliers):
+    with pytest.raises(ValueError, match=r"bf16_copies='drop' needs outliers='off'"):
+        LinearPolicy(outliers=outliers, bf16_copies="drop")
+    with pytest.raises(ValueError, match=r"bf16_copies='nowhere'; use one of \('cpu', 'keep', 'drop'\)"):
+        LinearPolicy(bf16_copies="nowhere")
+
+
+@pytest.mark.parametrize("outliers", ["smooth", "split"])
+def test_dequantized_weight_undoes_smoothing_and_keeps_split_columns(seed, outliers):
+    lin = torch.nn.Linear(64, 32)
+    with torch.no_grad():
+        lin.weight.mul_(torch.linspace(0.1, 3, 64))
+    layer = FP8Linear(lin, outliers=outliers, min_rows=1, outlier_ratio=2.0)
+    x = torch.randn(16, 64)
+    x[:, 5] *= 50  # an outlier channel
+    layer.calibrate(x)
+    assert layer.col_scale is not None
+    w = layer.dequantized_weight()
+    err = (w - lin.weight).abs().max() / lin.weight.abs().max()
+    assert err < 0.07, err
+    if outliers == "split":
+        assert torch.equal(w[:, layer.outlier_idx], lin.weight[:, layer.outlier_idx].float())
+
+
 def test_bf16_copies_on_the_cpu_leave_the_module_tree_and_come_back_exactly(seed):
     model, inputs = _tiny("sd3.5-medium")
     before = _linears(model)
