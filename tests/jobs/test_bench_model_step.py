@@ -36,6 +36,7 @@ def test_tiny_mode_writes_a_complete_report(model, tmp_path, seed):
     assert all(r["median_s"] > 0 and len(r["times_s"]) == 1 for r in on_disk["results"].values())
     eager = [r for name, r in on_disk["results"].items() if not name.endswith("_compiled")]
     assert all(len(r["cpu_loop_ms"]) == 2 and min(r["cpu_loop_ms"]) > 0 for r in eager)  # the CPU's speed
+    assert all(0 < r["host_rss_gb"] < 1024 for r in on_disk["results"].values())  # host memory, per variant
     assert report["patch_stats"]["routed"] > 0 and not report["patch_stats"].get("fallback")
     diff = on_disk["diff_vs_stock"]
     assert 0 < diff["sagegen"]["rel_l1"] < 0.05 and diff["sagegen"]["cosine"] > 0.999

@@ -52,8 +52,8 @@ from sagegen.patch import patch_info, reset_stats, set_attention_override, spars
 from sagegen.runs.files import atomic_write_json
 from sagegen.jobs.stepbench.args import enabled_variants, parse_args  # noqa: F401 (re-exported)
 from sagegen.jobs.stepbench.compiling import compiled
-from sagegen.jobs.stepbench.measure import (HOST_BOUND_RATIO, Timer, cpu_loop_ms, device_info, host_check, profile_step,
-                                            versions)
+from sagegen.jobs.stepbench.measure import (HOST_BOUND_RATIO, Timer, cpu_loop_ms, device_info, host_check,
+                                            host_rss_gb, profile_step, versions)
 from sagegen.jobs.stepbench.measure import summary as _summary
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -132,6 +132,7 @@ def main(argv=None) -> dict:
         out, times, peak = timer.measure(fn, args.warmup, args.repeats)
         outputs[variant] = out.float().cpu()
         results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak,
+                            "host_rss_gb": host_rss_gb(),
                             "host_median_s": statistics.median(timer.host_times), "host_times_s": timer.host_times,
                             # the host CPU's speed before / after (`cpu_loop_ms`): what host-bound times follow
                             "cpu_loop_ms": [round(cpu_before, 2), round(cpu_loop_ms(), 2)]}

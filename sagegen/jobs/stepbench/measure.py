@@ -3,6 +3,7 @@ versions and device description."""
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 
@@ -48,6 +49,17 @@ class Timer:
                 self.host_times.append(times[-1])
         peak = torch.cuda.max_memory_allocated() / 2**30 if self.cuda else None
         return out, times, peak
+
+
+def host_rss_gb() -> float | None:
+    """This process's resident host memory now, in GB (Linux ``/proc``; None elsewhere): where FP8 linears'
+    bf16 copies wait while patched (`LinearPolicy.bf16_copies`)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def cpu_loop_ms() -> float:
