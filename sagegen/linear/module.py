@@ -46,11 +46,14 @@ import torch
 import torch.nn.functional as F
 
 from sagegen.linear import numerics
-from sagegen.linear.ops import (blockwise_weight_scale_for_gemm, fp8_linear, gemm_eager, gemm_rowwise_prepared,
-                                quantize_eager)
+from sagegen.linear.ops import (blockwise_weight_scale_for_gemm, fp8_linear, fp8_linear_traced, gemm_eager,
+                                gemm_rowwise_prepared, quantize_eager)
 from sagegen.linear.shared import shared
 
 OUTLIER_MODES = ("off", "smooth", "split")
+# Under torch.compile, per-token layers trace as plain ops (`ops.fp8_linear_traced`) that inductor fuses with
+# their neighbours; False: the opaque `sagegen::fp8_linear` op (an A/B switch for benchmarks and tests).
+COMPILE_NATIVE = True
 
 
 def _param(module: torch.nn.Module, name: str):
@@ -191,7 +194,11 @@ class FP8Linear(torch.nn.Module):
         if not self.calibrated and not compiling:
             self.calibrate(numerics.gelu_tanh(x2) if self.prologue else x2)
         col_scale = buffers["col_scale"]
-        if compiling:  # the custom op, which dynamo keeps whole
+        if compiling and self.act_granularity == "per_token" and COMPILE_NATIVE:
+            # plain ops: inductor fuses the quantization into the producer of x (`ops.fp8_linear_traced`)
+            y = fp8_linear_traced(x2, buffers["w_q"], buffers["w_scale"], bias, col_scale, self.emulate,
+                                  self.fast_accum, self.prologue)
+        elif compiling:  # the custom op, which dynamo keeps whole
             on_gpu = x2.is_cuda and not self.emulate
             y = fp8_linear(x2, buffers["w_q"], buffers["w_scale_gemm" if on_gpu else "w_scale"], bias, col_scale,
                            self.act_granularity, self.emulate, self.fast_accum, self.prologue)

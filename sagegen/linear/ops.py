@@ -184,6 +184,28 @@ def fp8_linear_eager(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, 
     return gemm_eager(xq, xs, w_q, w_scale, bias, act_granularity, emulate, fast_accum, x.dtype)
 
 
+def fp8_linear_traced(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                      col_scale: torch.Tensor | None, emulate: bool, fast_accum: bool = True,
+                      prologue: str | None = None) -> torch.Tensor:
+    """The per-token FP8 linear as plain torch ops, for code that ``torch.compile`` traces: the quantization is
+    `numerics.quantize_activations` itself (amax, scale, cast), which inductor fuses into whatever produced
+    ``x`` (a norm, a GELU, a residual add), and the GEMM is ``torch._scaled_mm`` (GPU) or the emulated product.
+    The opaque `fp8_linear` op would read ``x`` back from memory in a quantization kernel of its own. The same
+    numerics as the eager path: the Triton quantizer matches `quantize_activations` bit for bit, though
+    inductor's code may round the scale's reciprocal differently (one e4m3 step, rarely).
+    x [M, K]; w_q [N, K] e4m3; w_scale the [N, 1] per-channel scales -> [M, N] in x's dtype."""
+    xq, xs = numerics.quantize_activations(x, "per_token", col_scale, prologue)
+    if emulate or x.device.type != "cuda":
+        y = numerics.dequantize_activations(xq, xs) @ numerics.dequantize_weight(w_q, w_scale).t()
+        return (y if bias is None else y + bias.float()).to(x.dtype)
+    fused = _FUSE_BIAS and bias is not None and bias.dtype == torch.bfloat16
+    y = torch._scaled_mm(xq, w_q.t(), scale_a=xs, scale_b=w_scale.view(1, -1), bias=bias if fused else None,
+                         out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+    if bias is not None and not fused:
+        y = y + bias.to(y.dtype)
+    return y.to(x.dtype)
+
+
 @torch.library.custom_op("sagegen::fp8_linear", mutates_args=())
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                col_scale: torch.Tensor | None, act_granularity: str, emulate: bool, fast_accum: bool = True,

@@ -31,6 +31,7 @@ import torch
 
 from sagegen.config import SageConfig, check_config
 import sagegen.patch.families  # noqa: F401 (registers every family in sagegen.patch.family_table)
+from sagegen.patch import compile_report
 from sagegen.patch import dispatch_route as _route
 from sagegen.patch.fusion import blocks as _blocks
 from sagegen.patch import graphs as _graphs
@@ -342,6 +343,7 @@ def _info(transformer, state: _PatchState) -> dict:
         info["step"] = {"index": state.tracker.index, "total": state.tracker.total}
     info["linear"] = _linear.info(transformer)
     info["cuda_graphs"] = _graphs.info(transformer)
+    info["compile"] = compile_report.describe(s, info["fused_blocks"], info["linear"])
     return info
 
 

@@ -109,6 +109,10 @@ class SparseState:
             grid = None  # not this sequence's grid (e.g. a text-only refiner)
         if cfg.mode in STATIC and grid is None:
             return None
+        if torch.compiler.is_compiling():
+            # made afresh while tracing (a constant of the graph): a cache filled inside traced code makes dynamo
+            # guard on its contents, and the next step, finding its entry there, recompiled
+            return self._call_config(name, grid, n_k)
         key = (name, grid, n_k)
         out = self._configs.get(key)
         if out is None:

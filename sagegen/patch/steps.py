@@ -67,6 +67,12 @@ class StepTracker:
         self.total = self.policy.num_steps
 
     # -- per call -------------------------------------------------------------------------------------------
+    # Outside any compiled graph: the counting is Python state and reads the timestep on the host. Traced, it
+    # broke the graph at the read and made dynamo guard on the counter's fields (a recompile in every new
+    # generation). Disabled, a compiled model runs the hook eagerly (one graph break before the forward, so
+    # fullgraph=True refuses a patch with step rules) and guards only on the step's outcome: one graph per
+    # precision (tests/patch/test_patch_compile_native.py).
+    @torch.compiler.disable
     def _pre_hook(self, module, args, kwargs, timestep_pos):
         t = kwargs.get("timestep")
         if t is None and timestep_pos is not None and len(args) > timestep_pos:
