@@ -16,7 +16,7 @@ import sagegen
 from sagegen.linear import LinearPolicy, module as fp8_module
 from sagegen.models import arch as archs
 from sagegen.models import tiny, tiny_video
-from sagegen.patch import attention_modules, patch_info
+from sagegen.patch import patch_info
 
 # every family with a patch route, one architecture each
 ARCHS = ["cogvideox-5b", "hunyuanvideo", "mochi-1", "flux.1-dev", "sd3.5-medium", "wan2.1-t2v-1.3b", "ltx-video",
