@@ -37,6 +37,7 @@ def test_tiny_mode_writes_a_complete_report(model, tmp_path, seed):
     eager = [r for name, r in on_disk["results"].items() if not name.endswith("_compiled")]
     assert all(len(r["cpu_loop_ms"]) == 2 and min(r["cpu_loop_ms"]) > 0 for r in eager)  # the CPU's speed
     assert all(0 < r["host_rss_gb"] < 1024 for r in on_disk["results"].values())  # host memory, per variant
+    assert all(r["warmup_s"] == [] for r in on_disk["results"].values())  # --warmup 0: the compile is in the run
     assert report["patch_stats"]["routed"] > 0 and not report["patch_stats"].get("fallback")
     diff = on_disk["diff_vs_stock"]
     assert 0 < diff["sagegen"]["rel_l1"] < 0.05 and diff["sagegen"]["cosine"] > 0.999
@@ -151,10 +152,12 @@ def test_timer_records_the_host_time_of_each_timed_run(monkeypatch):
 
     timer = m.Timer(torch.device("cpu"))
     calls = []
-    clock = iter([0.0, 0.010, 1.0, 1.030, 2.0, 2.020])  # three timed runs: 10, 30, 20 ms
+    # two warm-up calls (5 s: a compile, then 40 ms), then three timed runs: 10, 30, 20 ms
+    clock = iter([-10.0, -5.0, -3.0, -2.96, 0.0, 0.010, 1.0, 1.030, 2.0, 2.020])
     monkeypatch.setattr(m.time, "perf_counter", lambda: next(clock))
     out, times, peak = timer.measure(lambda: calls.append(1) or torch.ones(1), warmup=2, repeats=3)
     assert len(calls) == 5 and peak is None
+    assert timer.warmup_times == pytest.approx([5.0, 0.04])
     assert timer.host_times == pytest.approx([0.010, 0.030, 0.020]) and times == timer.host_times
     monkeypatch.setattr(m, "profile_step", lambda fn: {"total_s": 0.079})
     entry = {"median_s": 0.12, "host_median_s": 0.118}

@@ -133,6 +133,9 @@ def main(argv=None) -> dict:
         outputs[variant] = out.float().cpu()
         results[variant] = {"median_s": statistics.median(times), "times_s": times, "peak_mem_gb": peak,
                             "host_rss_gb": host_rss_gb(),
+                            # the warm-up calls, synchronized: for a compiled variant the first is the compile
+                            # (cold or warm per the inductor cache: TORCHINDUCTOR_CACHE_DIR) plus one step
+                            "warmup_s": timer.warmup_times,
                             "host_median_s": statistics.median(timer.host_times), "host_times_s": timer.host_times,
                             # the host CPU's speed before / after (`cpu_loop_ms`): what host-bound times follow
                             "cpu_loop_ms": [round(cpu_before, 2), round(cpu_loop_ms(), 2)]}

@@ -18,6 +18,7 @@ class Timer:
         # The last `measure`'s host time per timed run: until ``fn`` returned, i.e. the time to enqueue a CUDA
         # step's work. Above the GPU time, the GPU waited for the host.
         self.host_times: list[float] = []
+        self.warmup_times: list[float] = []
 
     def sync(self):
         if self.cuda:
@@ -26,8 +27,12 @@ class Timer:
     def measure(self, fn, warmup: int, repeats: int):
         """(output of the last run, list of seconds per timed run, peak memory in GB or None)."""
         out = None
+        self.warmup_times = []  # seconds per warm-up call, synchronized: a compiled variant's first is its compile
         for _ in range(warmup):
+            t0 = time.perf_counter()
             out = fn()
+            self.sync()
+            self.warmup_times.append(time.perf_counter() - t0)
         self.sync()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
