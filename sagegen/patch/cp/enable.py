@@ -30,10 +30,13 @@ def keeping_global_backend():
         set_global_backend(_AttentionBackendRegistry, previous)
 
 
-def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, backend: str | None = "sagegen"):
+def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, backend: str | None = "sagegen",
+                            mesh=None):
     """``transformer.enable_parallelism(config=ContextParallelConfig(ulysses, ring))`` with ``backend`` as the
     attention backend, sagegen's plan where diffusers has none, and the hooks that plan needs. Needs
-    torch.distributed initialised with ulysses * ring ranks. Returns the transformer."""
+    torch.distributed initialised with ulysses * ring ranks, or ``mesh``: a device mesh with "ring" and "ulysses"
+    dimensions (and others, e.g. CFG parallelism's "cfg") that this rank's split runs over. Returns the
+    transformer."""
     from diffusers import ContextParallelConfig
 
     check_cp_config(ulysses, ring)
@@ -46,7 +49,13 @@ def enable_context_parallel(transformer, *, ulysses: int = 1, ring: int = 1, bac
     with keeping_global_backend():
         if backend is not None:
             transformer.set_attention_backend(backend)
-        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring),
+        extra = {}
+        if mesh is not None:
+            if "mesh" not in getattr(ContextParallelConfig, "__dataclass_fields__", {}):
+                raise ValueError("this diffusers' ContextParallelConfig takes no device mesh, which combining CFG "
+                                 "parallelism with Ulysses or Ring needs (diffusers >= 0.37)")
+            extra["mesh"] = mesh
+        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=ulysses, ring_degree=ring, **extra),
                                        cp_plan=cp_plan_for(transformer))
     install_model_hooks(transformer, transformer._parallel_config)
     return transformer

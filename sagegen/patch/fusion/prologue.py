@@ -40,6 +40,12 @@ def forward_subclass(cls: type, fused, marker: str, cache: dict, module: str) ->
             # a closure over the stock function: dynamo inlines it (it cannot trace ``type.forward`` lookups)
             return fused(self, stock, *args, **kwargs)
 
+        try:  # the stock parameters for whoever inspects the class (diffusers' context-parallel hooks find an
+            # argument's position by it: a block patched before enable_parallelism raised "not found")
+            forward.__signature__ = inspect.signature(stock)
+        except (TypeError, ValueError):
+            pass
+
         sub = type(cls.__name__, (cls,), {"forward": forward, "__module__": module, marker: True,
                                           "__qualname__": cls.__qualname__})
         _share_block_metadata(cls, sub)
