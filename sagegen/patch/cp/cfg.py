@@ -226,8 +226,9 @@ def enable_cfg_parallel(pipe, *, cfg: int = 2, ulysses: int = 1, ring: int = 1, 
     """Put ``pipe``'s guidance branches on different ranks (torch.distributed initialised with cfg * ulysses *
     ring ranks), with Ulysses / Ring inside each branch when their degrees are > 1 (diffusers' context
     parallelism over each branch's ranks, with ``backend``). ``true_cfg``: a pipeline with embedded guidance
-    (FLUX.1-dev, HunyuanVideo) will be called with ``true_cfg_scale`` > 1 and a negative prompt. Returns the hook state (``gathers`` counts the
-    exchanges). `disable` (on the denoisers) undoes the CFG split; context parallelism is one-way in diffusers."""
+    (FLUX.1-dev, HunyuanVideo) will be called with ``true_cfg_scale`` > 1 and a negative prompt. Returns the
+    hook state (``gathers`` counts the exchanges). `disable` (on the denoisers) undoes the CFG split; context
+    parallelism is one-way in diffusers."""
     from sagegen.patch.cp.enable import enable_context_parallel
 
     world = dist.get_world_size()
