@@ -1,9 +1,11 @@
-"""``--cp ulysses=U,ring=R``: one video over several GPUs with diffusers' context parallelism.
+"""``--cp cfg=C,ulysses=U,ring=R``: one video over several GPUs: diffusers' context parallelism (Ulysses U, Ring
+R) splits the sequence, and CFG parallelism (``cfg=2``, `sagegen.patch.cp.cfg`) puts the two guidance branches
+on different processes (Ulysses / Ring inside each branch).
 
-Launched as ``torchrun --nproc-per-node U*R -m sagegen run MODEL ... --cp ulysses=U,ring=R`` (``-m``: torchrun
-starts Python scripts and modules, not console commands). Every process runs
-every sample (the sequence is split, not the prompts) and rank 0 writes it; without ``--cp`` the processes
-share the prompts instead (prompt sharding). Everything here is checked before any weights load.
+Launched as ``torchrun --nproc-per-node C*U*R -m sagegen run MODEL ... --cp cfg=C,ulysses=U,ring=R`` (``-m``:
+torchrun starts Python scripts and modules, not console commands). Every process runs every sample (the work of
+each sample is split, not the prompts) and rank 0 writes it; without ``--cp`` the processes share the prompts
+instead (prompt sharding). Everything here is checked before any weights load.
 """
 
 from __future__ import annotations
@@ -20,33 +22,43 @@ OPTION = "--cp"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 Cp = Annotated[Optional[str], typer.Option(
-    OPTION, metavar="ulysses=U,ring=R", rich_help_panel="Memory and speed", show_default=False,
-    help="Context parallelism: split each video's sequence over U*R processes (Ulysses U, Ring R; launch "
-         "with torchrun --nproc-per-node U*R -m sagegen ...).")]
+    OPTION, metavar="cfg=C,ulysses=U,ring=R", rich_help_panel="Memory and speed", show_default=False,
+    help="Split each sample over C*U*R processes: the guidance branches (cfg=2), the sequence (Ulysses U, Ring "
+         "R); launch with torchrun --nproc-per-node C*U*R -m sagegen ...")]
 
 
 @dataclass(frozen=True)
 class CpSpec:
     ulysses: int = 1
     ring: int = 1
+    cfg: int = 1
 
     @property
     def world(self) -> int:
-        return self.ulysses * self.ring
+        return self.cfg * self.ulysses * self.ring
+
+    @property
+    def sequence_split(self) -> bool:
+        return self.ulysses * self.ring > 1
 
     def to_dict(self) -> dict:
-        return {"ulysses": self.ulysses, "ring": self.ring}
+        # cfg only where used: runs without it keep their run-directory hash
+        return {"ulysses": self.ulysses, "ring": self.ring, **({"cfg": self.cfg} if self.cfg > 1 else {})}
+
+    def text(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.to_dict().items())
 
 
 def parse_cp(text: str) -> CpSpec:
-    """``ulysses=2,ring=2`` / ``ulysses=4`` / ``ring=2`` -> CpSpec (UsageProblem otherwise)."""
+    """``ulysses=2,ring=2`` / ``ulysses=4`` / ``ring=2`` / ``cfg=2,ulysses=2`` -> CpSpec (UsageProblem
+    otherwise)."""
     degrees = {}
     for part in (p.strip() for p in text.split(",")):
         key, sep, value = part.partition("=")
         key = key.strip().lower()
-        if not sep or key not in ("ulysses", "ring") or key in degrees:
-            raise UsageProblem(f"{text!r}: write ulysses=U,ring=R (each at most once), e.g. ulysses=2,ring=2",
-                               OPTION)
+        if not sep or key not in ("cfg", "ulysses", "ring") or key in degrees:
+            raise UsageProblem(f"{text!r}: write cfg=C,ulysses=U,ring=R (each at most once), e.g. ulysses=2,ring=2 "
+                               "or cfg=2,ulysses=2", OPTION)
         try:
             degrees[key] = int(value)
         except ValueError:
@@ -54,9 +66,11 @@ def parse_cp(text: str) -> CpSpec:
         if degrees[key] < 1:
             raise UsageProblem(f"{key}={degrees[key]}: degrees are at least 1", OPTION)
     spec = CpSpec(**degrees)
+    if spec.cfg > 2:
+        raise UsageProblem(f"cfg={spec.cfg}: classifier-free guidance has two branches; use cfg=2", OPTION)
     if spec.world < 2:
-        raise UsageProblem(f"{text!r} uses one process; give ulysses and/or ring degrees whose product is >= 2",
-                           OPTION)
+        raise UsageProblem(f"{text!r} uses one process; give cfg, ulysses and/or ring degrees whose product is "
+                           ">= 2", OPTION)
     return spec
 
 
@@ -69,7 +83,7 @@ def launch_command(spec: CpSpec) -> str:
 
     args = command_line()[1:]
     if not args or args[0] not in ("run", "compare"):  # not called from the CLI (a test, the API)
-        args = ["run", "MODEL", "...", OPTION, f"ulysses={spec.ulysses},ring={spec.ring}"]
+        args = ["run", "MODEL", "...", OPTION, spec.text()]
     return f"torchrun --nproc-per-node {spec.world} -m sagegen {shlex.join(args)}"
 
 
@@ -81,7 +95,7 @@ def check_launch(spec: CpSpec, environ=os.environ) -> None:
                            OPTION)
     world = int(environ["WORLD_SIZE"])
     if world != spec.world:
-        raise UsageProblem(f"ulysses={spec.ulysses} x ring={spec.ring} = {spec.world} processes, but torchrun "
+        raise UsageProblem(f"{' x '.join(spec.text().split(','))} = {spec.world} processes, but torchrun "
                            f"started {world} (WORLD_SIZE); use --nproc-per-node {spec.world} (times nodes)",
                            OPTION)
 
@@ -145,7 +159,8 @@ def check_model(spec: CpSpec, preset) -> None:
         raise UsageProblem(f"{preset.name}: {e}", OPTION) from None
 
 
-def check_cp(text: str | None, preset, *, offload: str = "none", environ=os.environ) -> CpSpec | None:
+def check_cp(text: str | None, preset, *, offload: str = "none", environ=os.environ,
+             guidance: float | None = None) -> CpSpec | None:
     """Everything about --cp that can be checked before loading (UsageProblem, exit 2). None without --cp."""
     if text is None:
         return None
@@ -153,5 +168,19 @@ def check_cp(text: str | None, preset, *, offload: str = "none", environ=os.envi
     if offload != "none":
         raise UsageProblem("CPU offload cannot be combined with context parallelism; drop --offload", OPTION)
     check_launch(spec, environ)  # first: it needs no torch (check_model imports diffusers, seconds)
-    check_model(spec, preset)
+    if spec.cfg > 1:
+        check_guidance_split(spec, preset, guidance)
+    if spec.sequence_split:
+        check_model(spec, preset)
     return spec
+
+
+def check_guidance_split(spec: CpSpec, preset, guidance: float | None) -> None:
+    """cfg=2: the preset's pipeline runs classifier-free guidance that can be split, at this guidance."""
+    from sagegen.patch.cp.cfg import CfgParallelError, check_cfg
+
+    try:
+        check_cfg(preset.pipeline, cfg=spec.cfg, world=spec.world,
+                  guidance=preset.guidance if guidance is None else guidance)
+    except CfgParallelError as e:
+        raise UsageProblem(f"{preset.name}: {e}", OPTION) from None

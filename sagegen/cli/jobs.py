@@ -154,7 +154,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
                                           fp_first_steps=fp_first_steps, fp_last_steps=fp_last_steps)
     from sagegen.cli.cp_option import check_cp
 
-    cp_spec = check_cp(cp, preset, offload=offload)
+    cp_spec = check_cp(cp, preset, offload=offload, guidance=guidance)
     linear = None if linear.lower() == "none" else linear.lower()
     if linear is not None and "sage" not in variants:
         raise UsageProblem("--linear fp8 applies to the sage variant; drop it or use --attention sage", "--linear")

@@ -47,13 +47,19 @@ def denoisers(pipe) -> list:
     return [m for m in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None)) if m is not None]
 
 
-def enable_pipeline_cp(pipe, cp: dict, *, backend: str = "auto", config=None) -> str:
-    """Enable CP ({"ulysses": U, "ring": R}) on every denoiser of ``pipe`` with sagegen's backend; returns its
-    name."""
+def enable_pipeline_cp(pipe, cp: dict, *, backend: str = "auto", config=None, guidance: float | None = None) -> str:
+    """Enable CP ({"ulysses": U, "ring": R}, and "cfg": 2 for CFG parallelism) on every denoiser of ``pipe`` with
+    sagegen's backend; returns its name."""
     cpu_host_device_count()
     name = sagegen_backend_name(backend, config)
+    ulysses, ring = cp.get("ulysses", 1), cp.get("ring", 1)
+    if cp.get("cfg", 1) > 1:
+        from sagegen.patch.cp.cfg import enable_cfg_parallel
+
+        enable_cfg_parallel(pipe, cfg=cp["cfg"], ulysses=ulysses, ring=ring, backend=name, guidance=guidance)
+        return name
     for model in denoisers(pipe):
-        enable_context_parallel(model, ulysses=cp.get("ulysses", 1), ring=cp.get("ring", 1), backend=name)
+        enable_context_parallel(model, ulysses=ulysses, ring=ring, backend=name)
     return name
 
 

@@ -351,7 +351,8 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
         if cp:
             from sagegen.jobs.cp_pipeline import enable_pipeline_cp
 
-            cp_backend = enable_pipeline_cp(loaded.pipe, cp, backend=job.backend, config=job.sage_config)
+            cp_backend = enable_pipeline_cp(loaded.pipe, cp, backend=job.backend, config=job.sage_config,
+                                            guidance=job.settings.get("guidance"))
         for variant in job.variants:
             reporter.variant_start(variant, len(todo[variant]), len(mine))
             if not todo[variant]:

@@ -13,8 +13,13 @@ def test_parse():
     assert parse_cp("ulysses=2,ring=2") == CpSpec(2, 2)
     assert parse_cp(" Ring=4 ") == CpSpec(1, 4)
     assert parse_cp("ulysses=8").world == 8
-    for bad, why in [("ulysses=2,ulysses=2", "at most once"), ("u=2", "ulysses=U,ring=R"), ("ring=x", "integer"),
-                     ("ring=0", "at least 1"), ("ulysses=1", "product"), ("ulysses2", "ulysses=U,ring=R")]:
+    assert parse_cp("cfg=2") == CpSpec(1, 1, 2) and parse_cp("cfg=2,ulysses=2").world == 4
+    assert CpSpec(2, 1, 2).to_dict() == {"ulysses": 2, "ring": 1, "cfg": 2}
+    assert CpSpec(2, 2).to_dict() == {"ulysses": 2, "ring": 2}  # runs without cfg keep their hash
+    for bad, why in [("ulysses=2,ulysses=2", "at most once"), ("u=2", "cfg=C,ulysses=U,ring=R"),
+                     ("ring=x", "integer"), ("ring=0", "at least 1"), ("ulysses=1", "product"),
+                     ("ulysses2", "cfg=C,ulysses=U,ring=R"), ("cfg=4", "two branches; use cfg=2"),
+                     ("cfg=1", "product")]:
         with pytest.raises(UsageProblem, match=why):
             parse_cp(bad)
 
@@ -38,6 +43,25 @@ def test_checks_before_loading():
         check_cp("ulysses=2,ring=2", resolve("sd3.5-large"), environ=env)
     with pytest.raises(UsageProblem, match="offload"):
         check_cp("ring=4", resolve("flux.1-dev"), offload="model", environ=env)
+
+
+def test_cfg_checks_before_loading():
+    """cfg=2: pipelines with classifier-free guidance (batched or two calls, with or without a sequence split);
+    models with embedded guidance, guidance 1 and a wrong process count are usage errors."""
+    two, four = dict(TORCHRUN, WORLD_SIZE="2"), dict(TORCHRUN)
+    assert check_cp("cfg=2", resolve("wan2.1-t2v-14b"), environ=two) == CpSpec(1, 1, 2)
+    assert check_cp("cfg=2", resolve("cogvideox-5b"), environ=two) == CpSpec(1, 1, 2)  # batched, no CP plan needed
+    assert check_cp("cfg=2,ulysses=2", resolve("wan2.1-t2v-14b"), environ=four) == CpSpec(2, 1, 2)
+    with pytest.raises(UsageProblem, match="guidance distillation.*ulysses=N"):
+        check_cp("cfg=2", resolve("flux.1-dev"), environ=two)
+    with pytest.raises(UsageProblem, match="embedded guidance"):
+        check_cp("cfg=2", resolve("hunyuanvideo"), environ=two)
+    with pytest.raises(UsageProblem, match="guidance 1.0 runs no unconditional branch"):
+        check_cp("cfg=2", resolve("wan2.1-t2v-14b"), environ=two, guidance=1.0)
+    with pytest.raises(UsageProblem, match="ulysses=1 x ring=1 x cfg=2 = 2 processes, but torchrun started 4"):
+        check_cp("cfg=2,ulysses=1", resolve("wan2.1-t2v-14b"), environ=four)
+    with pytest.raises(UsageProblem, match="CogVideoX.*scaled_dot_product_attention directly"):
+        check_cp("cfg=2,ulysses=2", resolve("cogvideox-5b"), environ=four)  # the sequence split still needs a plan
 
 
 def test_what_an_older_diffusers_lacks_is_a_usage_error(monkeypatch):
@@ -289,3 +313,16 @@ def test_sparse_with_cp_for_video_self_attention_and_joint_calls(monkeypatch, tm
     assert job("tiny-hunyuanvideo-1.5", "ring=2", "sta")[0].sparse.mode == "sta"
     with pytest.raises(UsageProblem, match="for Wan, LTX-Video, HunyuanVideo and HunyuanVideo-1.5 models.*flux"):
         job("tiny-flux", "ulysses=2")
+
+
+@pytest.mark.slow
+def test_compare_with_cfg_parallel_under_torchrun(tmp_path):
+    """`--cp cfg=2` as documented: two gloo processes, one guidance branch each (tiny Wan runs its branches as
+    two calls), both variants; rank 0 writes each sample once."""
+    m, rd = _torchrun(tmp_path, "compare", "tiny-wan2.1", "--prompt", "a cat", "--steps", "2", "--warmup", "0",
+                      "--quiet", "--cp", "cfg=2")
+    assert m["settings"]["cp"] == {"ulysses": 1, "ring": 1, "cfg": 2}
+    for v in ("sdpa", "sage"):
+        assert sorted(m["timings"][v]) == ["p000-s0"]
+        assert {s["rank"] for s in rd.samples(v)} == {0}
+        assert m["setup"][v]["rank1"]["cp"]["cfg"] == 2

@@ -236,7 +236,7 @@ def enable_cfg_parallel(pipe, *, cfg: int = 2, ulysses: int = 1, ring: int = 1, 
         raise CfgParallelError(f"cfg={cfg} x ulysses={ulysses} x ring={ring} = {cfg * ulysses * ring} processes, "
                                f"but {world} were started")
     style = check_cfg(type(pipe).__name__, cfg=cfg, world=world, guidance=guidance, true_cfg=true_cfg)
-    device_type = "cuda" if torch.cuda.is_available() and dist.get_backend() != "gloo" else "cpu"
+    device_type = torch._C._get_accelerator().type  # as diffusers' enable_parallelism picks it
     mesh = cfg_mesh(cfg, ulysses, ring, device_type)
     denoisers = [m for m in (getattr(pipe, "transformer", None), getattr(pipe, "transformer_2", None))
                  if m is not None]
