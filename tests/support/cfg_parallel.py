@@ -44,7 +44,7 @@ def generate(kind: str, seed: int, split=None) -> tuple[torch.Tensor, dict]:
     info = {"context_parallel": getattr(pipe.transformer, "_parallel_config", None) is not None,
             "style": getattr(state, "style", None), "gathers": getattr(state, "gathers", 0)}
     if state is not None:
-        disable([pipe.transformer])
+        disable([m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None])
     return latents.float(), info
 
 

@@ -8,18 +8,21 @@ from tests.support import cfg_parallel
 from sagegen.patch.cp.cfg import CfgParallelError, check_cfg, style_of
 
 
-def test_two_call_guidance_split_is_bit_identical_to_one_process(tmp_path):
-    """Wan runs its branches as two calls: each rank runs one of them as one process would."""
-    res = cfg_parallel.run(tmp_path, "wan2.1")
+@pytest.mark.parametrize("kind", ["wan2.1", "qwen-image", "wan2.2-a14b"])
+def test_two_call_guidance_split_is_bit_identical_to_one_process(tmp_path, kind):
+    """Wan and Qwen-Image run their branches as two calls: each rank runs one of them as one process would.
+    Wan2.2-A14B switches experts between steps; a step's two calls go to the same expert."""
+    res = cfg_parallel.run(tmp_path, kind)
     assert res["nan"] == 0 and res["same_on_every_rank"], res
     assert res["style"] == "two_calls" and res["gathers"] == cfg_parallel.STEPS and not res["context_parallel"]
     assert res["equal"], res
 
 
-def test_batched_guidance_split_matches_one_process(tmp_path):
-    """CogVideoX batches [uncond, cond]: each rank runs half the batch. The same values as one process up to the
-    order of sums in kernels that tile differently at half the batch."""
-    res = cfg_parallel.run(tmp_path, "cogvideox")
+@pytest.mark.parametrize("kind", ["cogvideox", "sd3"])
+def test_batched_guidance_split_matches_one_process(tmp_path, kind):
+    """CogVideoX and SD3.5 batch [uncond, cond]: each rank runs half the batch. The same values as one process up
+    to the order of sums in kernels that tile differently at half the batch."""
+    res = cfg_parallel.run(tmp_path, kind)
     assert res["nan"] == 0 and res["same_on_every_rank"], res
     assert res["style"] == "batched" and res["gathers"] == cfg_parallel.STEPS
     assert res["rel_l1"] < 1e-3, res
