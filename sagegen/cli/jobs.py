@@ -107,7 +107,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
               vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
-              linear="none", sparse=None, cp=None, cuda_graphs=None, writes_run_dir=True):
+              linear="none", sparse=None, cp=None, cuda_graphs=None, cache=None, writes_run_dir=True):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings).
     ``writes_run_dir=False`` (calibrate, which writes one JSON file): the run directory is not checked."""
     from sagegen.jobs.generate import Job, make_samples
@@ -205,6 +205,11 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
             warnings.append(warning)
     if cp_spec is not None:  # only then: runs without --cp keep their run-directory hash
         settings["cp"] = cp_spec.to_dict()
+    from sagegen.cli.cache_opt import parse as parse_cache
+
+    cache_spec = parse_cache(cache, settings["steps"])
+    if cache_spec is not None:  # likewise
+        settings["cache"] = cache_spec.to_dict()
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,

@@ -270,6 +270,27 @@ def attention(pipe, variant: str, job: Job, setup: dict):
 
 
 @contextlib.contextmanager
+def step_cache(pipe, spec: dict | None, setup: dict):
+    """The run's step cache (``--cache``) on the pipeline's denoisers for one variant, with a recorder of what it
+    computed per denoiser call (``setup["cache"]``); removed after."""
+    if spec is None:
+        yield
+        return
+    from sagegen.patch import cache_spec
+    from sagegen.patch.cache_schedule import ScheduleRecorder
+    from sagegen.patch.targets import denoisers
+
+    recorder = ScheduleRecorder(list(denoisers(pipe)[0].values()))  # first: the innermost hooks
+    models = cache_spec.apply(pipe, cache_spec.CacheSpec.from_dict(spec))
+    try:
+        yield
+    finally:
+        setup["cache"] = {"spec": spec, "schedule": recorder.summary()}
+        cache_spec.remove(models)
+        recorder.remove()
+
+
+@contextlib.contextmanager
 def _nested(outer, inner):
     with outer, inner:
         yield
@@ -367,6 +388,8 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
                     context = _nested(context, attention(loaded.pipe, variant, job, setup))
             else:
                 context = attention(loaded.pipe, variant, job, setup)
+            # the step cache inside the patch: both orders work, and the schedule is read before unpatching
+            context = _nested(context, step_cache(loaded.pipe, job.settings.get("cache"), setup))
             with context:
                 _run_variant(job, loaded, variant, todo[variant], device, rd, reporter, setup, result, dist.rank,
                              expected_fingerprints(planned),

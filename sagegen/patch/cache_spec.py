@@ -39,6 +39,11 @@ class CacheSpec:
     def to_dict(self) -> dict:
         return {"kind": self.kind, **dict(self.params)}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "CacheSpec":
+        """The spec `to_dict` wrote (a run's manifest)."""
+        return cls(data["kind"], tuple((k, v) for k, v in data.items() if k != "kind"))
+
     def text(self) -> str:
         return f"{self.kind}=" + ",".join(f"{k}:{v}" for k, v in self.params)
 
@@ -143,3 +148,19 @@ def _attention_patterns(model) -> list[str] | None:
     blocks = main_blocks(model, names)
     inside = [n for n in names if any(n.startswith(b + ".") for b in blocks)]
     return [re.escape(n) for n in inside] or None
+
+
+def apply(pipe, spec: CacheSpec) -> list:
+    """Enable ``spec`` on every denoiser of ``pipe`` (diffusers' ``enable_cache``); returns those denoisers."""
+    from sagegen.patch.targets import denoisers
+
+    models = list(denoisers(pipe)[0].values())
+    for model in models:
+        model.enable_cache(build(spec, model, pipe))
+    return models
+
+
+def remove(models: list) -> None:
+    """Disable the caches `apply` enabled."""
+    for model in models:
+        model.disable_cache()

@@ -22,6 +22,7 @@ from sagegen.report.frames import (BASELINE_LABEL, CANDIDATE_LABEL, DIFF_GAIN, V
                                    fit, view_uri)
 from sagegen.report.summary import sample_metric_rows, summary_metrics
 from sagegen.report.video import write_side_by_side_mp4
+from sagegen.report.cache_section import cache_html
 from sagegen.report.sparse_section import sparse_html
 
 TIMING_KEYS = ("total_s", "denoise_s", "decode_s")
@@ -153,6 +154,7 @@ def build_report(
         "environment": {**(m.get("versions") or {}), "gpu": m.get("gpu")},
         "command": shlex.join(str(x) for x in (m.get("command") or [])),
         "sparse_html": sparse_html(m),
+        "cache_html": cache_html(m),
     }
     written["html"] = atomic_write_text(out / "report.html", H.render(doc))
     return written

@@ -196,6 +196,7 @@ def render(doc: dict) -> str:
                     'images.</p>')
     body.extend(row_html(r, video) for r in doc["rows"])
     body.append(doc.get("sparse_html", ""))  # block-sparse density per step and layer, when the run used it
+    body.append(doc.get("cache_html", ""))  # what a step cache computed per denoiser call, when the run used one
     body.append('<section><h2>Run settings</h2><div class="grid">'
                 f'<div><h3>Model</h3>{kv_table(doc["model"])}</div>'
                 f'<div><h3>Settings</h3>{kv_table(doc["settings"])}</div>'
