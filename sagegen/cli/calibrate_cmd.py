@@ -1,9 +1,14 @@
-"""``sagegen calibrate MODEL``: per-layer block-sparse thresholds from the user's own prompts and weights.
+"""``sagegen calibrate MODEL``: per-layer block-sparse thresholds from the user's own prompts and weights, or
+with ``--cache magcache`` MagCache's magnitude ratios.
 
-One dense generation per prompt x seed (fewer steps are fine: ``--steps``); every attention call that would
-run sparse is also computed sparse at each candidate threshold, and each layer gets the sparsest one whose
+Sparse: one dense generation per prompt x seed (fewer steps are fine: ``--steps``); every attention call that
+would run sparse is also computed sparse at each candidate threshold, and each layer gets the sparsest one whose
 worst sparse-vs-dense attention error stays under ``--target`` (`sagegen.jobs.calibrate`). The result is a
 small JSON that `run` / `compare` take as ``--sparse calib=FILE``.
+
+MagCache: one uncached generation per prompt x seed, at the steps the runs will use, with sagegen's attention;
+the per-step ratios of the main blocks' residual (`sagegen.patch.cache_calibration`) averaged over them, in a
+JSON that `run` / `compare` take as ``--cache magcache=FILE``.
 """
 
 from __future__ import annotations
@@ -34,7 +39,12 @@ Options = Annotated[Optional[str], typer.Option("--sparse-options", metavar="OPT
                                                      "steps=0.25,blocks=0,sim=0.2 (as in `sagegen compare "
                                                      "--sparse topk=0.5,steps=0.25`).")]
 CalOut = Annotated[Optional[Path], typer.Option("--out", "-o", metavar="FILE", show_default=False,
-                                                help="Calibration JSON (default: calib-<model>.json).")]
+                                                help="Calibration JSON (default: calib-<model>.json, with --cache "
+                                                     "magcache: magcache-<model>.json).")]
+CacheKind = Annotated[Optional[Literal["magcache"]], typer.Option(
+    "--cache", case_sensitive=False, rich_help_panel=CAL, show_default=False,
+    help="Calibrate a step cache instead of sparse thresholds: magcache (its magnitude ratios at --steps, for "
+         "--cache magcache=FILE).")]
 
 
 def _candidates(text: str | None) -> tuple[float, ...] | None:
@@ -96,6 +106,7 @@ def calibrate_command(
     model_path: jobs.ModelPath = None,
     random_weights: jobs.RandomWeights = False,
     device: jobs.Device = "auto",
+    cache: CacheKind = None,
     out: CalOut = None,
 ) -> None:
     """Search per-layer block-sparse thresholds keeping attention error under a target; write a JSON.
@@ -109,7 +120,7 @@ def calibrate_command(
 
     cands = _candidates(candidates)
     base = _base_config(mode, sparse_options)
-    path = out or Path(f"calib-{resolve(model).name}.json")
+    path = out or Path(f"{'magcache' if cache else 'calib'}-{resolve(model).name}.json")
     check_out_file(path)
     job, warnings = jobs.build_job(
         model=model, variants=["sage"], prompt=prompt, prompts=prompts, max_prompts=max_prompts, seed=seed,
@@ -127,6 +138,9 @@ def calibrate_command(
 
     dev = distributed.device_for(job.device, distributed.info())
     loaded = default_loader(job, dev)
+    if cache:
+        _calibrate_magcache(job, loaded, dev, path, model, err)
+        return
     err.print(f"calibrating {job.preset.name}: {len(job.samples)} sample(s), {job.settings['steps']} steps, "
               f"{base.mode} thresholds, target error {target}", markup=False)
 
@@ -150,6 +164,35 @@ def calibrate_command(
                   f"{mean_density:.3f}" + (f"; {short} layer(s) miss the target even at the densest candidate"
                                            if short else ""), markup=False)
     console.print(f"Wrote {path}. Use it: sagegen compare {model} ... --sparse calib={path}", markup=False)
+
+
+def _calibrate_magcache(job, loaded, dev, path: Path, model: str, err) -> None:
+    import sagegen
+    from rich.console import Console
+
+    from sagegen.jobs.generate import generate_one
+    from sagegen.patch.cache_calibration import magcache_ratios
+    from sagegen.runs.files import atomic_write_json
+
+    steps = job.settings["steps"]
+    err.print(f"calibrating MagCache for {job.preset.name}: {len(job.samples)} sample(s), {steps} steps, sagegen "
+              "attention, no cache", markup=False)
+    samples = list(job.samples)
+    sagegen.patch(loaded.pipe, job.sage_config, backend=job.backend, allow_generic=True)
+    try:
+        result = magcache_ratios(loaded.pipe, lambda i: generate_one(loaded, job.preset, job.settings, samples[i],
+                                                                     dev), len(samples))
+    finally:
+        sagegen.unpatch(loaded.pipe)
+    if len(result["mag_ratios"]) != steps:
+        raise UsageProblem(f"measured {len(result['mag_ratios'])} ratios for {steps} steps: this pipeline's "
+                           "denoiser calls do not follow its steps; MagCache cannot be calibrated for it", "--cache")
+    atomic_write_json(path, {"format": "sagegen-magcache-1", "model": job.preset.name, "steps": steps,
+                             "mag_ratios": result["mag_ratios"], "streams": result["streams"],
+                             "runs": result["runs"], "settings": job.settings, "samples": len(samples)})
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"Wrote {path} ({steps} ratios, mean of {result['runs']} generation(s)). Use it: sagegen compare "
+                  f"{model} ... --steps {steps} --cache magcache={path}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

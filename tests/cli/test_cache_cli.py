@@ -57,3 +57,24 @@ def test_compare_cache_records_the_schedule_in_manifest_and_report(tmp_path):
     assert r.exit_code == 0, r.output
     html = (out / "report" / "report.html").read_text()
     assert "Step cache" in html and "attention modules computed" in html
+
+
+def test_calibrate_magcache_then_run_with_it(tmp_path):
+    """`calibrate --cache magcache` writes one ratio per step (the first 1.0) from sagegen-patched uncached
+    generations; `compare --cache magcache=FILE` takes the file at the same steps."""
+    import json
+
+    path = tmp_path / "mag.json"
+    r = runner.invoke(app, ["calibrate", "tiny-wan2.1", "-p", "a red fox", "--seed", "0-1", "--steps", "4",
+                            "--backend", "reference", "--cache", "magcache", "--out", str(path)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(path.read_text())
+    assert data["steps"] == 4 and len(data["mag_ratios"]) == 4 and data["mag_ratios"][0] == 1.0
+    assert data["runs"] == 2 and set(data["streams"]) == {"0", "1"}  # Wan: conditional and unconditional calls
+    assert all(r > 0 for r in data["mag_ratios"])
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["run", "tiny-wan2.1", "-p", "a red fox", "--steps", "4", "--warmup", "0",
+                            "--backend", "reference", "--cache", f"magcache={path}", "--quiet", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    sched = RunDir(out).manifest["setup"]["sage"]["rank0"]["cache"]["schedule"]
+    assert sched["calls"] == 8 and sched["blocks"][0] == sched["blocks_per_call"]
