@@ -17,6 +17,13 @@ tests() {  # $1: tag, the rest: test files
   grep -E "passed|failed|^FAILED|^ERROR|s call" "$OUT/gpu-tests-$tag.log" | tail -14
 }
 case ${GROUP:-a} in
+  c) timeout 330 python3 -m pytest -x -q -p no:cacheprovider -p pytest_timeout --timeout 200 -rfE \
+       tests/patch/test_gpu_compile_modes.py 2>&1 | quiet > "$OUT/gpu-tests-compile-modes.log"
+     grep -E "passed|failed|^FAILED|^ERROR|^E  " "$OUT/gpu-tests-compile-modes.log" | head -20
+     tests fp8-memory tests/linear/test_gpu_fp8.py -k "free_gpu_memory or blockwise"
+     timeout 200 python3 bench/bench_model_step.py wan2.1-t2v-14b --linear fp8 --repeats 2 --no-zero-attention \
+       --only sagegen_fp8 --out "$OUT/model-step-wan2.1-t2v-14b-fp8-memory-h100-2026-12-07.json" 2>&1 | quiet \
+       | grep -E "stock|sagegen|peak|Error|error" | tail -8 ;;
   a) tests compile-fp8 tests/patch/test_gpu_compile_modes.py tests/linear/test_gpu_fp8.py
      timeout "${PROBE_LIMIT:-280}" python3 lab/probes/probe_fp8_compile_native.py flux.1-dev --scope regional \
        --out "$OUT/probe-fp8-compile-native-flux-h200-2026-12-07.json" 2>&1 | quiet | grep -v Warning | tail -14 ;;
