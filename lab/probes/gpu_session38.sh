@@ -20,7 +20,7 @@ case ${GROUP:-a} in
   c) timeout 330 python3 -m pytest -x -q -p no:cacheprovider -p pytest_timeout --timeout 200 -rfE \
        tests/patch/test_gpu_compile_modes.py 2>&1 | quiet > "$OUT/gpu-tests-compile-modes.log"
      grep -E "passed|failed|^FAILED|^ERROR|^E  " "$OUT/gpu-tests-compile-modes.log" | head -20
-     tests fp8-memory tests/linear/test_gpu_fp8.py -k "free_gpu_memory or blockwise"
+     tests fp8-memory-offload tests/linear/test_gpu_fp8.py tests/patch/test_gpu_offload.py -k "free_gpu_memory or blockwise or offload"
      timeout 200 python3 bench/bench_model_step.py wan2.1-t2v-14b --linear fp8 --repeats 2 --no-zero-attention \
        --only sagegen_fp8 --out "$OUT/model-step-wan2.1-t2v-14b-fp8-memory-h100-2026-12-07.json" 2>&1 | quiet \
        | grep -E "stock|sagegen|peak|Error|error" | tail -8 ;;
