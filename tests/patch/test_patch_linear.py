@@ -151,7 +151,13 @@ def test_patched_context_restores_the_previous_linear_patch():
     sagegen.unpatch(model)
 
 
-def test_compiled_model_with_fp8_linears_has_the_custom_op_and_the_eager_result():
+@pytest.mark.parametrize("native", [True, False])
+def test_compiled_model_with_fp8_linears_gives_the_eager_result(native):
+    """Per-token FP8 layers trace as plain ops by default (no ``sagegen::fp8_linear`` node: the quantization is
+    in the graph for inductor to fuse); ``COMPILE_NATIVE = False`` keeps one opaque op per layer. Both through
+    aot_autograd (functionalisation, the op's fake implementation) equal the eager result on the CPU."""
+    from sagegen.linear import module as fp8_module
+
     torch._dynamo.reset()
     model, inputs = _tiny("cogvideox-5b")
     sagegen.patch(model, backend="reference", fuse_prologue=False, linear="fp8", linear_policy=EVERYWHERE)
@@ -164,12 +170,17 @@ def test_compiled_model_with_fp8_linears_has_the_custom_op_and_the_eager_result(
 
         return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g.forward))(gm, example_inputs)
 
-    with torch.inference_mode():
-        eager = model(**inputs)[0]
-        out = torch.compile(model, backend=backend, fullgraph=True)(**inputs)[0]
+    fp8_module.COMPILE_NATIVE = native
+    try:
+        with torch.inference_mode():
+            eager = model(**inputs)[0]
+            out = torch.compile(model, backend=backend, fullgraph=True)(**inputs)[0]
+    finally:
+        fp8_module.COMPILE_NATIVE = True
     assert len(graphs) == 1
     calls = sum(1 for node in graphs[0].graph.nodes if "fp8_linear" in str(node.target))
-    assert calls == patch_info(model)["linear"]["fp8_layer_count"] > 0
+    assert calls == (0 if native else patch_info(model)["linear"]["fp8_layer_count"])
+    assert patch_info(model)["linear"]["fp8_layer_count"] > 0
     torch.testing.assert_close(out, eager, rtol=0, atol=0)
     sagegen.unpatch(model)
     torch._dynamo.reset()
