@@ -1,0 +1,200 @@
+"""Time to video: whole-pipeline generations per variant, with text encoding, denoising, decoding and saving
+timed apart (``python bench/bench_e2e.py MODEL ...``).
+
+Variants (``--variants``, in this order; the pipeline is loaded once):
+- ``stock``: diffusers as loaded, eager;
+- ``sagegen``: sagegen's attention + FP8 linears (+ ``--sparse``), compiled per ``--compile``;
+- ``torchao``: stock attention + torchao's float8 dynamic quantization of the same layers, compiled per
+  ``--compile`` (the strongest stack without sagegen; it rewrites the weights in place, so it runs last);
+each also with ``--cache SPEC`` when one is given (``*_cache``: the same schedule on both stacks; on random weights
+only fixed schedules, TaylorSeer's interval or PAB, skip as they would on real ones).
+
+Per variant: one warm-up generation at ``--warmup-steps`` (compiles; its time is reported apart), then one timed
+generation at the preset's steps: ``encode_s``, ``denoise_s``, ``decode_s`` (`generate.generate_one`), ``save_s``
+(the MP4 or PNG written), ``total_s`` (the four), peak GPU memory, and with a cache the realised schedule. JSON
+(device, versions, date) written atomically after each variant, so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VARIANTS = ("stock", "sagegen", "torchao")
+
+
+def _args(argv):
+    p = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--cache", default=None, metavar="SPEC", help="also run each variant with this step cache")
+    p.add_argument("--sparse", default=None, metavar="SPEC", help="block-sparse attention for the sagegen variant")
+    p.add_argument("--compile", default="regional", choices=["regional", "none"],
+                   help="compile the denoisers of sagegen and torchao (diffusers' compile_repeated_blocks)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--frames", type=int, default=None)
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--prompt", default="a red fox running through fresh snow, golden hour")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown or not args.variants:
+        p.error(f"--variants: {', '.join(unknown) or 'none given'}; choose from {', '.join(VARIANTS)}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = _args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    from sagegen.cli import jobs as cli_jobs
+    from sagegen.jobs import ranks as distributed
+    from sagegen.jobs.generate import default_loader
+    from sagegen.jobs.stepbench.measure import device_info, versions
+    from sagegen.runs.files import atomic_write_json
+
+    preset_tiny = args.model.startswith("tiny-")
+    job, _ = cli_jobs.build_job(
+        model=args.model, variants=["sage"], prompt=[args.prompt], prompts=None, max_prompts=None, seed="0",
+        steps=args.steps, frames=args.frames, height=args.height, width=args.width, guidance=None,
+        negative_prompt=None, dtype="auto", device=args.device, model_path=None, random_weights=not preset_tiny,
+        offload="none", vae_tiling=False, vae_slicing=False, compile=False, warmup=0, kernel=None, fp_blocks=None,
+        fp_first_steps=0, fp_last_steps=0, backend=args.backend, out=None, linear="fp8", sparse=args.sparse,
+        cache=args.cache, cuda_graphs=False, writes_run_dir=False)
+    device = distributed.device_for(job.device, distributed.info())
+    t0 = time.perf_counter()
+    loaded = default_loader(job, device)
+    report = {"benchmark": "e2e", "model": job.preset.name, "random_weights": not preset_tiny,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": device_info(device), "versions": versions(), "argv": list(argv or sys.argv[1:]),
+              "settings": job.settings, "compile": args.compile, "load_s": round(time.perf_counter() - t0, 3),
+              "results": {}}
+    cache = job.settings.get("cache")
+    runs = [(v, None) for v in args.variants] + ([(v, cache) for v in args.variants] if cache else [])
+    runs.sort(key=lambda r: r[0] == "torchao")  # torchao rewrites the weights: last
+    for variant, spec in runs:
+        name = variant + ("_cache" if spec else "")
+        setup: dict = {}
+        try:
+            with _variant(loaded.pipe, variant, job, args, setup):
+                report["results"][name] = {**_measure(loaded, job, device, args, torch, spec), **setup}
+        except _Skipped as e:
+            report["results"][name] = {"skipped": str(e)}
+        r = report["results"][name]
+        print(f"{name:>16}: " + (f"total {r['total_s']:.2f} s (encode {r['encode_s']:.2f}, denoise "
+                                 f"{r['denoise_s']:.2f}, decode {r['decode_s']:.2f}, save {r['save_s']:.2f})"
+                                 if "total_s" in r else f"skipped: {r['skipped']}"), flush=True)
+        atomic_write_json(args.out, report)
+    base = report["results"].get("stock", {}).get("total_s")
+    for r in report["results"].values():
+        if base and r.get("total_s"):
+            r["speedup_vs_stock"] = round(base / r["total_s"], 3)
+    atomic_write_json(args.out, report)
+    return report
+
+
+class _Skipped(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _variant(pipe, variant: str, job, args, setup: dict):
+    import sagegen
+    from sagegen.patch.targets import denoisers
+
+    models = list(denoisers(pipe)[0].values())
+    if variant == "stock":
+        yield
+        return
+    if variant == "sagegen":
+        kwargs = dict(backend=job.backend, linear="fp8", allow_generic=True)
+        if job.sparse is not None:
+            kwargs["sparse"] = job.sparse
+        sagegen.patch(pipe, job.sage_config, **kwargs)
+        setup["compile_report"] = sagegen.patch_info(pipe).get("compile")
+    else:
+        try:
+            from sagegen.jobs.stepbench.torchao_variants import load_torchao
+            config_cls, per_row, quantize_ = load_torchao()
+        except Exception as e:  # noqa: BLE001 - reported as a skipped variant
+            raise _Skipped(f"torchao does not import ({type(e).__name__}: {e})") from None
+        sagegen.patch(pipe, linear="fp8", allow_generic=True)  # the same layers as sagegen's FP8
+        names = set(sagegen.patch_info(pipe)["linear"]["fp8_layers"])
+        sagegen.unpatch(pipe)
+        for model in models:
+            quantize_(model, config_cls(granularity=per_row()), filter_fn=lambda m, fqn: fqn in names)
+    if args.compile == "regional":
+        for model in models:
+            model.compile_repeated_blocks(fullgraph=True)
+    try:
+        yield
+    finally:
+        if args.compile == "regional":
+            import torch
+
+            from sagegen.jobs.stepbench.compiling import uncompile
+
+            for model in models:
+                uncompile(model)
+            torch._dynamo.reset()
+        if variant == "sagegen":
+            sagegen.unpatch(pipe)
+
+
+def _measure(loaded, job, device, args, torch, spec: dict | None) -> dict:
+    from sagegen.jobs.generate import generate_one
+    from sagegen.patch import cache_spec
+    from sagegen.patch.cache_schedule import ScheduleRecorder
+    from sagegen.patch.targets import denoisers
+    from sagegen.runs.encode import encode_mp4_file
+
+    sample = job.samples[0]
+    recorder = models = None
+    if spec is not None:  # the recorder first (innermost hooks), then the cache
+        recorder = ScheduleRecorder(list(denoisers(loaded.pipe)[0].values()))
+        models = cache_spec.apply(loaded.pipe, cache_spec.CacheSpec.from_dict(spec))
+    try:
+        # MagCache's ratios are per step of the run: its warm-up runs every step
+        warm = job.settings["steps"] if spec is not None and spec["kind"] == "magcache" else args.warmup_steps
+        t = time.perf_counter()
+        generate_one(loaded, job.preset, job.settings, sample, device, steps=warm)
+        warmup_s = time.perf_counter() - t
+        if recorder is not None:
+            recorder.calls.clear()
+        cuda = device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        frames, timings, finite = generate_one(loaded, job.preset, job.settings, sample, device)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+        schedule = recorder.summary() if recorder is not None else None
+    finally:
+        if models is not None:
+            cache_spec.remove(models)
+        if recorder is not None:
+            recorder.remove()
+    t = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        if job.preset.is_video:
+            encode_mp4_file(frames, Path(tmp) / "v.mp4", job.preset.fps)
+        else:
+            from PIL import Image
+
+            Image.fromarray(frames[0]).save(Path(tmp) / "i.png")
+    save_s = time.perf_counter() - t
+    out = {**timings, "save_s": round(save_s, 6), "warmup_s": round(warmup_s, 3), "peak_mem_gb": peak,
+           "finite": bool(finite)}
+    if schedule is not None:
+        out["cache"] = {"spec": spec, "schedule": schedule}
+    out["total_s"] = round(timings["encode_s"] + timings["denoise_s"] + timings["decode_s"] + save_s, 6)
+    return out
