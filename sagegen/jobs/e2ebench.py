@@ -1,5 +1,5 @@
 """Time to video: whole-pipeline generations per variant, with text encoding, denoising, decoding and saving
-timed apart (``python bench/bench_e2e.py MODEL ...``).
+timed apart (``python bench/bench_e2e.py MODEL ...``; options: `sagegen.cli.e2e_bench`).
 
 Variants (``--variants``, in this order; the pipeline is loaded once):
 - ``stock``: diffusers as loaded, eager;
@@ -17,10 +17,8 @@ generation at the preset's steps: ``encode_s``, ``denoise_s``, ``decode_s`` (`ge
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,55 +26,22 @@ from pathlib import Path
 VARIANTS = ("stock", "sagegen", "torchao")
 
 
-def _args(argv):
-    p = argparse.ArgumentParser(prog="bench_e2e", description=__doc__.splitlines()[0])
-    p.add_argument("model")
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--cache", default=None, metavar="SPEC", help="also run each variant with this step cache")
-    p.add_argument("--sparse", default=None, metavar="SPEC", help="block-sparse attention for the sagegen variant")
-    p.add_argument("--compile", default="regional", choices=["regional", "none"],
-                   help="compile the denoisers of sagegen and torchao (diffusers' compile_repeated_blocks)")
-    p.add_argument("--steps", type=int, default=None)
-    p.add_argument("--frames", type=int, default=None)
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
-    p.add_argument("--warmup-steps", type=int, default=2)
-    p.add_argument("--backend", default="auto")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--prompt", default="a red fox running through fresh snow, golden hour")
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in args.variants if v not in VARIANTS]
-    if unknown or not args.variants:
-        p.error(f"--variants: {', '.join(unknown) or 'none given'}; choose from {', '.join(VARIANTS)}")
-    return args
-
-
-def main(argv=None) -> dict:
-    args = _args(sys.argv[1:] if argv is None else argv)
+def run(job, args, argv: list[str]) -> dict:
+    """Measure ``job``'s first sample (a `generate.Job` with linear FP8, and the cache in its settings) for each
+    of ``args.variants``; ``args``: variants, compile, warmup_steps, out (`sagegen.cli.e2e_bench` parses them)."""
     import torch
 
-    from sagegen.cli import jobs as cli_jobs
     from sagegen.jobs import ranks as distributed
     from sagegen.jobs.generate import default_loader
     from sagegen.jobs.stepbench.measure import device_info, versions
     from sagegen.runs.files import atomic_write_json
 
-    preset_tiny = args.model.startswith("tiny-")
-    job, _ = cli_jobs.build_job(
-        model=args.model, variants=["sage"], prompt=[args.prompt], prompts=None, max_prompts=None, seed="0",
-        steps=args.steps, frames=args.frames, height=args.height, width=args.width, guidance=None,
-        negative_prompt=None, dtype="auto", device=args.device, model_path=None, random_weights=not preset_tiny,
-        offload="none", vae_tiling=False, vae_slicing=False, compile=False, warmup=0, kernel=None, fp_blocks=None,
-        fp_first_steps=0, fp_last_steps=0, backend=args.backend, out=None, linear="fp8", sparse=args.sparse,
-        cache=args.cache, cuda_graphs=False, writes_run_dir=False)
     device = distributed.device_for(job.device, distributed.info())
     t0 = time.perf_counter()
     loaded = default_loader(job, device)
-    report = {"benchmark": "e2e", "model": job.preset.name, "random_weights": not preset_tiny,
+    report = {"benchmark": "e2e", "model": job.preset.name, "random_weights": bool(job.settings["random_weights"]),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "device": device_info(device), "versions": versions(), "argv": list(argv or sys.argv[1:]),
+              "device": device_info(device), "versions": versions(), "argv": argv,
               "settings": job.settings, "compile": args.compile, "load_s": round(time.perf_counter() - t0, 3),
               "results": {}}
     cache = job.settings.get("cache")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sagegen.jobs import e2ebench
+from sagegen.cli import e2e_bench as e2ebench
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
