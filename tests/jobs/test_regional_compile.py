@@ -41,15 +41,21 @@ def _regional(model, inputs):
 
 
 @pytest.mark.parametrize("name", sorted(BLOCKS))
-@pytest.mark.parametrize("keep_first", [False, True], ids=["all-blocks", "first-block-full-precision"])
-def test_regional_compile_traces_no_graph_per_layer(name, keep_first):
+@pytest.mark.parametrize("keep_first,linear", [(False, None), (True, None), (False, "fp8")],
+                         ids=["all-blocks", "first-block-full-precision", "fp8-linears"])
+def test_regional_compile_traces_no_graph_per_layer(name, keep_first, linear):
     """As many graphs as stock's regional compile (which itself retraces a block class whose first block sees
     other input strides), at most twice that with the first block kept in full precision: never one per block
-    (3 blocks of each class here)."""
+    (3 blocks of each class here). With FP8 linears in every block, still one graph per block class: each
+    layer's FP8 weights are the compiled graph's inputs, not constants."""
     model, inputs = _model(name)
     _, stock_graphs = _regional(model, inputs)
     policy = sagegen.PrecisionPolicy(blocks=(0,)) if keep_first else None
-    sagegen.patch(model, policy=policy, allow_generic=True)
+    # (FP8: diffusers' own prologue ops in eager too, as under compile: the fused eager prologue rounds in
+    # another order, and an FP8 code flipped by it moves the output by more than the attention-only bound)
+    extra = dict(linear="fp8", linear_policy=sagegen.LinearPolicy(keep_blocks=(), min_rows=1),
+                 fuse_prologue=False) if linear else {}
+    sagegen.patch(model, policy=policy, allow_generic=True, **extra)
     try:
         with torch.no_grad():
             eager = model(**inputs)[0]
@@ -57,4 +63,4 @@ def test_regional_compile_traces_no_graph_per_layer(name, keep_first):
     finally:
         sagegen.unpatch(model)
     assert graphs <= stock_graphs * (2 if keep_first else 1), (graphs, stock_graphs)
-    assert rel_l1(compiled, eager) < 2e-2
+    assert rel_l1(compiled, eager) < (1e-3 if linear else 2e-2), rel_l1(compiled, eager)
