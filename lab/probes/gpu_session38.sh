@@ -17,6 +17,9 @@ tests() {  # $1: tag, the rest: test files
   grep -E "passed|failed|^FAILED|^ERROR|s call" "$OUT/gpu-tests-$tag.log" | tail -14
 }
 case ${GROUP:-a} in
+  d) timeout 170 python3 bench/bench_model_step.py wan2.1-t2v-14b --linear fp8 --repeats 1 --warmup 0 \
+       --no-zero-attention --only sagegen_fp8 --out "$OUT/model-step-wan2.1-t2v-14b-fp8-memory-2026-12-07.json" 2>&1 \
+       | quiet | grep -E "stock|sagegen|peak|Error|error" | tail -8 ;;
   c) timeout 200 python3 -m pytest -q -p no:cacheprovider -p pytest_timeout --timeout 110 -rfE \
        tests/patch/test_gpu_compile_modes.py 2>&1 | quiet > "$OUT/gpu-tests-compile-modes.log"
      grep -E "passed|failed|^FAILED|^ERROR|^E  " "$OUT/gpu-tests-compile-modes.log" | head -20
