@@ -93,11 +93,13 @@ def _variant(pipe, variant: str, job, args, setup: dict):
             config_cls, per_row, quantize_ = load_torchao()
         except Exception as e:  # noqa: BLE001 - reported as a skipped variant
             raise _Skipped(f"torchao does not import ({type(e).__name__}: {e})") from None
-        sagegen.patch(pipe, linear="fp8", allow_generic=True)  # the same layers as sagegen's FP8
-        names = set(sagegen.patch_info(pipe)["linear"]["fp8_layers"])
-        sagegen.unpatch(pipe)
-        for model in models:
-            quantize_(model, config_cls(granularity=per_row()), filter_fn=lambda m, fqn: fqn in names)
+        from types import SimpleNamespace
+
+        from sagegen.jobs.stepbench.torchao_variants import fp8_layer_names
+
+        for model in models:  # the same layers as sagegen's FP8, each denoiser's own
+            names = set(fp8_layer_names(model, job.sage_config, job.backend, SimpleNamespace(linear_policy=None)))
+            quantize_(model, config_cls(granularity=per_row()), filter_fn=lambda m, fqn, names=names: fqn in names)
     if args.compile == "regional":
         for model in models:
             model.compile_repeated_blocks(fullgraph=True)
@@ -117,18 +119,12 @@ def _variant(pipe, variant: str, job, args, setup: dict):
 
 
 def _measure(loaded, job, device, args, torch, spec: dict | None) -> dict:
-    from sagegen.jobs.generate import generate_one
-    from sagegen.patch import cache_spec
-    from sagegen.patch.cache_schedule import ScheduleRecorder
-    from sagegen.patch.targets import denoisers
+    from sagegen.jobs.generate import generate_one, step_cache
     from sagegen.runs.encode import encode_mp4_file
 
     sample = job.samples[0]
-    recorder = models = None
-    if spec is not None:  # the recorder first (innermost hooks), then the cache
-        recorder = ScheduleRecorder(list(denoisers(loaded.pipe)[0].values()))
-        models = cache_spec.apply(loaded.pipe, cache_spec.CacheSpec.from_dict(spec))
-    try:
+    cache_setup: dict = {}
+    with step_cache(loaded.pipe, spec, cache_setup) as recorder:
         # MagCache's ratios are per step of the run: its warm-up runs every step
         warm = job.settings["steps"] if spec is not None and spec["kind"] == "magcache" else args.warmup_steps
         t = time.perf_counter()
@@ -142,12 +138,6 @@ def _measure(loaded, job, device, args, torch, spec: dict | None) -> dict:
             torch.cuda.reset_peak_memory_stats()
         frames, timings, finite = generate_one(loaded, job.preset, job.settings, sample, device)
         peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-        schedule = recorder.summary() if recorder is not None else None
-    finally:
-        if models is not None:
-            cache_spec.remove(models)
-        if recorder is not None:
-            recorder.remove()
     t = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         if job.preset.is_video:
@@ -159,7 +149,7 @@ def _measure(loaded, job, device, args, torch, spec: dict | None) -> dict:
     save_s = time.perf_counter() - t
     out = {**timings, "save_s": round(save_s, 6), "warmup_s": round(warmup_s, 3), "peak_mem_gb": peak,
            "finite": bool(finite)}
-    if schedule is not None:
-        out["cache"] = {"spec": spec, "schedule": schedule}
+    if "cache" in cache_setup:
+        out["cache"] = cache_setup["cache"]
     out["total_s"] = round(timings["encode_s"] + timings["denoise_s"] + timings["decode_s"] + save_s, 6)
     return out

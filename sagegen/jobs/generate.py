@@ -272,9 +272,10 @@ def attention(pipe, variant: str, job: Job, setup: dict):
 @contextlib.contextmanager
 def step_cache(pipe, spec: dict | None, setup: dict):
     """The run's step cache (``--cache``) on the pipeline's denoisers for one variant, with a recorder of what it
-    computed per denoiser call (``setup["cache"]``); removed after."""
+    computed per denoiser call (``setup["cache"]``); removed after. Yields the recorder (None without a cache):
+    clearing its ``calls`` leaves warm-up calls out of the record."""
     if spec is None:
-        yield
+        yield None
         return
     from sagegen.patch import cache_spec
     from sagegen.patch.cache_schedule import ScheduleRecorder
@@ -283,7 +284,7 @@ def step_cache(pipe, spec: dict | None, setup: dict):
     recorder = ScheduleRecorder(list(denoisers(pipe)[0].values()))  # first: the innermost hooks
     models = cache_spec.apply(pipe, cache_spec.CacheSpec.from_dict(spec))
     try:
-        yield
+        yield recorder
     finally:
         setup["cache"] = {"spec": spec, "schedule": recorder.summary()}
         cache_spec.remove(models)

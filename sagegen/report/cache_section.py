@@ -11,29 +11,23 @@ from sagegen.report import html as H
 def cache_html(manifest: dict) -> str:
     """HTML for every variant/rank that ran with a step cache; "" when none did."""
     parts = []
-    for variant, ranks in sorted((manifest.get("setup") or {}).items()):
-        for rank, setup in sorted((ranks or {}).items()):
-            cache = (setup or {}).get("cache") if isinstance(setup, dict) else None
-            if not cache:
-                continue
-            spec, sched = cache.get("spec") or {}, cache.get("schedule") or {}
-            name = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "kind")
-            head = (f"<h3>{e(variant)} ({e(rank)}): {e(str(spec.get('kind')))} ({e(name)}), block work "
-                    f"{e(_pct(sched.get('block_work')))}, attention work {e(_pct(sched.get('attention_work')))}"
-                    "</h3>")
-            blocks, attention = sched.get("blocks") or [], sched.get("attention") or []
-            per_block, per_attn = sched.get("blocks_per_call") or 0, sched.get("attention_per_call") or 0
-            rows = [[f"blocks computed (of {per_block})"] + [str(b) for b in blocks],
-                    [f"attention modules computed (of {per_attn})"] + [str(a) for a in attention]]
-            note = ('<p class="muted">Per denoiser call, in order (with guidance in two calls, two per step): the '
-                    'main blocks and attention modules that ran their own forward; the cache answered the rest. '
-                    'On random weights only fixed schedules (TaylorSeer, PAB) skip as they would on real ones. '
-                    'Quality against an uncached run: <code>sagegen eval</code>.</p>')
-            parts.append(head + H.table(["call"] + [str(i) for i in range(len(blocks))], rows, raw=False) + note)
+    for variant, rank, cache in H.setup_entries(manifest, "cache"):
+        spec, sched = cache.get("spec") or {}, cache.get("schedule") or {}
+        name = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "kind")
+        head = (f"<h3>{e(variant)} ({e(rank)}): {e(str(spec.get('kind')))} ({e(name)}), block work "
+                f"{e(H.percent(sched.get('block_work')))}, attention work "
+                f"{e(H.percent(sched.get('attention_work')))}"
+                "</h3>")
+        blocks, attention = sched.get("blocks") or [], sched.get("attention") or []
+        per_block, per_attn = sched.get("blocks_per_call") or 0, sched.get("attention_per_call") or 0
+        rows = [[f"blocks computed (of {per_block})"] + [str(b) for b in blocks],
+                [f"attention modules computed (of {per_attn})"] + [str(a) for a in attention]]
+        note = ('<p class="muted">Per denoiser call, in order (with guidance in two calls, two per step): the '
+                'main blocks and attention modules that ran their own forward; the cache answered the rest. '
+                'On random weights only fixed schedules (TaylorSeer, PAB) skip as they would on real ones. '
+                'Quality against an uncached run: <code>sagegen eval</code>.</p>')
+        parts.append(head + H.table(["call"] + [str(i) for i in range(len(blocks))], rows, raw=False) + note)
     if not parts:
         return ""
     return "<section><h2>Step cache</h2>" + "".join(parts) + "</section>"
 
-
-def _pct(v) -> str:
-    return "–" if v is None else f"{100 * float(v):.1f}%"

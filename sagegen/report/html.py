@@ -206,3 +206,17 @@ def render(doc: dict) -> str:
     body.append(f'</main><script type="application/json" id="sg-data">{data}</script>'
                 f'<script>{JS}</script></body></html>')
     return "\n".join(body)
+
+
+def percent(v) -> str:
+    """A fraction as a percentage with one decimal; "–" for None."""
+    return "–" if v is None else f"{100 * float(v):.1f}%"
+
+
+def setup_entries(manifest: dict, key: str):
+    """(variant, rank, value) for every ``setup.<variant>.<rank>.<key>`` of a manifest that has one, sorted."""
+    for variant, ranks in sorted((manifest.get("setup") or {}).items()):
+        for rank, setup in sorted((ranks or {}).items()):
+            value = setup.get(key) if isinstance(setup, dict) else None
+            if value:
+                yield variant, rank, value
