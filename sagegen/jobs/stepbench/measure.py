@@ -188,6 +188,7 @@ def summary(results: dict, outputs: dict) -> dict:
              "speedup_torchao_fp8_compiled": ("stock_compiled", "torchao_fp8_compiled"),
              "speedup_sagegen_torchao_fp8_compiled": ("stock_compiled", "sagegen_torchao_fp8_compiled"),
              "sagegen_fp8_vs_torchao_compiled": ("sagegen_torchao_fp8_compiled", "sagegen_fp8_compiled"),
+             "sagegen_fp8_vs_torchao_stock_attention_compiled": ("torchao_fp8_compiled", "sagegen_fp8_compiled"),
              "stock_graphs_vs_stock": ("stock", "stock_graphs"), "speedup_graphs": ("stock", "sagegen_graphs"),
              "speedup_fp8_graphs": ("stock", "sagegen_fp8_graphs"),
              "speedup_fp8_graphs_vs_stock_graphs": ("stock_graphs", "sagegen_fp8_graphs")}
