@@ -10,13 +10,14 @@ if [[ ! -d /tmp/site ]]; then
 fi
 export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 D=2026-12-07
+G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i -E "h100|h200" | tr A-Z a-z)
 quiet() { grep -v -E "nanobind|leaked|Warning|warn\(" ; }
 python3 -c "import torch, triton, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__, torch.cuda.get_device_name())"
 step() {  # $1: limit s, $2: model, $3: file tag, the rest: bench options
   local limit=$1 model=$2 tag=$3
   shift 3
   timeout "$limit" python3 bench/bench_model_step.py "$model" --no-zero-attention "$@" \
-    --out "$OUT/model-step-$model-$tag-h200-$D.json" 2>&1 | quiet | grep -E "stock|sagegen|torchao|peak|compile|Error|error" | tail -12
+    --out "$OUT/model-step-$model-$tag-$G-$D.json" 2>&1 | quiet | grep -E "stock|sagegen|torchao|peak|compile|Error|error" | tail -12
 }
 COMPILED=stock_compiled,sagegen_compiled,sagegen_fp8_compiled,torchao_fp8_compiled
 case ${GROUP:-e} in
@@ -29,7 +30,7 @@ case ${GROUP:-e} in
        --torchao --repeats 3 --only $COMPILED ;;
   g) timeout 120 python3 bench/bench_e2e.py tiny-flux --steps 2 --warmup-steps 1 --out "$OUT/e2e-smoke.json" 2>&1 | quiet | tail -5
      timeout 450 python3 bench/bench_e2e.py flux.1-dev --steps 28 --compile regional \
-       --out "$OUT/e2e-flux.1-dev-28-steps-h200-$D.json" 2>&1 | quiet | tail -25 ;;
+       --out "$OUT/e2e-flux.1-dev-28-steps-$G-$D.json" 2>&1 | quiet | tail -25 ;;
   t) timeout 280 python3 -m pytest -q -p no:cacheprovider -p pytest_timeout --timeout 120 -rfE \
        tests/patch/test_gpu_compile_modes.py tests/linear/test_gpu_fp8.py tests/patch/test_gpu_offload.py 2>&1 | quiet \
        > "$OUT/gpu-tests-compile-fp8-offload.log"
