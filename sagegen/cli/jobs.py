@@ -177,7 +177,7 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         checks.check_policy_blocks(preset, policy.blocks, model_path=model_path)
     if cuda_graphs is None:
         cuda_graphs = graphs_by_default(preset, linear=linear, compile=compile, offload=offload, cp=cp_spec,
-                                        sparse=sparse_cfg, on_gpu=on_gpu)
+                                        sparse=sparse_cfg, on_gpu=on_gpu, cache=cache)
         if cuda_graphs:
             warnings.append(Note("CUDA graphs are on: eager FP8 linears on an image model wait on the host CPU "
                                  "(docs/cuda-graphs.md); --no-cuda-graphs runs them eagerly"))
@@ -210,6 +210,10 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
     cache_spec = parse_cache(cache, settings["steps"])
     if cache_spec is not None:  # likewise
         settings["cache"] = cache_spec.to_dict()
+        if cuda_graphs:
+            warnings.append(Note("--cuda-graphs with --cache: the cache decides per step what the denoiser runs, "
+                                 "which a replayed graph would repeat, so its calls run eagerly (counted as "
+                                 "eager:step_cache under cuda_graphs in the manifest)"))
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,
@@ -247,13 +251,14 @@ def print_warnings(console, warnings: list[str]) -> None:
         console.print(f"{kind}: {w}", style="dim" if kind == "note" else "yellow", markup=False)
 
 
-def graphs_by_default(preset, *, linear, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> bool:
+def graphs_by_default(preset, *, linear, compile: bool, offload: str, cp, sparse, on_gpu: bool, cache=None) -> bool:
     """--cuda-graphs when neither it nor --no-cuda-graphs is given: on for FP8 linears on an image model on a
     GPU, whose eager steps (~4-7k tokens a call) wait on the host, so that FP8 can be slower than attention
     alone there (lab/NOTES.md v7.9: 107-175 ms eager vs 93-98 ms as graphs for the same Flux step); off
-    where graphs do not combine (compile, offload, CP, sparse) or gain nothing (videos are GPU-bound)."""
+    where graphs do not combine (compile, offload, CP, sparse), gain nothing (videos are GPU-bound) or step aside
+    (a step cache: `sagegen.patch.graphs.step_cache_on`)."""
     return (on_gpu and linear == "fp8" and not preset.is_video and not compile and offload == "none"
-            and cp is None and sparse is None)
+            and cp is None and sparse is None and not cache)
 
 
 def _check_cuda_graphs(cuda_graphs: bool, *, compile: bool, offload: str, cp, sparse, on_gpu: bool) -> None:

@@ -16,7 +16,9 @@ The storage addresses of the module's parameters and buffers are checked on ever
 The first call with a new key runs eagerly: it warms up (Triton compiles, FP8 layers calibrate, cuBLAS picks
 its kernels). The second captures a graph and replays it; later calls copy their tensors into the graph's
 inputs and replay. Outputs are cloned, since the next replay overwrites the graph's own.
-These calls run eagerly instead (counted in `info`): calls under ``torch.compile`` tracing, with autograd
+These calls run eagerly instead (counted in `info`): calls while a step cache is on the module (a diffusers hook
+other than the stateless ones in `GRAPH_SAFE_HOOKS`, or a cache-dit module: its Python decides per step what
+runs, and a replay would repeat the captured step's choice), calls under ``torch.compile`` tracing, with autograd
 recording, with CPU tensors among the arguments (their values would be baked into the graph), with arguments
 other than tensors, numbers, strings, dtypes, devices and enums (nested in lists, tuples, dicts), keys past
 ``max_graphs``, and keys whose capture failed (e.g. a host sync such as ``.item()`` in the forward; warned
@@ -48,6 +50,11 @@ if TYPE_CHECKING:
 _ATTR = "_sagegen_graphs"
 # non-tensor arguments keyed by value (anything else makes the call eager)
 _VALUE_TYPES = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.memory_format, enum.Enum)
+# diffusers hooks that change nothing from one call to the next (casting, context parallelism's splits):
+# graphs replay through them. Any other hook (FirstBlockCache, TaylorSeer, MagCache, PAB, FasterCache, SeaCache,
+# sagegen's schedule recorder, hooks not known here) makes the call eager: "step_cache".
+GRAPH_SAFE_HOOKS = ("layerwise_casting", "peft_autocast_disable")
+GRAPH_SAFE_HOOK_PREFIXES = ("cp_input---", "cp_output---")
 # the counters of the capture under way (a seam: the CPU stand-in of `capture` re-runs Python at each replay,
 # which a real replay does not, and puts these counters back afterwards)
 capture_counters: ForwardCounters | None = None
@@ -104,6 +111,7 @@ class GraphedForward:
         self.forward = forward
         self.module_type = type(module).__name__
         self._tensors = lambda: [*module.parameters(), *module.buffers()]
+        self._step_cache = lambda: step_cache_on(module)
         self._training = lambda: module.training
         self.state_fn = state_fn
         self.max_graphs = max_graphs
@@ -158,6 +166,8 @@ class GraphedForward:
             return "autograd"
         if any(isinstance(x, torch.Tensor) and not on_gpu(x) for x in leaves):
             return "cpu_tensor_argument"
+        if self._step_cache() is not None:
+            return "step_cache"
         return None
 
     def _key(self, leaves, spec):
@@ -228,6 +238,21 @@ class GraphedForward:
     def info(self) -> dict:
         """Graph count, why each failed capture failed (a list, one per call key), call counts: JSON-ready."""
         return {"graphs": len(self.graphs), "failed": list(self.failed.values()), "calls": dict(self.stats)}
+
+
+def step_cache_on(module: torch.nn.Module) -> str | None:
+    """The first hook or module under ``module`` that decides per call what the forward runs (a step cache),
+    as "module path: hook name"; None when graphs may replay it."""
+    if module.__dict__.get("_is_cached"):  # cache-dit's mark on a transformer whose forward it wrapped
+        return "<root>: cache-dit"
+    for path, m in module.named_modules():
+        if type(m).__module__.startswith("cache_dit"):
+            return f"{path or '<root>'}: {type(m).__name__} (cache-dit)"
+        registry = m.__dict__.get("_diffusers_hook")
+        for name in getattr(registry, "hooks", {}) if registry is not None else ():
+            if name not in GRAPH_SAFE_HOOKS and not name.startswith(GRAPH_SAFE_HOOK_PREFIXES):
+                return f"{path or '<root>'}: {name}"
+    return None
 
 
 def enable(module: torch.nn.Module, state_fn: Callable[[], object] | None = None, max_graphs: int = 4,

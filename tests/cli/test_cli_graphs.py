@@ -61,6 +61,7 @@ def test_compare_with_cuda_graphs_replays_both_variants(tmp_path, graphs_on_the_
     (False, "fp8", {"offload": "model"}, False),
     (False, "fp8", {"cp": object()}, False),
     (False, "fp8", {"sparse": object()}, False),
+    (False, "fp8", {"cache": "taylorseer=3"}, False),  # graphs would step aside for every cached call
 ])
 def test_graphs_by_default_only_for_eager_fp8_image_runs_on_a_gpu(video, linear, extra, expected):
     class Preset:
@@ -99,3 +100,23 @@ def test_a_graph_run_counts_its_attention_calls_as_an_eager_run_does(tmp_path, g
         calls[name] = setup["attention_calls"]
     assert calls["eager"].get("processor_calls", 0) > 0, calls
     assert calls["graphs"] == calls["eager"]
+
+
+@pytest.mark.parametrize("flag", [[], ["--cuda-graphs"]])
+def test_a_step_cache_keeps_graphs_off_by_default_and_makes_asked_for_graphs_step_aside(tmp_path, graphs_on_the_cpu,
+                                                                                       flag):
+    """With --cache the FP8 image run does not take graphs by default; asked for, graphs say they step aside and
+    the manifest counts every denoiser call as eager:step_cache (a replay would repeat one step's skips)."""
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["run", "tiny-flux", "--prompt", "a", "--steps", "4", "--linear", "fp8", "--device",
+                            "cpu", "--cache", "taylorseer=2", *flag, "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["runtime"]["cuda_graphs"] is bool(flag)
+    assert "note: CUDA graphs are on" not in r.output
+    assert ("--cuda-graphs with --cache" in r.output) is bool(flag)
+    info = manifest["setup"]["sage"]["rank0"].get("cuda_graphs")
+    if flag:
+        assert set(info["calls"]) == {"eager:step_cache"} and info["calls"]["eager:step_cache"] >= 4, info
+    else:
+        assert info is None

@@ -376,3 +376,58 @@ def test_compiled_model_traces_through_the_wrapper(fake_gpu):
 
 def test_value_checks_are_allowed_in_plain_eager_code():
     assert graphs.value_checks_allowed()
+
+
+def test_stateless_hooks_replay_and_any_other_hook_makes_calls_eager(fake_gpu):
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    net = _net()
+    wrapper = graphs.enable(net)
+    HookRegistry.check_if_exists_or_initialize(net.lin).register_hook(ModelHook(), "layerwise_casting")
+    for _ in range(3):
+        net(torch.randn(2, 8))
+    assert graphs.step_cache_on(net) is None and wrapper.stats["replayed"] == 2  # the capture's call, then one
+    HookRegistry.check_if_exists_or_initialize(net.lin).register_hook(ModelHook(), "some_new_cache")
+    assert graphs.step_cache_on(net) == "lin: some_new_cache"
+    x = torch.randn(2, 8)
+    out = net(x)
+    assert wrapper.stats["eager:step_cache"] == 1 and torch.equal(out[0], net.lin(x))
+    HookRegistry.check_if_exists_or_initialize(net.lin).remove_hook("some_new_cache")
+    net(x)
+    assert wrapper.stats["replayed"] == 3  # the cache is gone: the graph replays again
+    net._is_cached = True  # cache-dit's mark on a transformer whose forward it wraps
+    assert graphs.step_cache_on(net) == "<root>: cache-dit"
+
+
+@pytest.mark.parametrize("order", ["graphs_then_cache", "cache_then_graphs"])
+def test_a_step_cache_makes_the_graphed_model_step_aside_and_say_so(fake_gpu, order):
+    """A replay would repeat the captured call's skip decision: with a cache on, every call runs eagerly, counted
+    as "eager:step_cache", and the outputs are those of the same cache on the eager patched model."""
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    model, inputs = _tiny()
+
+    def two_calls(m, context):  # a full call, then one the cache serves from the first block
+        with torch.inference_mode(), m.cache_context(context):
+            return [m(**inputs)[0].clone() for _ in range(2)]
+
+    with torch.inference_mode():
+        sagegen.patch(model)
+    model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
+    want = two_calls(model, "eager")
+    model.disable_cache()
+    if order == "graphs_then_cache":
+        sagegen.patch(model, cuda_graphs=True)
+        model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
+    else:
+        model.enable_cache(FirstBlockCacheConfig(threshold=1e9))
+        sagegen.patch(model, cuda_graphs=True)
+    got = two_calls(model, "graphed")
+    assert patch_info(model)["cuda_graphs"]["calls"] == {"eager:step_cache": 2}
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    model.disable_cache()
+    with torch.inference_mode():
+        model(**inputs), model(**inputs)
+    assert patch_info(model)["cuda_graphs"]["calls"] == {"eager:step_cache": 2, "warmup": 1, "captured": 1,
+                                                            "replayed": 1}
