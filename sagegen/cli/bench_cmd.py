@@ -54,9 +54,16 @@ graph: no host time), --repeats N, --warmup N, --batch N, --height, --width, --f
 topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --profile (GPU time by kernel group), \
 --no-zero-attention, --random-weights (the default), --tiny, --out FILE.
 
-    Examples: sagegen bench cogvideox-5b --compile; sagegen bench flux --tiny --out /tmp/smoke.json
+    --e2e: time to video instead (the whole pipeline at the preset's steps: text encoding, denoising, decoding and saving timed apart; variants stock, sagegen's stack, torchao's stack; --cache SPEC also runs each with that step cache; options: `python bench/bench_e2e.py --help`).
+
+    Examples: sagegen bench cogvideox-5b --compile; sagegen bench flux --tiny --out /tmp/smoke.json; sagegen bench flux.1-dev --e2e --cache taylorseer=3
     """
     extra = list(ctx.args)
+    if "--e2e" in extra:
+        return _e2e(model, [a for a in extra if a != "--e2e"])
+    if any(a == "--cache" or a.startswith("--cache=") for a in extra):
+        raise UsageProblem("--cache acts across denoising steps and `sagegen bench` times one step; add --e2e to time "
+                           "whole generations with the cache", "--cache")
     name = bench_architecture(model, tiny="--tiny" in extra)
     args = [name, *extra]
     if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
@@ -85,6 +92,29 @@ topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --pro
             raise UsageProblem(exc.code) from None
         if exc.code:  # argparse's own exit (its checks ran above, so not expected here)
             raise typer.Exit(2) from None
+
+
+def _e2e(model: str, extra: list[str]) -> None:
+    """``sagegen bench MODEL --e2e ...``: `sagegen.cli.e2e_bench` (time to video), its usage errors exit 2."""
+    from sagegen.models.presets import resolve
+
+    name = resolve(model).name  # UnknownModel (exit 2) with "did you mean"
+    if "--out" not in extra and not any(a.startswith("--out=") for a in extra):
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        extra += ["--out", os.path.join(os.environ.get("SAGEGEN_RUNS", "runs"), "bench", f"e2e-{name}-{stamp}.json")]
+    from sagegen.cli import e2e_bench
+
+    try:
+        args = e2e_bench.parse([name, *extra])
+    except SystemExit as exc:
+        raise typer.Exit(2 if exc.code else 0) from None
+    if not name.startswith("tiny-") and args.device in ("auto", "cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageProblem(NO_GPU.replace("add --tiny for the CPU smoke test of the same code path",
+                                              "time a tiny- preset (e.g. tiny-flux) on the CPU"))
+    e2e_bench.main([name, *extra])
 
 
 def register(app: typer.Typer) -> None:

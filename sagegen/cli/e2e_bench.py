@@ -10,7 +10,8 @@ import sys
 from sagegen.jobs.e2ebench import VARIANTS, run
 
 
-def _args(argv):
+def parse(argv):
+    """The options (argparse exits 2 on a bad one, naming it)."""
     p = argparse.ArgumentParser(prog="bench_e2e", description="Time to video per variant (sagegen/jobs/e2ebench.py)")
     p.add_argument("model")
     p.add_argument("--variants", default=",".join(VARIANTS))
@@ -37,7 +38,7 @@ def _args(argv):
 
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _args(argv)
+    args = parse(argv)
     from sagegen.cli import jobs
 
     job, _ = jobs.build_job(

@@ -39,3 +39,31 @@ def test_unknown_variant_is_a_usage_error(tmp_path):
     with pytest.raises(SystemExit) as e:
         e2ebench.main(["tiny-wan2.1", "--variants", "stock,fast", "--out", str(tmp_path / "x.json")])
     assert e.value.code == 2
+
+
+def test_sagegen_bench_e2e_runs_the_time_to_video_benchmark(tmp_path):
+    from typer.testing import CliRunner
+
+    from sagegen.cli.app import app
+
+    out = tmp_path / "e2e.json"
+    r = CliRunner().invoke(app, ["bench", "tiny-wan2.1", "--e2e", "--steps", "2", "--warmup-steps", "1", "--compile",
+                                 "none", "--backend", "reference", "--variants", "stock", "--cache",
+                                 "taylorseer=interval:2,warmup:1", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert set(json.loads(out.read_text())["results"]) == {"stock", "stock_cache"}
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["bench", "tiny-wan2.1", "--cache", "taylorseer=2"], "add --e2e"),
+    (["bench", "tiny-wan2.1", "--e2e", "--cache", "nosuch=1", "--out", "x.json"], "--cache"),
+    (["bench", "tiny-wan2.1", "--e2e", "--variants", "fast", "--out", "x.json"], "--variants"),
+])
+def test_sagegen_bench_cache_and_e2e_usage_errors_exit_2(argv, match):
+    from typer.testing import CliRunner
+
+    from sagegen.cli.app import app
+
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 2, r.output
+    assert match in r.output
