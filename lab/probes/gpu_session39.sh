@@ -2,7 +2,7 @@
 # Session 39 (issues 56, 57). Carry [".whl"]. GROUP=e: Wan2.1-14B 720p peak memory with FP8 linears (bf16 copies on
 # the host), then Flux.1-dev's compiled row (regional): stock, sagegen, sagegen FP8, torchao float8 with stock
 # attention. GROUP=f: the compiled rows of Wan2.1-1.3B 480p and CogVideoX-5b, then the compile-mode GPU tests.
-# GROUP=g: time to video on Flux.1-dev (28 steps) after a tiny smoke run of the e2e bench.
+# GROUP=h: Flux's torchao row (cut off in e), then Wan2.1-1.3B's compiled row. GROUP=g: time to video on Flux.1-dev (28 steps) after a tiny smoke run of the e2e bench.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 if [[ ! -d /tmp/site ]]; then
@@ -24,6 +24,10 @@ case ${GROUP:-e} in
   e) step 170 wan2.1-t2v-14b fp8-memory --linear fp8 --repeats 1 --warmup 1 --only sagegen_fp8
      step 390 flux.1-dev compiled-regional --compile --compile-scope regional --compiled-only --linear fp8 --torchao \
        --repeats 5 --only $COMPILED ;;
+  h) step 150 flux.1-dev torchao-compiled-regional --compile --compile-scope regional --compiled-only --torchao \
+       --repeats 5 --only torchao_fp8_compiled
+     step 330 wan2.1-t2v-1.3b compiled-regional --compile --compile-scope regional --compiled-only --linear fp8 \
+       --torchao --repeats 3 --only $COMPILED ;;
   f) step 300 wan2.1-t2v-1.3b compiled-regional --compile --compile-scope regional --compiled-only --linear fp8 \
        --torchao --repeats 3 --only $COMPILED
      step 260 cogvideox-5b compiled-regional --compile --compile-scope regional --compiled-only --linear fp8 \

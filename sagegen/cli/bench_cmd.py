@@ -54,9 +54,12 @@ graph: no host time), --repeats N, --warmup N, --batch N, --height, --width, --f
 topk=0.5, cdf=0.95, sta, radial), --only NAMES (time just these variants), --profile (GPU time by kernel group), \
 --no-zero-attention, --random-weights (the default), --tiny, --out FILE.
 
-    --e2e: time to video instead (the whole pipeline at the preset's steps: text encoding, denoising, decoding and saving timed apart; variants stock, sagegen's stack, torchao's stack; --cache SPEC also runs each with that step cache; options: `python bench/bench_e2e.py --help`).
+    --e2e: time to video instead (the whole pipeline at the preset's steps: text encoding, denoising, decoding and \
+saving timed apart; variants stock, sagegen's stack, torchao's stack; --cache SPEC also runs each with that step \
+cache; options: `python bench/bench_e2e.py --help`).
 
-    Examples: sagegen bench cogvideox-5b --compile; sagegen bench flux --tiny --out /tmp/smoke.json; sagegen bench flux.1-dev --e2e --cache taylorseer=3
+    Examples: sagegen bench cogvideox-5b --compile; sagegen bench flux --tiny --out /tmp/smoke.json; \
+sagegen bench flux.1-dev --e2e --cache taylorseer=3
     """
     extra = list(ctx.args)
     if "--e2e" in extra:
