@@ -5,10 +5,8 @@ the last block; embedders and the final projection stay bf16). The swap replaces
 ``_modules``; `remove` puts the very same ``nn.Linear`` objects back (their parameters were never touched), found
 where they are now (unloading a LoRA moves its FP8 base up to the wrapper's place).
 
-peft LoRA layers: the base runs FP8 beside the bf16 LoRA branch, and merges re-quantize it (`lora_fp8`). peft
-cannot wrap an `FP8Linear`, so a LoRA loaded after patching (the denoiser's ``load_lora_adapter`` /
-``add_adapter``, which ``pipe.load_lora_weights`` calls) is loaded with the bf16 linears back in place, and the
-linears are swapped again after it with the same policy (`_lifted`).
+peft LoRA layers: the base runs FP8 beside the bf16 LoRA branch, and merges re-quantize it (`lora_fp8`). A LoRA
+loaded after patching is loaded with the bf16 linears back in place (`lora_load`, through `settings`).
 
 Hardware: FP8 GEMMs need sm89+. A model on the CPU (or ``backend="reference"``) runs the emulation. On an
 older GPU the attention config's ``fallback`` decides: ``"error"`` raises, ``"reference"`` runs the emulation
@@ -18,7 +16,6 @@ older GPU the attention config's ``fallback`` decides: ``"error"`` raises, ``"re
 from __future__ import annotations
 
 import dataclasses
-import types
 import warnings
 
 import torch
@@ -31,7 +28,6 @@ from sagegen.patch.precision_policy import main_blocks
 
 _STATE_ATTR = "_sagegen_linear"
 MODES = (None, "fp8")
-_INJECTING = ("load_lora_adapter", "add_adapter")  # the denoiser's methods that make peft wrap linears
 
 
 @dataclasses.dataclass
@@ -119,44 +115,25 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
     object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked,
                                                               fused, stacked, settings))
     lora_fp8.install(transformer)
-    if originals:
-        for method in _INJECTING:
-            if callable(getattr(type(transformer), method, None)):
-                object.__setattr__(transformer, method, types.MethodType(_LIFTED[method], transformer))
 
 
-def _lifted(transformer: torch.nn.Module, method: str, *args, **kwargs):
-    """Run the class's ``method`` (a LoRA load) with the original bf16 linears in place, then swap again with the
-    same policy: the new LoRA layers' bases run FP8 like the rest, every weight quantized from its bf16 bits."""
+def settings(transformer: torch.nn.Module) -> dict | None:
+    """What it takes to swap this transformer's linears again as they are now (`lora_load`): ``apply``'s
+    arguments and the LoRA counters to carry over; None where no FP8 layer is in place."""
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
-    run = getattr(type(transformer), method)
     if state is None or not state.originals:
-        return run(transformer, *args, **kwargs)
-    if state.policy.bf16_copies == "drop":
-        raise RuntimeError(f"sagegen: {method} after sagegen.patch(..., linear='fp8') with "
-                           "LinearPolicy(bf16_copies='drop'): the bf16 weights a LoRA is loaded beside were dropped; "
-                           "load LoRAs before patching, or patch with bf16_copies='cpu' (the default)")
-    policy, settings, loads = state.policy, state.settings, state.lora_loads
+        return None
     requantized = state.requantized_before + sum(m.requantized for _, _, m in _placed(transformer, state).values())
-    remove(transformer)
-    try:
-        return run(transformer, *args, **kwargs)
-    finally:
-        apply(transformer, "fp8", policy, **settings)
-        again = getattr(transformer, _STATE_ATTR, None)
-        if again is not None:
-            again.lora_loads, again.requantized_before = loads + 1, requantized
+    return dict(policy=state.policy, apply=dict(state.settings), lora_loads=state.lora_loads,
+                requantized=requantized)
 
 
-def _load_lora_adapter(self, *args, **kwargs):
-    return _lifted(self, "load_lora_adapter", *args, **kwargs)
-
-
-def _add_adapter(self, *args, **kwargs):
-    return _lifted(self, "add_adapter", *args, **kwargs)
-
-
-_LIFTED = {"load_lora_adapter": _load_lora_adapter, "add_adapter": _add_adapter}
+def restore(transformer: torch.nn.Module, saved: dict, loads: int) -> None:
+    """Swap the linears again from `settings` (after `remove`), counting ``loads`` more LoRA loads."""
+    apply(transformer, "fp8", saved["policy"], **saved["apply"])
+    state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
+    if state is not None:
+        state.lora_loads, state.requantized_before = saved["lora_loads"] + loads, saved["requantized"]
 
 
 def _placed(transformer: torch.nn.Module, state: _LinearState) -> dict[str, tuple[torch.nn.Module, str, FP8Linear]]:
@@ -178,8 +155,6 @@ def remove(transformer: torch.nn.Module) -> None:
         return
     gelu_fp8.unfuse(state.gelu_fused)  # the GELU modules first: they hold the first layers
     lora_fp8.release(transformer)
-    for method in _INJECTING:
-        transformer.__dict__.pop(method, None)
     placed = _placed(transformer, state)
     dropped = []
     for name, (_, _, original) in state.originals.items():
