@@ -219,7 +219,8 @@ def info(transformer: torch.nn.Module) -> dict | None:
             "outlier_channels": 0 if module.outlier_idx is None else int(module.outlier_idx.numel()),
             "smoothed": module.col_scale is not None and module.outlier_idx is None}
     weight_bytes = sum(m.w_q.numel() for _, _, m in placed.values())
-    lora = lora_fp8.info(transformer, state.requantized_before + sum(m.requantized for _, _, m in placed.values()))
+    lora = lora_fp8.info(transformer, state.requantized_before + sum(m.requantized for _, _, m in placed.values()),
+                         state.bf16)
     lora["loads_after_patch"] = state.lora_loads
     return {"mode": "fp8", "policy": dataclasses.asdict(state.policy),
             "emulated": state.emulate or _device(transformer).type != "cuda",

@@ -85,13 +85,15 @@ def release(model: torch.nn.Module) -> None:
                 layer.__dict__.pop(name, None)
 
 
-def info(model: torch.nn.Module, requantized: int) -> dict:
-    """The LoRA layers of a patched model: how many, how many run their base in FP8 (the rest are named in
-    ``bf16_layers`` with the reason), how many have an adapter merged, and the FP8 re-quantizations that
+def info(model: torch.nn.Module, requantized: int, bf16_reasons: dict[str, str]) -> dict:
+    """The LoRA layers of a patched model: how many, how many run their base in FP8 and which bases stay bf16
+    (with the reason, from ``bf16_reasons``), how many have an adapter merged, and the FP8 re-quantizations that
     merges caused since patching."""
     layers = lora_layers(model)
     return {"layers": len(layers),
             "fp8_base_layers": sum(isinstance(m._modules.get("base_layer"), FP8Linear) for m in layers.values()),
+            "bf16_base_layers": {f"{n}.base_layer": bf16_reasons.get(f"{n}.base_layer", "unknown")
+                                 for n, m in layers.items() if not isinstance(m._modules.get("base_layer"), FP8Linear)},
             "merged_layers": sum(merged(m) for m in layers.values()),
             "adapters": sorted({a for m in layers.values() for a in getattr(m, "lora_A", {}).keys()}),
             "requantized": requantized}

@@ -142,7 +142,9 @@ def test_peft_lora_layers_run_their_base_in_fp8():
     assert all("LoRA branch" in info["bf16_layers"][n] for n in branch)
     assert "DoRA" in info["bf16_layers"]["transformer_blocks.0.attn.to_k.base_layer"]
     assert info["lora"] == {"layers": 2, "fp8_base_layers": 1, "merged_layers": 0, "adapters": ["default"],
-                            "requantized": 0, "loads_after_patch": 0}
+                            "requantized": 0, "loads_after_patch": 0,
+                            "bf16_base_layers": {"transformer_blocks.0.attn.to_k.base_layer":
+                                                 info["bf16_layers"]["transformer_blocks.0.attn.to_k.base_layer"]}}
     assert "transformer_blocks.0.attn.to_v" in info["fp8_layers"]
     sagegen.unpatch(model)
     assert attn.to_q.base_layer is base_q

@@ -55,6 +55,7 @@ def _no_lora_layer_silently_bf16(pipe):
     for name in lora_layers(pipe.transformer):
         base = f"{name}.base_layer"
         assert base in info["fp8_layers"] or info["bf16_layers"].get(base), base
+    assert all(why != "unknown" for why in info["lora"]["bf16_base_layers"].values())
     return info
 
 
