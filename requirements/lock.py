@@ -2,7 +2,7 @@
 
 Writes, with uv's resolver (the version pinned in the Makefile):
 
-- ``requirements/dev.lock``: every package `.[eval,test]` and requirements/tools.in need, pinned, for the
+- ``requirements/dev.lock``: every package `.[eval,test,lora]` and requirements/tools.in need, pinned, for the
   machines development and CI run on (Linux x86_64, CPython 3.11). `make` installs from it; the package's own
   ranges in pyproject.toml stay open for users.
 - ``requirements/diffusers/<V>.lock`` for each older diffusers the matrix checks: diffusers==V with the
@@ -102,8 +102,8 @@ def release_dates(package: str) -> dict[str, str]:
 
 
 def lock_dev(uv: str) -> None:
-    compile_lock(uv, DEV_LOCK, ["pyproject.toml", "--extra", "eval", "--extra", "test", "requirements/tools.in"],
-                 [], "make lock")
+    compile_lock(uv, DEV_LOCK, ["pyproject.toml", "--extra", "eval", "--extra", "test", "--extra", "lora",
+                                "requirements/tools.in"], [], "make lock")
 
 
 def lock_diffusers(uv: str) -> None:

@@ -107,7 +107,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", rich_help_panel=OUT, help=
 def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, seed, steps, frames, height,
               width, guidance, negative_prompt, dtype, device, model_path, random_weights, offload, vae_tiling,
               vae_slicing, compile, warmup, kernel, fp_blocks, fp_first_steps, fp_last_steps, backend, out,
-              linear="none", sparse=None, cp=None, cuda_graphs=None, cache=None, writes_run_dir=True):
+              linear="none", sparse=None, cp=None, cuda_graphs=None, cache=None, lora=None, writes_run_dir=True):
     """Check the options (UsageProblem on mistakes) and build the `Job`; returns (job, warnings).
     ``writes_run_dir=False`` (calibrate, which writes one JSON file): the run directory is not checked."""
     from sagegen.jobs.generate import Job, make_samples
@@ -135,6 +135,9 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         raise UsageProblem(f"{preset.name} makes images; --frames is for video models", "--frames")
     # Checks that need no torch first, so that these mistakes are reported within a second.
     prompts_list = load_prompts(prompt or [], prompts, max_prompts)
+    from sagegen.cli.lora_opt import parse as parse_lora
+
+    loras = parse_lora(lora)
     checks.check_plan_size(len(prompts_list), count_seeds(seed or []))  # before building the plan
     seeds = parse_seeds(seed or [])
     config = kernel_config(kernel or [])
@@ -214,6 +217,8 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
             warnings.append(Note("--cuda-graphs with --cache: the cache decides per step what the denoiser runs, "
                                  "which a replayed graph would repeat, so its calls run eagerly (counted as "
                                  "eager:step_cache under cuda_graphs in the manifest)"))
+    if loras is not None:  # likewise
+        settings["lora"] = loras
     job = Job(preset=preset, settings=settings, samples=make_samples(prompts_list, seeds), variants=variants,
               out=out, sage_config=config, policy=policy, backend=backend, device=device, offload=offload,
               compile=compile, warmup=warmup, model_path=str(model_path) if model_path else None,

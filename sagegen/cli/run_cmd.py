@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from sagegen.cli import cache_opt, jobs, sparse_opt
+from sagegen.cli import cache_opt, jobs, lora_opt, sparse_opt
 from sagegen.cli.errors import cli_command
 
 Attention = Annotated[Literal["sage", "sdpa"],
@@ -35,6 +35,7 @@ def run_command(
     fp_last_steps: jobs.FpLast = 0,
     sparse: sparse_opt.Sparse = None,
     cache: cache_opt.Cache = None,
+    lora: lora_opt.Lora = None,
     backend: jobs.Backend = "auto",
     linear: jobs.Linear = "none",
     model_path: jobs.ModelPath = None,

@@ -261,6 +261,8 @@ def attention(pipe, variant: str, job: Job, setup: dict):
             if info.get("linear"):  # which layers ran FP8 (docs/fp8-linear.md)
                 setup["linear"] = {k: info["linear"][k] for k in ("fp8_layer_count", "fp8_calls", "fp8_layers",
                                                                   "emulated", "note", "fp8_weight_bytes_added")}
+                if info["linear"]["lora"]["layers"]:  # LoRA bases in FP8 or bf16 and why (docs/lora.md)
+                    setup["linear"]["lora"] = info["linear"]["lora"]
         if job.sparse is not None:  # realized block density per step and layer (sagegen.patch.sparse_density)
             with contextlib.suppress(Exception):
                 from sagegen.patch import sparse_density
@@ -367,6 +369,12 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
     rd.update_manifest(lambda cur: merge_manifest(cur, new, rd.path))
     if loaded is not None:
         reporter.log(f"loaded {job.preset.name} from {loaded.source} in {loaded.load_s:.1f} s")
+        lora_setup = None
+        if job.settings.get("lora"):  # before any variant: stock and sagegen run the same adapters
+            from sagegen.jobs import adapters
+
+            lora_setup = adapters.load(loaded.pipe, job.settings["lora"])
+            reporter.log(f"loaded {len(lora_setup['adapters'])} LoRA(s) into {lora_setup['layers']} layers")
         for note in loaded.info.get("notes", []):
             reporter.log(note)
         load_s = round(loaded.load_s, 6)  # charged to the first variant that runs
@@ -380,6 +388,8 @@ def run_job(job: Job, reporter: Reporter | None = None, *, dist: distributed.Dis
             if not todo[variant]:
                 continue
             setup = {"load_s": load_s, "source": loaded.source}
+            if lora_setup is not None:
+                setup["lora"] = lora_setup
             load_s = 0.0
             if cp:
                 from sagegen.jobs.cp_pipeline import cp_variant

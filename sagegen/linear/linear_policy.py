@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sagegen.linear import numerics
+from sagegen.linear import numerics, peft_layers
 from sagegen.linear.module import OUTLIER_MODES
 
 _GEMM_DIVISOR = 16  # cuBLASLt FP8: K and N must be multiples of 16
@@ -142,16 +142,20 @@ def select_linears(transformer: torch.nn.Module, policy: LinearPolicy, blocks: l
                              f"{type(transformer).__name__}")
 
     skipped_prefixes = [n for n, m in transformer.named_modules() if skip_types and isinstance(m, skip_types)]
-    # peft LoRA layers (a `base_layer` beside `lora_A` / `lora_B`): merging an adapter (fuse_lora) writes into the
-    # bf16 weight in place, which an FP8 copy would not see. Fuse and unload adapters first, then patch.
-    lora = [n for n, m in transformer.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")]
+    # peft LoRA layers: their base_layer is a candidate like any linear (peft adds the bf16 LoRA branch to its
+    # output; the patcher re-quantizes it when an adapter is merged in or out); the branch itself stays bf16
+    lora = peft_layers.lora_layers(transformer)
     chosen, bf16 = {}, {}
     for name, module in linears.items():
         if any(name.startswith(p + ".") for p in skipped_prefixes):
             continue
         block = next((b for b in blocks if name.startswith(b + ".")), None)
-        if any(name.startswith(p + ".") for p in lora):
-            bf16[name] = "part of a peft LoRA layer (fuse_lora + unload_lora_weights before patching to quantize it)"
+        owner = next((p for p in lora if name.startswith(p + ".")), None)
+        if owner is not None and name != owner + ".base_layer":
+            bf16[name] = "the LoRA branch of a peft layer (runs bf16 beside its base)"
+        elif owner is not None and peft_layers.variant(lora[owner]):
+            bf16[name] = (f"base of a peft LoRA layer with {peft_layers.variant(lora[owner])}, which reads the bf16 "
+                          "weight itself")
         elif block is None and not policy.include_outside_blocks:
             bf16[name] = "outside the main blocks (embedder / final projection)"
         elif block in kept_blocks:

@@ -103,6 +103,7 @@ class FP8Linear(torch.nn.Module):
                              else None, persistent=False)
         self._gemm_views = None  # (w_q, w_scale_gemm, w_q.t(), scales [1, N]): see `_rowwise_operands`
         self.stack = None  # the Q/K/V group whose buffers this layer's are views of (`sagegen.linear.stacked`)
+        self.requantized = 0  # times `requantize` ran (a LoRA merged into or out of the wrapped weight)
 
     @property
     def fp8_calls(self) -> int:
@@ -265,6 +266,36 @@ In eager FP8 calls the
         y = self._gemm(xq_xs, self.gemm_bias(), x2.dtype)
         self.count_fp8_call()
         return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @torch.no_grad()
+    def requantize(self) -> None:
+        """Quantize the wrapped linear's weight (and the parked bias copy) again, after it changed in place:
+        peft merging a LoRA into it (``fuse_lora``) or out of it. The new values are written into the same
+        buffers, so captured CUDA graphs and the Q/K/V stack's views read them too. Outlier handling is
+        calibrated again on the next eager call. The weight must be on this layer's device (or will be copied
+        there)."""
+        linear = self._wrapped()
+        weight = _param(linear, "weight")
+        if weight.is_meta:
+            raise RuntimeError("FP8Linear.requantize: the bf16 weight was dropped (LinearPolicy(bf16_copies='drop'));"
+                               " nothing to quantize from")
+        buffers = self._buffers
+        if self.outliers != "off":  # plain FP8 until the next eager call calibrates from the new weight
+            self.col_scale = self.outlier_idx = self.w_outlier = None
+            self.calibrated = False
+        w_q, w_s = numerics.quantize_weight(weight.detach().to(buffers["w_q"].device), self.weight_granularity)
+        if buffers["w_q"].shape != w_q.shape or buffers["w_scale"].shape != w_s.shape:  # smoothing replaced them
+            self.w_q, self.w_scale = w_q, w_s
+            self.w_scale_gemm = _gemm_layout(w_s, self.weight_granularity)
+        else:
+            buffers["w_q"].copy_(w_q)
+            buffers["w_scale"].copy_(w_s)
+            if buffers["w_scale_gemm"] is not buffers["w_scale"]:
+                buffers["w_scale_gemm"].copy_(_gemm_layout(w_s, self.weight_granularity))
+        bias, copy = _param(linear, "bias"), buffers["bias_copy"]
+        if copy is not None and bias is not None:
+            copy.copy_(bias.detach())
+        self.requantized += 1
 
     @torch.no_grad()
     def calibrate(self, x2: torch.Tensor) -> None:

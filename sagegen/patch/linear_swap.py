@@ -2,7 +2,11 @@
 
 Which layers: `sagegen.linear.LinearPolicy` (default: every linear inside the main blocks but the first and
 the last block; embedders and the final projection stay bf16). The swap replaces the entry in the parent's
-``_modules``; `remove` puts the very same ``nn.Linear`` objects back (their parameters were never touched).
+``_modules``; `remove` puts the very same ``nn.Linear`` objects back (their parameters were never touched), found
+where they are now (unloading a LoRA moves its FP8 base up to the wrapper's place).
+
+peft LoRA layers: the base runs FP8 beside the bf16 LoRA branch, and merges re-quantize it (`lora_fp8`). A LoRA
+loaded after patching is loaded with the bf16 linears back in place (`lora_load`, through `settings`).
 
 Hardware: FP8 GEMMs need sm89+. A model on the CPU (or ``backend="reference"``) runs the emulation. On an
 older GPU the attention config's ``fallback`` decides: ``"error"`` raises, ``"reference"`` runs the emulation
@@ -19,7 +23,7 @@ import torch
 from sagegen.linear import FP8Linear, LinearPolicy, fp8_capable, select_linears
 from sagegen.linear.ops import blockwise_supported
 from sagegen.linear.stacked import stack
-from sagegen.patch import gelu_fp8
+from sagegen.patch import gelu_fp8, lora_fp8
 from sagegen.patch.precision_policy import main_blocks
 
 _STATE_ATTR = "_sagegen_linear"
@@ -36,6 +40,9 @@ class _LinearState:
     parked: dict[str, torch.device] = dataclasses.field(default_factory=dict)  # name -> where the bf16 copy was
     gelu_fused: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)  # FP8 layer -> its ff net
     stacked: list[str] = dataclasses.field(default_factory=list)  # attention modules whose Q/K/V share buffers
+    settings: dict = dataclasses.field(default_factory=dict)  # apply's keyword arguments, to swap again after a load
+    lora_loads: int = 0  # LoRA loads since patching that swapped the linears out and in again
+    requantized_before: int = 0  # re-quantizations after merges by the FP8 layers of before those loads
 
 
 def check_mode(linear, linear_policy) -> None:
@@ -60,7 +67,7 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if (linear is not None and state is not None and state.policy == policy and state.originals
             and state.emulate == (backend == "reference")
-            and all(isinstance(p._modules.get(k), FP8Linear) for p, k, _ in state.originals.values())):
+            and len(_placed(transformer, state)) == len(state.originals)):
         return  # already patched this way: keep the quantized weights (and any outlier calibration)
     remove(transformer)
     if linear is None:
@@ -104,8 +111,41 @@ def apply(transformer: torch.nn.Module, linear: str | None, policy: LinearPolicy
             parked[name] = lin.weight.device
             lin.to(where)  # "cpu": in place, the same Parameter objects with their data moved; "meta": freed
     fused = gelu_fp8.fuse(transformer) if policy.fuse_gelu else {}
+    settings = dict(fallback=fallback, backend=backend, attention_names=list(attention_names))
     object.__setattr__(transformer, _STATE_ATTR, _LinearState(policy, originals, bf16, emulate, note, parked,
-                                                              fused, stacked))
+                                                              fused, stacked, settings))
+    lora_fp8.install(transformer)
+
+
+def settings(transformer: torch.nn.Module) -> dict | None:
+    """What it takes to swap this transformer's linears again as they are now (`lora_load`): ``apply``'s
+    arguments and the LoRA counters to carry over; None where no FP8 layer is in place."""
+    state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
+    if state is None or not state.originals:
+        return None
+    requantized = state.requantized_before + sum(m.requantized for _, _, m in _placed(transformer, state).values())
+    return dict(policy=state.policy, apply=dict(state.settings), lora_loads=state.lora_loads,
+                requantized=requantized)
+
+
+def restore(transformer: torch.nn.Module, saved: dict, loads: int) -> None:
+    """Swap the linears again from `settings` (after `remove`), counting ``loads`` more LoRA loads."""
+    apply(transformer, "fp8", saved["policy"], **saved["apply"])
+    state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
+    if state is not None:
+        state.lora_loads, state.requantized_before = saved["lora_loads"] + loads, saved["requantized"]
+
+
+def _placed(transformer: torch.nn.Module, state: _LinearState) -> dict[str, tuple[torch.nn.Module, str, FP8Linear]]:
+    """patch-time name -> (parent, key, FP8 layer) for each of this patch's FP8 layers still in the module tree,
+    wherever it is now (peft's unload puts a LoRA layer's base where the wrapper was)."""
+    names = {id(original): name for name, (_, _, original) in state.originals.items()}
+    found = {}
+    for parent in transformer.modules():
+        for key, child in parent._modules.items():
+            if isinstance(child, FP8Linear) and id(child._wrapped()) in names:
+                found[names[id(child._wrapped())]] = (parent, key, child)
+    return found
 
 
 def remove(transformer: torch.nn.Module) -> None:
@@ -114,12 +154,14 @@ def remove(transformer: torch.nn.Module) -> None:
     if state is None:
         return
     gelu_fp8.unfuse(state.gelu_fused)  # the GELU modules first: they hold the first layers
+    lora_fp8.release(transformer)
+    placed = _placed(transformer, state)
     dropped = []
-    for name, (parent, key, original) in state.originals.items():
-        current = parent._modules.get(key)
+    for name, (_, _, original) in state.originals.items():
+        parent, key, current = placed.get(name, (None, None, None))
+        ours = current is not None
         if name in state.parked:
             # back to where the FP8 layer is now (the model may have moved since), else where it was
-            ours = isinstance(current, FP8Linear) and current.linear is original
             device = current.w_q.device if ours else state.parked[name]
             if not original.weight.is_meta:
                 original.to(device)
@@ -129,7 +171,7 @@ def remove(transformer: torch.nn.Module) -> None:
             else:
                 warnings.warn(f"sagegen.unpatch: {name} was patched with bf16_copies='drop' and replaced since; "
                               "its original linear keeps no weights (meta)", stacklevel=3)
-        if isinstance(current, FP8Linear) and current.linear is original:
+        if ours:
             parent._modules[key] = original
     object.__delattr__(transformer, _STATE_ATTR)
     if dropped:
@@ -159,10 +201,8 @@ def reset_counts(transformer: torch.nn.Module) -> None:
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return
-    for parent, key, _ in state.originals.values():
-        module = parent._modules.get(key)
-        if isinstance(module, FP8Linear):
-            module._fp8_calls[0] = 0
+    for _, _, module in _placed(transformer, state).values():
+        module._fp8_calls[0] = 0
 
 
 def info(transformer: torch.nn.Module) -> dict | None:
@@ -170,15 +210,18 @@ def info(transformer: torch.nn.Module) -> dict | None:
     state: _LinearState | None = getattr(transformer, _STATE_ATTR, None)
     if state is None:
         return None
+    placed = _placed(transformer, state)
+    names = {id(m): n for n, m in transformer.named_modules()}  # where each layer is now
     fp8 = {}
-    for name, (parent, key, _) in state.originals.items():
-        module = parent._modules.get(key)
-        if isinstance(module, FP8Linear):
-            fp8[name] = {"calls": module.fp8_calls,
-                         "outlier_channels": 0 if module.outlier_idx is None else int(module.outlier_idx.numel()),
-                         "smoothed": module.col_scale is not None and module.outlier_idx is None}
-    weight_bytes = sum(m.w_q.numel() for m in (p._modules.get(k) for p, k, _ in state.originals.values())
-                       if isinstance(m, FP8Linear))
+    for _, _, module in placed.values():
+        fp8[names.get(id(module), "?")] = {
+            "calls": module.fp8_calls,
+            "outlier_channels": 0 if module.outlier_idx is None else int(module.outlier_idx.numel()),
+            "smoothed": module.col_scale is not None and module.outlier_idx is None}
+    weight_bytes = sum(m.w_q.numel() for _, _, m in placed.values())
+    lora = lora_fp8.info(transformer, state.requantized_before + sum(m.requantized for _, _, m in placed.values()),
+                         state.bf16)
+    lora["loads_after_patch"] = state.lora_loads
     return {"mode": "fp8", "policy": dataclasses.asdict(state.policy),
             "emulated": state.emulate or _device(transformer).type != "cuda",
             "note": state.note, "fp8_layers": sorted(fp8), "fp8_layer_count": len(fp8),
@@ -187,6 +230,7 @@ def info(transformer: torch.nn.Module) -> dict | None:
             "bf16_copies": state.policy.bf16_copies,
             "gelu_fused_layers": sorted(state.gelu_fused),
             "qkv_stacked_modules": len(state.stacked),
+            "lora": lora,
             "bf16_bytes_moved_to_cpu": sum(o.weight.numel() * o.weight.element_size()
                                            + (o.bias.numel() * o.bias.element_size() if o.bias is not None else 0)
                                            for n, (_, _, o) in state.originals.items()

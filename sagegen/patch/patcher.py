@@ -36,6 +36,7 @@ from sagegen.patch import dispatch_route as _route
 from sagegen.patch.fusion import blocks as _blocks
 from sagegen.patch import graphs as _graphs
 from sagegen.patch import linear_swap as _linear
+from sagegen.patch import lora_load as _lora_load
 from sagegen.patch import session as _session
 from sagegen.patch import wrapper as _proc
 from sagegen.patch.graph_counts import ForwardCounters
@@ -166,6 +167,8 @@ def patch(obj, config: SageConfig | dict | None = None, *, policy: PrecisionPoli
                            counters=ForwardCounters(state.session.stats, transformer))
         else:
             _graphs.disable(transformer)
+    _lora_load.release(list(transformers.values()), pipe)
+    _lora_load.install(list(transformers.values()), pipe)  # LoRAs loaded from now on: beside FP8 bases too
     return obj
 
 
@@ -238,7 +241,8 @@ def unpatch(obj):
     Unpatching an object that is not patched does nothing. A processor that was replaced after patching
     (e.g. by ``set_attn_processor``) is left as the user set it.
     """
-    transformers, _ = denoisers(obj)
+    transformers, pipe = denoisers(obj)
+    _lora_load.release(list(transformers.values()), pipe)
     for transformer in transformers.values():
         state: _PatchState | None = getattr(transformer, _STATE_ATTR, None)
         if state is None:

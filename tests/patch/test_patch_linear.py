@@ -110,34 +110,44 @@ def test_default_policy_keeps_embedders_final_projection_and_first_and_last_bloc
 
 
 class _LoraLinear(torch.nn.Module):
-    """The shape of peft's LoRA wrapper (peft is not installed here): base_layer plus lora_A / lora_B."""
+    """The shape of peft's LoRA wrapper (without peft, as the older-diffusers stacks run): base_layer plus
+    lora_A / lora_B (tests/patch/test_patch_lora.py runs peft itself)."""
 
-    def __init__(self, base: torch.nn.Linear, rank: int = 16):
+    def __init__(self, base: torch.nn.Linear, rank: int = 16, dora: bool = False):
         super().__init__()
         self.base_layer = base
         self.lora_A = torch.nn.ModuleDict({"default": torch.nn.Linear(base.in_features, rank, bias=False)})
         self.lora_B = torch.nn.ModuleDict({"default": torch.nn.Linear(rank, base.out_features, bias=False)})
+        self.use_dora = {"default": dora}
 
     def forward(self, x):
         return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](x))
 
 
-def test_peft_lora_layers_stay_bf16():
-    """An FP8 copy of a LoRA base layer would not see fuse_lora's in-place merge: such layers (and the adapters)
-    stay bf16, with the reason; the model's other linears still run FP8."""
+def test_peft_lora_layers_run_their_base_in_fp8():
+    """A LoRA layer's base runs FP8 beside its bf16 branch (listed bf16, with the reason); a DoRA layer's base
+    stays bf16 (its forward reads the bf16 weight); unpatch puts the same base linear back."""
     model, _ = _tiny("flux.1-dev")
     attn = model.transformer_blocks[0].attn
     attn.to_q = _LoraLinear(attn.to_q).to(torch.bfloat16)
+    attn.to_k = _LoraLinear(attn.to_k, dora=True).to(torch.bfloat16)
+    base_q = attn.to_q.base_layer
     sagegen.patch(model, linear="fp8", linear_policy=LinearPolicy(keep_blocks=()))
     info = patch_info(model)["linear"]
-    lora = [n for n in info["bf16_layers"] if n.startswith("transformer_blocks.0.attn.to_q.")]
-    assert sorted(lora) == ["transformer_blocks.0.attn.to_q.base_layer",
-                            "transformer_blocks.0.attn.to_q.lora_A.default",
-                            "transformer_blocks.0.attn.to_q.lora_B.default"]
-    assert all("peft LoRA" in info["bf16_layers"][n] for n in lora)
-    assert "transformer_blocks.0.attn.to_k" in info["fp8_layers"]
-    assert isinstance(attn.to_q.base_layer, torch.nn.Linear)
+    assert "transformer_blocks.0.attn.to_q.base_layer" in info["fp8_layers"]
+    assert isinstance(attn.to_q.base_layer, FP8Linear) and attn.to_q.base_layer.linear is base_q
+    branch = [n for n in info["bf16_layers"] if n.startswith("transformer_blocks.0.attn.to_q.")]
+    assert sorted(branch) == ["transformer_blocks.0.attn.to_q.lora_A.default",
+                              "transformer_blocks.0.attn.to_q.lora_B.default"]
+    assert all("LoRA branch" in info["bf16_layers"][n] for n in branch)
+    assert "DoRA" in info["bf16_layers"]["transformer_blocks.0.attn.to_k.base_layer"]
+    assert info["lora"] == {"layers": 2, "fp8_base_layers": 1, "merged_layers": 0, "adapters": ["default"],
+                            "requantized": 0, "loads_after_patch": 0,
+                            "bf16_base_layers": {"transformer_blocks.0.attn.to_k.base_layer":
+                                                 info["bf16_layers"]["transformer_blocks.0.attn.to_k.base_layer"]}}
+    assert "transformer_blocks.0.attn.to_v" in info["fp8_layers"]
     sagegen.unpatch(model)
+    assert attn.to_q.base_layer is base_q
 
 
 def test_patched_context_restores_the_previous_linear_patch():
