@@ -26,8 +26,8 @@ case ${GROUP:-e} in
        --repeats 5 --only $COMPILED ;;
   h) step 150 flux.1-dev torchao-compiled-regional --compile --compile-scope regional --compiled-only --torchao \
        --repeats 5 --only torchao_fp8_compiled
-     step 330 wan2.1-t2v-1.3b compiled-regional --compile --compile-scope regional --compiled-only --linear fp8 \
-       --torchao --repeats 3 --only $COMPILED ;;
+     step 230 wan2.1-t2v-1.3b compiled-regional --compile --compile-scope regional --compiled-only --repeats 3 \
+       --only stock_compiled,sagegen_compiled ;;
   f) step 300 wan2.1-t2v-1.3b compiled-regional --compile --compile-scope regional --compiled-only --linear fp8 \
        --torchao --repeats 3 --only $COMPILED
      step 260 cogvideox-5b compiled-regional --compile --compile-scope regional --compiled-only --linear fp8 \
