@@ -119,6 +119,11 @@ def test_compare_cachedit_records_its_cached_steps(tmp_path):
         assert sched["blocks"] == [full] * 4 + [1, 1] + [full] * 2, sched  # guidance in two calls a step
         assert [c["cached_steps"] for c in sched["cachedit"]] == [[2]]
         assert [c["cfg_cached_steps"] for c in sched["cachedit"]] == [[2]]
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 0, r.output
+    html = (out / "report" / "report.html").read_text()
+    assert "cache-dit's cached steps (0-based, the last generation): steps [2], unconditional calls: steps [2]" \
+        in html
 
 
 def test_run_fastercache_on_cogvideox(tmp_path):
