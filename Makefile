@@ -59,13 +59,13 @@ test-diffusers: $(STAMP)
 	$(PY) tests/support/diffusers_versions.py --install-only
 	$(PY) -m pytest -q $(XDIST) --durations=10 -m diffusers_matrix tests
 
-# Drift, seen on purpose: the newest resolution of `.[eval,test,lora]` in its own environment (.venv-latest), what
-# moved against the lock, then the suite. Reads today's registry; nothing here changes the lock.
+# Drift, seen on purpose: the newest resolution of `.[eval,test,lora,cachedit]` in its own environment
+# (.venv-latest), what moved against the lock, then the suite. Reads today's registry; nothing here changes the lock.
 test-latest:
 	rm -rf .venv-latest
 	$(PYTHON) -m venv .venv-latest
 	.venv-latest/bin/python -m pip install -q --upgrade 'pip>=24'
-	.venv-latest/bin/python -m pip install -q --no-cache-dir -e '.[eval,test,lora]' -r requirements/tools.in
+	.venv-latest/bin/python -m pip install -q --no-cache-dir -e '.[eval,test,lora,cachedit]' -r requirements/tools.in
 	.venv-latest/bin/python requirements/drift.py --lock $(LOCK) --python .venv-latest/bin/python
 	.venv-latest/bin/python tests/cli/test_cli_typer_versions.py --install
 	SAGEGEN_UNLOCKED=1 .venv-latest/bin/python -m pytest -q $(XDIST) --durations=10 -m "not diffusers_matrix" tests \

@@ -2,8 +2,8 @@
 
 Writes, with uv's resolver (the version pinned in the Makefile):
 
-- ``requirements/dev.lock``: every package `.[eval,test,lora]` and requirements/tools.in need, pinned, for the
-  machines development and CI run on (Linux x86_64, CPython 3.11). `make` installs from it; the package's own
+- ``requirements/dev.lock``: every package `.[eval,test,lora,cachedit]` and requirements/tools.in need, pinned,
+  for the machines development and CI run on (Linux x86_64, CPython 3.11). `make` installs from it; the package's own
   ranges in pyproject.toml stay open for users.
 - ``requirements/diffusers/<V>.lock`` for each older diffusers the matrix checks: diffusers==V with the
   Hugging Face stack of its era (transformers, huggingface-hub, tokenizers, ...: the newest each had before the
@@ -103,7 +103,7 @@ def release_dates(package: str) -> dict[str, str]:
 
 def lock_dev(uv: str) -> None:
     compile_lock(uv, DEV_LOCK, ["pyproject.toml", "--extra", "eval", "--extra", "test", "--extra", "lora",
-                                "requirements/tools.in"], [], "make lock")
+                                "--extra", "cachedit", "requirements/tools.in"], [], "make lock")
 
 
 def lock_diffusers(uv: str) -> None:

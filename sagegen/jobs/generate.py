@@ -284,12 +284,21 @@ def step_cache(pipe, spec: dict | None, setup: dict):
     from sagegen.patch.targets import denoisers
 
     recorder = ScheduleRecorder(list(denoisers(pipe)[0].values()))  # first: the innermost hooks
-    models = cache_spec.apply(pipe, cache_spec.CacheSpec.from_dict(spec))
+    try:
+        applied = cache_spec.apply(pipe, cache_spec.CacheSpec.from_dict(spec))
+    except Exception:
+        recorder.remove()
+        raise
     try:
         yield recorder
     finally:
-        setup["cache"] = {"spec": spec, "schedule": recorder.summary()}
-        cache_spec.remove(models)
+        schedule = recorder.summary()
+        with contextlib.suppress(Exception):  # cache-dit's own record: the last generation's cached steps
+            cached = applied.cached_steps()
+            if cached is not None:
+                schedule["cachedit"] = cached
+        setup["cache"] = {"spec": spec, "schedule": schedule}
+        cache_spec.remove(applied)
         recorder.remove()
 
 

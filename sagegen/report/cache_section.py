@@ -26,8 +26,23 @@ def cache_html(manifest: dict) -> str:
                 'main blocks and attention modules that ran their own forward; the cache answered the rest. '
                 'On random weights only fixed schedules (TaylorSeer, PAB) skip as they would on real ones. '
                 'Quality against an uncached run: <code>sagegen eval</code>.</p>')
-        parts.append(head + H.table(["call"] + [str(i) for i in range(len(blocks))], rows, raw=False) + note)
+        parts.append(head + H.table(["call"] + [str(i) for i in range(len(blocks))], rows, raw=False) + note
+                     + _cachedit_html(sched.get("cachedit")))
     if not parts:
         return ""
     return "<section><h2>Step cache</h2>" + "".join(parts) + "</section>"
 
+
+
+def _cachedit_html(contexts: list | None) -> str:
+    """cache-dit's own record (``schedule.cachedit``): the steps of the last generation it served from its cache."""
+    if not contexts:
+        return ""
+    items = []
+    for c in contexts:
+        text = f"steps {c.get('cached_steps')}"
+        if c.get("cfg_cached_steps"):
+            text += f", unconditional calls: steps {c.get('cfg_cached_steps')}"
+        items.append(text)
+    return ('<p class="muted">cache-dit\'s cached steps (0-based, the last generation): ' + e("; ".join(items))
+            + "</p>")

@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sagegen.cli.app import app
+from sagegen.patch import cache_spec, cachedit
 from sagegen.runs.directory import RunDir
 
 runner = CliRunner()
@@ -18,11 +19,31 @@ pytestmark = pytest.mark.usefixtures("isolated")
     (["compare", "tiny-wan2.1", "-p", "x", "--cache", "fbcache=-1"], "must be > 0"),
     (["run", "tiny-wan2.1", "-p", "x", "--cache", "magcache=/nonexistent/m.json"], "no such file"),
     (["run", "tiny-wan2.1", "-p", "x", "--cache", "taylorseer=interval:0"], "must be >= 1"),
+    (["run", "tiny-wan2.1", "-p", "x", "--cache", "fastercache=2"], "batched call .* this model is wan"),
+    (["compare", "tiny-flux", "-p", "x", "--cache", "seacache=0.2"], "Wan text-to-video only; this model is flux"),
+    (["run", "tiny-cogvideox", "-p", "x", "--cache", "fastercache=spatial:0"], "must be >= 1"),
+    (["run", "tiny-wan2.1", "-p", "x", "--cache", "seacache=order:3"], "must be one of 0, 1"),
+    (["run", "tiny-wan2.1", "-p", "x", "--cache", "cachedit=Fn:0"], "must be >= 1"),
+    (["run", "tiny-wan2.1", "-p", "x", "--cache", "cachedit=warp:2"], "write Fn:N,Bn:N"),
+    (["run", "tiny-wan2.1", "-p", "x", "--steps", "4", "--cache", "cachedit=mask:110"],
+     "has 3 steps, this run has 4"),
 ])
 def test_cache_usage_errors_exit_2(args, match, fake_model):
+    if "cachedit" in args[-1] and cachedit.installed_version() is None:
+        pytest.skip(f"cache-dit is not installed ({cachedit.INSTALL})")
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert "--cache" in r.output and re.search(match, r.output), r.output
+    assert fake_model.loads == []
+
+
+def test_a_cache_this_install_lacks_exits_2(monkeypatch, fake_model):
+    monkeypatch.setattr(cachedit, "installed_version", lambda: None)
+    r = runner.invoke(app, ["run", "tiny-wan2.1", "-p", "x", "--cache", "cachedit=Fn:1"])
+    assert r.exit_code == 2 and "pip install 'sagegen[cachedit]'" in r.output, r.output
+    monkeypatch.setattr(cache_spec, "_diffusers_release", lambda: (0, 40, 0))
+    r = runner.invoke(app, ["run", "tiny-wan2.1", "-p", "x", "--cache", "seacache=0.2"])
+    assert r.exit_code == 2 and "needs diffusers >= 0.41; this is diffusers 0.40.0" in r.output, r.output
     assert fake_model.loads == []
 
 
@@ -78,3 +99,38 @@ def test_calibrate_magcache_then_run_with_it(tmp_path):
     assert r.exit_code == 0, r.output
     sched = RunDir(out).manifest["setup"]["sage"]["rank0"]["cache"]["schedule"]
     assert sched["calls"] == 8 and sched["blocks"][0] == sched["blocks_per_call"]
+
+
+def test_compare_cachedit_records_its_cached_steps(tmp_path):
+    """cache-dit with a fixed schedule (a 0/1 mask, static): both variants cache step 2 of 4 (0-based); the
+    manifest has the recorder's block counts and cache-dit's own cached steps."""
+    pytest.importorskip("cache_dit")
+    out = tmp_path / "run"
+    spec = "cachedit=Fn:1,Bn:0,warmup:0,mask:1101,policy:static"
+    r = runner.invoke(app, ["compare", "tiny-wan2.1", "-p", "a red fox", "--steps", "4", "--warmup", "0",
+                            "--backend", "reference", "--cache", spec, "--quiet", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    manifest = RunDir(out).manifest
+    assert manifest["settings"]["cache"] == {"kind": "cachedit", "Fn": 1, "Bn": 0, "threshold": 0.08, "warmup": 0,
+                                             "mask": "1101", "policy": "static", "steps": 4}
+    for variant in ("sdpa", "sage"):
+        sched = manifest["setup"][variant]["rank0"]["cache"]["schedule"]
+        full = sched["blocks_per_call"]
+        assert sched["blocks"] == [full] * 4 + [1, 1] + [full] * 2, sched  # guidance in two calls a step
+        assert [c["cached_steps"] for c in sched["cachedit"]] == [[2]]
+        assert [c["cfg_cached_steps"] for c in sched["cachedit"]] == [[2]]
+    r = runner.invoke(app, ["report", str(out)])
+    assert r.exit_code == 0, r.output
+    html = (out / "report" / "report.html").read_text()
+    assert "cache-dit's cached steps (0-based, the last generation): steps [2], unconditional calls: steps [2]" \
+        in html
+
+
+def test_run_fastercache_on_cogvideox(tmp_path):
+    out = tmp_path / "run"
+    r = runner.invoke(app, ["run", "tiny-cogvideox", "-p", "a red fox", "--steps", "4", "--warmup", "0",
+                            "--backend", "reference", "--cache", "fastercache=spatial:2,uncond:2", "--quiet",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    sched = RunDir(out).manifest["setup"]["sage"]["rank0"]["cache"]["schedule"]
+    assert sched["calls"] == 4 and sched["attention_work"] < 1, sched  # batched guidance: one call a step

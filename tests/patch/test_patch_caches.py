@@ -91,7 +91,8 @@ def _other_caches():
 def test_other_diffusers_caches_on_a_patched_model(family, cache, order):
     """Three calls (a computed one, then ones the cache may serve), against the same cache on the stock model;
     unpatched (and the caches reset, as a pipeline does after each call), the model gives the stock outputs.
-    (FasterCache needs a batched CFG call: it fails on these stock models too, so it is not here.)"""
+    (FasterCache needs a batched CFG call and SeaCache a pipeline's step metadata: tests/patch/
+    test_patch_pipeline_caches.py runs them on tiny pipelines.)"""
     config = _other_caches()[cache]
     model, inputs = MODELS[family]()
     stock = copy.deepcopy(model)
