@@ -17,7 +17,8 @@ import sagegen
 from sagegen.linear import LinearPolicy
 from sagegen.patch import cache_spec, reset_stats
 from sagegen.sparse.sparse_config import SparseConfig
-from tests.patch.test_patch_pipeline_caches import _pipeline, _run
+from tests.support.cache_pipelines import latents as _run
+from tests.support.cache_pipelines import pipeline as _pipeline
 from tests.support.helpers import rel_l1
 
 FP8_TOL = 0.15      # rel. L1 of a tiny pipeline with every linear in FP8 (emulated) against stock

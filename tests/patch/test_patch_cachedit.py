@@ -15,6 +15,7 @@ import sagegen
 from sagegen.linear import LinearPolicy
 from sagegen.patch import cache_spec, cachedit
 from sagegen.patch.cache_schedule import ScheduleRecorder
+from tests.support import cache_pipelines
 from tests.support.helpers import rel_l1
 
 if cachedit.installed_version() is None:
@@ -26,28 +27,11 @@ cache_dit = pytest.importorskip("cache_dit")
 PIPELINE_TOL = 0.06  # rel. L1 of a tiny patched pipeline's latents vs stock (tests/support/diffusers_compat.py)
 FP8_TOL = 0.15  # ... with FP8 linears too (whole-model bound of tests/patch/test_patch_linear.py)
 EVERYWHERE = LinearPolicy(keep_blocks=(), min_rows=1)  # the tiny models' few blocks all in FP8
-STEPS = 4
+STEPS = cache_pipelines.STEPS
 CACHED = [1, 2, 3]  # warm-up 1 and a threshold every change passes: every later step served from the cache
 
 
-@functools.lru_cache(maxsize=None)
-def _pipeline(family: str):
-    if family == "wan":
-        from sagegen.models.tiny_video import TINY_VIDEO_CALL_DEFAULTS, build_tiny_video_pipeline
-
-        pipe, kwargs = build_tiny_video_pipeline("wan2.1"), TINY_VIDEO_CALL_DEFAULTS["wan2.1"]
-    else:
-        from sagegen.models.tiny import TINY_CALL_DEFAULTS, build_tiny_pipeline
-
-        pipe, kwargs = build_tiny_pipeline("flux"), TINY_CALL_DEFAULTS["flux"]
-    pipe.set_progress_bar_config(disable=True)
-    return pipe, {**kwargs, "num_inference_steps": STEPS}
-
-
-def _run(family: str) -> torch.Tensor:
-    pipe, kwargs = _pipeline(family)
-    out = pipe(prompt="a cat", generator=torch.Generator().manual_seed(0), output_type="latent", **kwargs)
-    return (out.frames if hasattr(out, "frames") else out.images).float()
+_pipeline, _run = cache_pipelines.pipeline, cache_pipelines.latents
 
 
 def _config():

@@ -16,10 +16,11 @@ import torch
 import sagegen
 from sagegen.patch import cache_spec
 from sagegen.patch.cache_schedule import ScheduleRecorder
+from tests.support import cache_pipelines
 from tests.support.helpers import rel_l1
 
 PIPELINE_TOL = 0.06  # rel. L1 of a tiny patched pipeline's latents vs stock (tests/support/diffusers_compat.py)
-STEPS = 4
+STEPS = cache_pipelines.STEPS
 FAMILY = {"fastercache": "cogvideox", "seacache": "wan"}
 # each hook's first diffusers (cache_spec.NEEDS_DIFFUSERS); FasterCache is in every supported diffusers
 NEEDS = {"fastercache": ("FasterCacheConfig", "0.35"), "seacache": ("SeaCacheConfig", "0.41")}
@@ -31,24 +32,7 @@ def _needs(kind: str):
                                                                     f"{diffusers.__version__})")
 
 
-@functools.lru_cache(maxsize=None)
-def _pipeline(family: str):
-    if family == "wan":
-        from sagegen.models.tiny_video import TINY_VIDEO_CALL_DEFAULTS, build_tiny_video_pipeline
-
-        pipe, kwargs = build_tiny_video_pipeline("wan2.1"), TINY_VIDEO_CALL_DEFAULTS["wan2.1"]
-    else:
-        from sagegen.models.tiny import TINY_CALL_DEFAULTS, build_tiny_pipeline
-
-        pipe, kwargs = build_tiny_pipeline(family), TINY_CALL_DEFAULTS[family]
-    pipe.set_progress_bar_config(disable=True)
-    return pipe, {**kwargs, "num_inference_steps": STEPS}
-
-
-def _run(family: str) -> torch.Tensor:
-    pipe, kwargs = _pipeline(family)
-    out = pipe(prompt="a cat", generator=torch.Generator().manual_seed(0), output_type="latent", **kwargs)
-    return (out.frames if hasattr(out, "frames") else out.images).float()
+_pipeline, _run = cache_pipelines.pipeline, cache_pipelines.latents
 
 
 def _config(kind: str, pipe):
