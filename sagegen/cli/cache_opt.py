@@ -20,18 +20,19 @@ Cache = Annotated[Optional[str], typer.Option(
          "Check quality with `sagegen compare --cache ...` then `sagegen eval` against an uncached run.")]
 
 
-def parse(value: str | None, steps: int, family: str | None = None):
-    """The `CacheSpec` for ``value`` at ``steps`` denoising steps on a model of ``family``, or None; UsageProblem
-    naming the option."""
+def parse(value: str | None, steps: int, family: str | None = None, sequence_split: bool = False):
+    """The `CacheSpec` for ``value`` at ``steps`` denoising steps on a model of ``family`` (under a ``--cp``
+    sequence split when ``sequence_split``), or None; UsageProblem naming the option."""
     if value is None:
         return None
-    from sagegen.patch.cache_spec import CacheSpecError, bind_steps, check_family
+    from sagegen.patch.cache_spec import CacheSpecError, bind_steps, check_family, check_parallel
     from sagegen.patch.cache_spec import parse as parse_spec
 
     try:
         spec = bind_steps(parse_spec(value), steps)
         if family is not None:
             check_family(spec, family)
+        check_parallel(spec, sequence_split)
     except CacheSpecError as e:
         raise UsageProblem(f"{OPTION} {value!r}: {e}", OPTION) from None
     return spec

@@ -210,7 +210,8 @@ def build_job(*, model: str, variants: list[str], prompt, prompts, max_prompts, 
         settings["cp"] = cp_spec.to_dict()
     from sagegen.cli.cache_opt import parse as parse_cache
 
-    cache_spec = parse_cache(cache, settings["steps"], preset.family)
+    cache_spec = parse_cache(cache, settings["steps"], preset.family,
+                             sequence_split=cp_spec is not None and cp_spec.sequence_split)
     if cache_spec is not None:  # likewise
         settings["cache"] = cache_spec.to_dict()
         if cuda_graphs:

@@ -49,6 +49,11 @@ from sagegen.patch import cachedit
 from sagegen.patch.cache_fields import CacheSpecError, Field, number, parse_fields
 
 KINDS = ("fbcache", "taylorseer", "magcache", "pab", "fastercache", "seacache", "cachedit")
+# Kinds that decide from the denoiser's outputs on each rank (FirstBlockCache's first-block residual; cache-dit's and
+# SeaCache's differences synchronise only under their own parallel setups). Under a sequence split each rank sees
+# its shard, so ranks could skip different blocks and the next collective would mismatch or hang. The others follow
+# a schedule fixed by the step (TaylorSeer, PAB, FasterCache, MagCache from a calibrated file).
+DECIDES_PER_RANK = ("fbcache", "seacache", "cachedit")
 # the first diffusers with each hook (checked on the released wheels); cache-dit itself requires diffusers >= 0.36
 NEEDS_DIFFUSERS = {"taylorseer": (0, 36), "magcache": (0, 37), "seacache": (0, 41), "cachedit": (0, 36)}
 # FasterCache's frequency split needs the denoiser's output layout, and its skip of the unconditional branch a
@@ -126,6 +131,15 @@ def _check_available(kind: str, text: str) -> None:
         if cachedit.release(version) < cachedit.MIN_VERSION:
             raise CacheSpecError(f"{text!r}: cache-dit {version} is older than "
                                  f"{'.'.join(map(str, cachedit.MIN_VERSION))} ({cachedit.INSTALL})")
+
+
+def check_parallel(spec: CacheSpec, sequence_split: bool) -> None:
+    """CacheSpecError when ``spec`` would let the ranks of a sequence split (Ulysses, Ring) decide apart
+    (`DECIDES_PER_RANK`); CFG parallelism alone is fine: its ranks run whole calls and meet only after them."""
+    if sequence_split and spec.kind in DECIDES_PER_RANK:
+        raise CacheSpecError(f"{spec.kind} decides from each rank's own part of the sequence under ulysses/ring, so "
+                             "the ranks could skip different blocks; use a fixed schedule (taylorseer, pab, magcache, "
+                             "fastercache) or --cp cfg=2 alone")
 
 
 def parse(text: str) -> CacheSpec:

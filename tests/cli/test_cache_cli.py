@@ -37,6 +37,37 @@ def test_cache_usage_errors_exit_2(args, match, fake_model):
     assert fake_model.loads == []
 
 
+TORCHRUN = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+@pytest.mark.parametrize("cp,cache,refused", [
+    ("ulysses=2", "fbcache=0.1", True),    # each rank would judge its own shard's first-block residual
+    ("ring=2", "seacache=0.2", True),
+    ("ulysses=2", "taylorseer=2", False),  # a schedule fixed by the step: the same on every rank
+    ("ring=2", "pab=2", False),
+])
+def test_a_cache_that_decides_per_rank_is_refused_under_a_sequence_split(monkeypatch, cp, cache, refused):
+    from sagegen.cli import jobs
+    from sagegen.cli.errors import UsageProblem
+
+    for name, value in TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    kwargs = dict(model="tiny-wan2.1", variants=["sage"], prompt=["x"], prompts=None, max_prompts=None, seed="0",
+                  steps=4, frames=None, height=None, width=None, guidance=None, negative_prompt=None, dtype="auto",
+                  device="cpu", model_path=None, random_weights=False, offload="none", vae_tiling=False,
+                  vae_slicing=False, compile=False, warmup=0, kernel=None, fp_blocks=None, fp_first_steps=0,
+                  fp_last_steps=0, backend="reference", out=None, linear="none", sparse=None, cp=cp, cuda_graphs=False,
+                  cache=cache, writes_run_dir=False)
+    if refused:
+        with pytest.raises(UsageProblem, match="decides from each rank's own part of the sequence"):
+            jobs.build_job(**kwargs)
+    else:
+        job, _ = jobs.build_job(**kwargs)
+        assert job.settings["cache"]["kind"] == cache.split("=")[0]
+    spec = cache_spec.parse(cache)  # CFG parallelism alone: ranks run whole calls, any cache is fine
+    cache_spec.check_parallel(spec, sequence_split=False)
+
+
 def test_a_cache_this_install_lacks_exits_2(monkeypatch, fake_model):
     monkeypatch.setattr(cachedit, "installed_version", lambda: None)
     r = runner.invoke(app, ["run", "tiny-wan2.1", "-p", "x", "--cache", "cachedit=Fn:1"])
