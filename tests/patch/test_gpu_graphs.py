@@ -208,3 +208,33 @@ def test_moving_the_model_drops_its_graphs():
         sagegen.patch(model)
         _same(out, model(**x)[0])
     sagegen.unpatch(model)
+
+
+def test_a_step_cache_runs_the_graphed_model_eagerly_with_the_caches_answers():
+    """FirstBlockCache on a graphed model: every call eager (`eager:step_cache`), the outputs those of the same
+    cache on the eager patched model; without the cache the graph is captured again."""
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    model, make = _model("flux.1-dev")
+    inputs = [make(s) for s in (1, 2, 3)]
+
+    def calls(context):
+        with torch.inference_mode(), model.cache_context(context):
+            return [model(**x)[0].clone() for x in inputs]
+
+    with torch.inference_mode():
+        sagegen.patch(model)
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.5))
+    want = calls("eager")
+    model.disable_cache()
+    sagegen.patch(model, cuda_graphs=True)
+    model.enable_cache(FirstBlockCacheConfig(threshold=0.5))
+    got = calls("graphed")
+    assert patch_info(model)["cuda_graphs"]["calls"] == {"eager:step_cache": 3}
+    for g, w in zip(got, want):
+        _same(g, w)
+    model.disable_cache()
+    with torch.inference_mode():
+        [model(**x) for x in inputs]
+    assert patch_info(model)["cuda_graphs"]["calls"]["captured"] == 1
+    sagegen.unpatch(model)
