@@ -36,7 +36,8 @@ case ${GROUP:-e} in
      timeout 450 python3 bench/bench_e2e.py flux.1-dev --steps 28 --compile regional \
        --out "$OUT/e2e-flux.1-dev-28-steps-$G-$D.json" 2>&1 | quiet | tail -25 ;;
   t) timeout 280 python3 -m pytest -q -p no:cacheprovider -p pytest_timeout --timeout 120 -rfE \
-       tests/patch/test_gpu_compile_modes.py tests/linear/test_gpu_fp8.py tests/patch/test_gpu_offload.py 2>&1 | quiet \
+       tests/patch/test_gpu_compile_modes.py tests/linear/test_gpu_fp8.py tests/patch/test_gpu_offload.py \
+       tests/patch/test_gpu_graphs.py 2>&1 | quiet \
        > "$OUT/gpu-tests-compile-fp8-offload.log"
      grep -E "passed|failed|^FAILED|^ERROR|^E  " "$OUT/gpu-tests-compile-fp8-offload.log" | head -20 ;;
 esac
