@@ -10,8 +10,8 @@ import sys
 from sagegen.jobs.e2ebench import VARIANTS, run
 
 
-def parse(argv):
-    """The options (argparse exits 2 on a bad one, naming it)."""
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's options (also what `sagegen bench MODEL --e2e` passes through)."""
     p = argparse.ArgumentParser(prog="bench_e2e", description="Time to video per variant (sagegen/jobs/e2ebench.py)")
     p.add_argument("model")
     p.add_argument("--variants", default=",".join(VARIANTS))
@@ -28,6 +28,12 @@ def parse(argv):
     p.add_argument("--device", default="auto")
     p.add_argument("--prompt", default="a red fox running through fresh snow, golden hour")
     p.add_argument("--out", required=True)
+    return p
+
+
+def parse(argv):
+    """The options (argparse exits 2 on a bad one, naming it)."""
+    p = parser()
     args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in args.variants if v not in VARIANTS]

@@ -37,9 +37,11 @@ def options_of(command: str) -> set[str]:
     params = group.commands[command].params
     names = {o for p in params for o in (*p.opts, *getattr(p, "secondary_opts", ())) if o.startswith("--")}
     if command == "bench":
+        from sagegen.cli import e2e_bench
         from sagegen.jobs.stepbench.args import parser
 
         names |= {o for a in parser()._actions for o in a.option_strings if o.startswith("--")}
+        names |= {"--e2e"} | {o for a in e2e_bench.parser()._actions for o in a.option_strings if o.startswith("--")}
     return names | FOREIGN
 
 
