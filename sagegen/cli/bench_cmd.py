@@ -13,6 +13,8 @@ from sagegen.cli.errors import UsageProblem, cli_command
 
 NO_GPU = ("sagegen bench times the GPU kernels, and no CUDA GPU is visible to PyTorch here (see `sagegen env`); "
           "run it on a machine with an NVIDIA GPU, or add --tiny for the CPU smoke test of the same code path")
+NO_GPU_E2E = ("sagegen bench --e2e times whole generations on the GPU, and no CUDA GPU is visible to PyTorch here (see "
+              "`sagegen env`); run it on a machine with an NVIDIA GPU, or time a tiny- preset (tiny-flux) on the CPU")
 
 
 def bench_architecture(model: str, tiny: bool = False) -> str:
@@ -115,8 +117,7 @@ def _e2e(model: str, extra: list[str]) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageProblem(NO_GPU.replace("add --tiny for the CPU smoke test of the same code path",
-                                              "time a tiny- preset (e.g. tiny-flux) on the CPU"))
+            raise UsageProblem(NO_GPU_E2E)
     e2e_bench.main([name, *extra])
 
 
