@@ -49,6 +49,11 @@ def eval_command(
     fid_frames: Annotated[Optional[int], typer.Option("--fid-frames", min=1,
                                                       help="Frames per video sample used for FID/KID "
                                                            "(evenly spaced; default all).")] = None,
+    against: Annotated[Optional[Path], typer.Option("--against", metavar="OTHER_RUN",
+                                                    help="Another run of the same model, prompts and seeds that "
+                                                         "differs in one setting (e.g. no --cache): PSNR/SSIM/LPIPS "
+                                                         "of every variant here against every variant there, "
+                                                         "into metrics.json's 'against'.")] = None,
     bootstrap: Annotated[Optional[int], typer.Option("--bootstrap", hidden=True,
                                                      help="Ignored: the intervals are Student-t "
                                                           "now (kept so old scripts run).")] = None,
@@ -62,7 +67,8 @@ A metric whose weights are missing offline is skipped with a one-line
 
     Examples: sagegen eval runs/demo (every metric it can);
     sagegen eval RUN_DIR --metric psnr,ssim,lpips;
-    sagegen eval RUN_DIR --metric fid --reference real_images/ --fid-frames 8
+    sagegen eval RUN_DIR --metric fid --reference real_images/ --fid-frames 8;
+    sagegen eval runs/cached --against runs/uncached (a step cache's cost, against stock and sagegen uncached)
     """
     from rich.console import Console
 
@@ -93,6 +99,9 @@ A metric whose weights are missing offline is skipped with a one-line
         raise typer.Exit(2) from e
     except BadOption as e:
         raise typer.BadParameter(str(e).split(": ", 1)[-1], param_hint="--metric") from e
+    if against is not None:
+        _eval_against(path, against, metric, lpips_weights, console, err_console)
+        return
     asked_for = [m for m in names if m in not_applicable(kind)] if not _all_metrics(metric) else []
     if asked_for:  # named explicitly, but not for this kind of run: a usage mistake
         raise typer.BadParameter("; ".join(not_applicable(kind)[m] for m in asked_for), param_hint="--metric")
@@ -129,6 +138,55 @@ A metric whose weights are missing offline is skipped with a one-line
                           "see the reasons above (results of earlier calls in metrics.json are kept)", highlight=False,
                           soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _eval_against(path: Path, against: Path, metric, lpips_weights, console, err_console) -> None:
+    """``--against OTHER_RUN``: the paired metrics of every variant pair (sagegen.eval.against)."""
+    from sagegen.eval.against import evaluate_against
+    from sagegen.eval.runner import PAIRED_METRICS, parse_metrics
+    from sagegen.eval.table import against_table
+    from sagegen.eval.weights import BadOption, WeightsMissing
+    from sagegen.runs.reader import RunDirError, resolve_run_dir
+
+    names = list(PAIRED_METRICS) if _all_metrics(metric) else parse_metrics(metric)
+    others = [m for m in names if m not in PAIRED_METRICS]
+    if others:
+        raise typer.BadParameter(f"with --against only {', '.join(PAIRED_METRICS)} apply (pixel against pixel); "
+                                 f"got {', '.join(others)}", param_hint="--metric")
+    try:
+        other = resolve_run_dir(against)
+    except RunDirError as e:
+        raise typer.BadParameter(str(e), param_hint="--against") from e
+    lpips = {}
+
+    def load_lpips():
+        from sagegen.eval import fidelity, weights
+
+        return fidelity.load_lpips(weights.resolve_lpips(lpips_weights))
+
+    if "lpips" in names:
+        try:
+            lpips["model"] = load_lpips()
+        except (WeightsMissing, ModuleNotFoundError) as e:
+            names.remove("lpips")
+            console.print(f"lpips skipped: {e}", style="yellow", highlight=False, soft_wrap=True, markup=False)
+    if not names:
+        err_console.print("[bold red]Error:[/] none of the requested metrics could be computed (reasons above)")
+        raise typer.Exit(1)
+    console.print(f"Evaluating [bold]{escape(str(path))}[/] against [bold]{escape(str(other))}[/]: {', '.join(names)}")
+    try:
+        entry = evaluate_against(path, other, names, lambda: lpips["model"],
+                                 log=lambda s: console.print(s, style="dim", highlight=False, markup=False))
+    except BadOption as e:
+        raise typer.BadParameter(str(e).split(": ", 1)[-1], param_hint="--against") from e
+    except RunDirError as e:
+        err_console.print(f"[bold red]Error:[/] {escape(str(e))}")
+        raise typer.Exit(2) from e
+    console.print(against_table(entry, names, other.name))
+    for sid, why in (entry.get("sample_errors") or {}).items():
+        console.print(f"sample {sid} left out: {why}", style="yellow", highlight=False, soft_wrap=True, markup=False)
+    console.print(f"Wrote {path / 'metrics.json'} (against.{other.name})", highlight=False, soft_wrap=True,
+                  markup=False)
 
 
 def _all_metrics(metric) -> bool:

@@ -69,6 +69,19 @@ def write_metrics(run: Run, results: dict[str, dict], keep_if_ok: Iterable[str] 
     return doc
 
 
+def write_against(run: Run, name: str, entry: dict) -> dict:
+    """Put ``entry`` (`sagegen.eval.against`) under ``against[name]`` of the run's metrics.json, keeping the
+    rest of the file as it was."""
+    path = run.path / "metrics.json"
+    doc = _read(path)
+    doc.setdefault("schema", SCHEMA)
+    doc["updated"] = now_iso()
+    doc.setdefault("run_dir", str(run.path.resolve()))
+    doc.setdefault("against", {})[name] = finite(entry)
+    atomic_write_json(path, doc)
+    return doc
+
+
 def finite(x: Any) -> Any:
     """NaN/inf -> None (JSON has no NaN); readers show None as "—"."""
     if isinstance(x, float):

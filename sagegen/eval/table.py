@@ -85,3 +85,16 @@ def skip_lines(doc: dict, only: Iterable[str] | None = None) -> list[str]:
         if e.get("status") in ("skipped", "error"):
             groups.setdefault((e["status"], e.get("reason", "")), []).append(m)
     return [f"{', '.join(ms)} {status}: {reason}" for (status, reason), ms in groups.items()]
+
+
+def against_table(entry: dict, metrics: Iterable[str], other: str) -> Table:
+    """One row per pair of variants (``here~there``), one column per paired metric (`sagegen.eval.against`)."""
+    t = Table(title=f"sagegen eval --against {other}", show_lines=False)
+    t.add_column("here ~ there", style="bold")
+    metrics = [m for m in metrics if m in entry.get("metrics", {})]
+    for m in metrics:
+        t.add_column(f"{m} [95% CI]", justify="right")
+    pairs = list(next(iter(entry["metrics"].values()))["aggregate"]) if metrics else []
+    for p in pairs:
+        t.add_row(p, *(fmt_ci(entry["metrics"][m]["aggregate"].get(p), _digits(m)) for m in metrics))
+    return t

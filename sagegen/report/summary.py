@@ -93,7 +93,26 @@ def summary_metrics(run: Run, mdoc: dict | None) -> tuple[str, list[str]]:
         row.append(f'<span class="muted">{H.e("; ".join(notes))}</span>')
         rows.append(row)
     html = (H.table(head, rows) + EXPLAIN) if rows else '<p class="muted">No metric computed.</p>'
-    return html, skip_lines(mdoc)
+    return html + against_tables(mdoc), skip_lines(mdoc)
+
+
+def against_tables(mdoc: dict) -> str:
+    """One table per ``sagegen eval --against OTHER`` (metrics.json's ``against``): a row per pair of variants."""
+    parts = []
+    for name, entry in (mdoc.get("against") or {}).items():
+        metrics = list(entry.get("metrics") or {})
+        if not metrics:
+            continue
+        pairs = list(entry["metrics"][metrics[0]].get("aggregate") or {})
+        head = ["here ~ there"] + [f"{H.e(m)} {'↓' if m == 'lpips' else '↑'}" for m in metrics]
+        rows = [[H.e(p)] + [H.e(fmt_ci(entry["metrics"][m]["aggregate"].get(p), DIGITS.get(m, 4))) for m in metrics]
+                for p in pairs]
+        n = len(entry.get("samples") or [])
+        parts.append(f"<h3>Against {H.e(name)}</h3>"
+                     f'<p class="muted">Each variant of this run against each variant of {H.e(entry.get("run_dir"))}'
+                     f" (same prompts and seeds), over {n} sample(s): "
+                     f"<code>sagegen eval RUN --against OTHER</code>.</p>" + H.table(head, rows))
+    return "".join(parts)
 
 
 def sample_metric_rows(run: Run, mdoc: dict | None, sid: str, psnr: dict[str, list[float]]) -> list[list[str]]:
