@@ -51,7 +51,7 @@ def eval_command(
                                                            "(evenly spaced; default all).")] = None,
     against: Annotated[Optional[Path], typer.Option("--against", metavar="OTHER_RUN",
                                                     help="Another run of the same model, prompts and seeds that "
-                                                         "differs in one setting (e.g. no --cache): PSNR/SSIM/LPIPS "
+                                                         "differs in one setting (e.g. no step cache): PSNR/SSIM/LPIPS "
                                                          "of every variant here against every variant there, "
                                                          "into metrics.json's 'against'.")] = None,
     bootstrap: Annotated[Optional[int], typer.Option("--bootstrap", hidden=True,
