@@ -326,3 +326,38 @@ def test_compare_with_cfg_parallel_under_torchrun(tmp_path):
         assert sorted(m["timings"][v]) == ["p000-s0"]
         assert {s["rank"] for s in rd.samples(v)} == {0}
         assert m["setup"][v]["rank1"]["cp"]["cfg"] == 2
+
+
+@pytest.mark.slow
+def test_a_fixed_step_cache_under_ulysses_matches_one_process(tmp_path):
+    """`--cache taylorseer=2 --cp ulysses=2`: both ranks keep the same schedule as one process does, stock's frames
+    are one process's frames exactly, and sagegen's differ from one process's by no more than sagegen's own error
+    (the split changes fp32 rounding, not the cache's decisions)."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from sagegen.runs.reader import load_frames, load_run
+
+    args = ["compare", "tiny-hunyuanvideo", "--prompt", "a cat", "--steps", "5", "--warmup", "0", "--quiet",
+            "--cache", "taylorseer=2"]
+    m, _ = _torchrun(tmp_path / "cp", *args, "--cp", "ulysses=2")
+    one = tmp_path / "one"
+    proc = subprocess.run([sys.executable, "-m", "sagegen.cli.app", *args, "--out", str(one)], env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    m1 = json.loads((one / "manifest.json").read_text())
+    for v in ("sdpa", "sage"):
+        single = m1["setup"][v]["rank0"]["cache"]["schedule"]
+        assert single["attention_work"] < 1.0, single  # the cache skipped something
+        for rank in ("rank0", "rank1"):
+            assert m["setup"][v][rank]["cache"]["schedule"] == single, (v, rank)
+    cp_run, one_run = load_run(tmp_path / "cp" / "run"), load_run(one)
+    frames = {(name, v): load_frames(r.samples[0].frame_paths(v)).astype(np.float64)
+              for name, r in (("cp", cp_run), ("one", one_run)) for v in ("sdpa", "sage")}
+    assert np.array_equal(frames["cp", "sdpa"], frames["one", "sdpa"])
+    split = np.abs(frames["cp", "sage"] - frames["one", "sage"]).mean()
+    quant = np.abs(frames["one", "sage"] - frames["one", "sdpa"]).mean()
+    assert 0 < quant and split <= 1.5 * quant, (split, quant)
