@@ -200,16 +200,19 @@ def _check_config(config) -> SageConfig:
     return config
 
 
+# SageConfig's fields in the custom op's argument order (the op's schema takes no dataclass). Every field must be
+# here, or a call through the op would silently run the field's default (tests/test_api.py checks the set).
+OP_CONFIG_FIELDS = ("q_granularity", "k_granularity", "smooth_k", "smooth_q", "smooth_v", "pv_precision",
+                    "pv_accum", "fallback", "block_q", "block_k", "qk_rotation", "qk_precision")
+
+
 def _config_args(c: SageConfig) -> tuple:
-    return (c.q_granularity, c.k_granularity, c.smooth_k, c.smooth_q, c.smooth_v, c.pv_precision,
-            c.pv_accum, c.fallback, c.block_q or 0, c.block_k or 0)
+    return tuple((getattr(c, n) or 0) if n in ("block_q", "block_k") else getattr(c, n) for n in OP_CONFIG_FIELDS)
 
 
 @functools.lru_cache(maxsize=64)
 def _config_from_args(*args) -> SageConfig:
-    names = ("q_granularity", "k_granularity", "smooth_k", "smooth_q", "smooth_v", "pv_precision",
-             "pv_accum", "fallback", "block_q", "block_k")
-    fields = dict(zip(names, args))
+    fields = dict(zip(OP_CONFIG_FIELDS, args))
     fields["block_q"] = fields["block_q"] or None
     fields["block_k"] = fields["block_k"] or None
     return SageConfig(**fields)
@@ -363,13 +366,14 @@ def _sageattn_impl(
     sm_scale: float, tensor_layout: str, return_lse: bool, backend: str,
     q_granularity: str, k_granularity: str, smooth_k: bool, smooth_q: bool, smooth_v: bool,
     pv_precision: str, pv_accum: str, fallback: str, block_q: int, block_k: int,
+    qk_rotation: str = "none", qk_precision: str = "int8",
     sparse_counts: torch.Tensor | None = None, sparse_indices: torch.Tensor | None = None,
     sparse_block_q: int = 0, sparse_block_kv: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The body of the custom op below (eager calls run it directly): (out in q's layout, lse [B, Hq, Nq] fp32 or
     an empty tensor)."""
     config = _config_from_args(q_granularity, k_granularity, smooth_k, smooth_q, smooth_v, pv_precision,
-                               pv_accum, fallback, block_q, block_k)
+                               pv_accum, fallback, block_q, block_k, qk_rotation, qk_precision)
     sparse = None
     if sparse_counts is not None:
         sparse = BlockSparse(sparse_counts, sparse_indices, sparse_block_q, sparse_block_kv)

@@ -350,3 +350,17 @@ def test_host_cdiv_and_next_power_of_2_match_triton():
             assert cdiv(a, b) == triton.cdiv(a, b), (a, b)
         if a >= 1:
             assert next_power_of_2(a) == triton.next_power_of_2(a), a
+
+
+def test_the_custom_op_carries_every_sageconfig_field():
+    """A field missing from the op's arguments would run its default on every call through the op (found when
+    qk_rotation was added: the op dropped it and sageattn ran plain INT8)."""
+    import dataclasses
+
+    from sagegen.api import OP_CONFIG_FIELDS, _config_args, _config_from_args
+
+    assert set(OP_CONFIG_FIELDS) == {f.name for f in dataclasses.fields(SageConfig)}
+    odd = SageConfig(q_granularity="per_block", k_granularity="per_token", smooth_k=False, smooth_q=True,
+                     smooth_v=True, pv_precision="fp16", pv_accum="fp22", fallback="error", block_q=32, block_k=64,
+                     qk_rotation="hadamard", qk_precision="fp8")
+    assert _config_from_args(*_config_args(odd)) == odd

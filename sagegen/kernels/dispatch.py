@@ -79,8 +79,15 @@ def choose(q: torch.Tensor, backend: str, config: SageConfig, *, interpret: bool
            warn: Callable[[str], None], n_kv: int | None = None, sparse: bool = False) -> tuple[str, SageConfig]:
     """Pick "triton", "reference" or "sdpa" for a call, and the config it runs with. Block-sparse calls
     (``sparse``) never take the small-call SDPA shortcut: SDPA would compute every block."""
-    if backend == "reference" or config.pv_accum == "fp22":
-        return "reference", config  # fp22 accumulation is an analysis mode of the emulation only
+    only = config.emulation_only()  # numerics under study, in the emulation alone (SageConfig.EMULATION_ONLY)
+    if only and backend == "triton":
+        raise ValueError(f"backend='triton': SageConfig {', '.join(only)} runs in the emulation only; use "
+                         "backend='reference' (or 'auto')")
+    if backend == "reference" or only:
+        if only and backend == "auto" and q.device.type == "cuda":
+            warn(f"sagegen: SageConfig {', '.join(only)} runs in the PyTorch emulation only (slow), not the "
+                 "kernels")
+        return "reference", config
     if q.device.type == "cpu":
         if backend == "triton" and not interpret:
             raise ValueError("backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 to run the Triton "

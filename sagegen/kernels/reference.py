@@ -10,6 +10,7 @@ This module imports nothing from the Triton implementation.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,6 +51,39 @@ def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.T
     scale = amax / INT8_MAX
     q = round_half_away(x * _div(INT8_MAX, amax)[..., None]).clamp_(-INT8_MAX, INT8_MAX)
     return q, scale
+
+
+def quantize_fp8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `quantize_int8`, to e4m3 (values as fp32, exactly the e4m3 grid) with scale amax / 448."""
+    B, H, N, D = x.shape
+    if per_token:
+        amax = x.abs().amax(dim=-1)
+    else:
+        n_blocks = -(-N // block)
+        padded = torch.nn.functional.pad(x.abs(), (0, 0, 0, n_blocks * block - N))
+        amax = padded.reshape(B, H, n_blocks, block * D).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :N]
+    amax = torch.clamp(amax, min=EPS)
+    q = (x * _div(FP8_MAX, amax)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+    return q, amax / FP8_MAX
+
+
+@functools.lru_cache(maxsize=None)
+def _rotation(d: int) -> torch.Tensor:
+    """The orthogonal [d, d] fp64 matrix of ``qk_rotation="hadamard"``: diag(±1) · H_d / sqrt(d), H_d Sylvester's
+    Hadamard matrix and the signs a fixed draw (seed 0), so Q and K of every call turn the same way."""
+    if d < 2 or d & (d - 1):
+        raise ValueError(f"SageConfig.qk_rotation='hadamard' needs a power-of-two head dim (32, 64, 128); got {d}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(0)).double() * 2 - 1
+    return signs[:, None] * h / math.sqrt(d)
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] (fp32) times `_rotation(D)`, computed in fp64."""
+    r = _rotation(x.shape[-1]).to(x.device)
+    return (x.double() @ r).float()
 
 
 def block_means(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -168,8 +202,12 @@ def sage_attention(
     q_mean = block_means(qf, block_q) if config.smooth_q else None
     qs = qf - q_mean if config.smooth_q else qf
 
-    q8, q_scale = quantize_int8(qs, block_q, config.q_granularity == "per_token")
-    k8, k_scale = quantize_int8(ks, block_k, config.k_granularity == "per_token")
+    if config.qk_rotation == "hadamard":  # Q·Kᵀ and the smooth-Q correction unchanged: both turn alike
+        qs, ks = rotate(qs), rotate(ks)
+        q_mean = rotate(q_mean) if q_mean is not None else None
+    quantize = quantize_fp8 if config.qk_precision == "fp8" else quantize_int8
+    q8, q_scale = quantize(qs, block_q, config.q_granularity == "per_token")
+    k8, k_scale = quantize(ks, block_k, config.k_granularity == "per_token")
 
     v_mean = _sampled_mean(vf, live) if config.smooth_v else None
     vs = vf - v_mean if config.smooth_v else vf
@@ -209,7 +247,7 @@ def sage_attention(
     chunk = max(block_q, (_CHUNK_ELEMS // max(1, B * H * Nk)) // block_q * block_q)
     for start in range(0, Nq, chunk):
         rows = slice(start, min(Nq, start + chunk))
-        s_int = q8[:, :, rows] @ k8.transpose(-1, -2)  # exact: |sum| < 2^24
+        s_int = q8[:, :, rows] @ k8.transpose(-1, -2)  # INT8: exact (|sum| < 2^24); FP8: fp32 sums
         if config.k_granularity == "per_token":
             s = (s_int * q_scale_log2[:, :, rows, None]) * k_scale[:, :, None, :]
         else:

@@ -66,3 +66,50 @@ def kept_mass(probs: torch.Tensor, keep: torch.Tensor, block_q: int, block_kv: i
     nq, nk = probs.shape[-2:]
     dense = keep.repeat_interleave(block_q, dim=2)[:, :, :nq].repeat_interleave(block_kv, dim=3)[..., :nk]
     return (probs * dense).sum(-1)
+
+
+DISTRIBUTIONS = ("gaussian", "video", "channel_bias_outliers", "sharp", "sinks", "low_rank_keys")
+
+
+def distribution_qkv(kind: str, n: int = 1024, *, heads: int = 2, head_dim: int = 128, batch: int = 1,
+                     seed: int = 0, dtype=torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v [batch, heads, n, head_dim] of one of `DISTRIBUTIONS`, for accuracy studies of the quantized
+    numerics at sm_scale = 1/sqrt(head_dim):
+
+    - ``gaussian``: i.i.d. N(0, 1);
+    - ``video``: `video_qkv` (position-smooth scores, as video DiTs; n rounded to a 4 x h x w grid);
+    - ``channel_bias_outliers``: K with a large per-channel bias shared by all tokens (what K-smoothing removes)
+      and, in Q and K, 4 outlier channels 20x the others (what per-block INT8 scales suffer from);
+    - ``sharp``: Q and K scaled so the softmax is nearly one-hot (scores spread ~±25);
+    - ``sinks``: 4 keys that every query attends to strongly (attention sinks), the rest Gaussian;
+    - ``low_rank_keys``: K in a rank-4 subspace plus 1% noise (scores dominated by a few directions).
+    """
+    g = torch.Generator().manual_seed(seed)
+    d = head_dim
+    shape = (batch, heads, n, d)
+    if kind == "video":
+        side = max(2, int(round((n / 4) ** 0.5)))
+        return video_qkv(4, side, side, heads=heads, head_dim=d, batch=batch, dtype=dtype, generator=g)
+    q, k, v = (torch.randn(shape, generator=g) for _ in range(3))
+    if kind == "gaussian":
+        pass
+    elif kind == "channel_bias_outliers":
+        k = k + 4.0 * torch.randn(1, heads, 1, d, generator=g)
+        ch = torch.randperm(d, generator=g)[:4]
+        q[..., ch] *= 20.0
+        k[..., ch] *= 20.0
+        v = v + 2.0 * torch.randn(1, heads, 1, d, generator=g)
+    elif kind == "sharp":
+        q, k = q * 3.0, k * 3.0
+    elif kind == "sinks":
+        sink_dir = torch.randn(1, heads, 1, d, generator=g)
+        sink_dir = sink_dir / sink_dir.norm(dim=-1, keepdim=True)
+        q = q + 3.0 * sink_dir
+        idx = torch.randperm(n, generator=g)[:4]
+        k[:, :, idx] = k[:, :, idx] + 8.0 * sink_dir * d ** 0.5 / 3.0
+    elif kind == "low_rank_keys":
+        basis = torch.randn(batch, heads, 4, d, generator=g)
+        k = torch.randn(batch, heads, n, 4, generator=g) @ basis / 2.0 + 0.01 * k
+    else:
+        raise ValueError(f"kind must be one of {DISTRIBUTIONS}; got {kind!r}")
+    return q.to(dtype), k.to(dtype), v.to(dtype)
