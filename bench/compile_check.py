@@ -192,3 +192,24 @@ def main():
 
 if __name__ == "__main__":
     main()
+
+
+def compile_quant(kernel: str, head_dim: int, rotate: bool, arch: int = 90, block: int | None = None):
+    """A quantization-pass kernel of `triton_quant` ("q" or "kv"), compiled for `arch` without a GPU, with or
+    without the Hadamard rotation (``SageConfig.qk_rotation``), at its launch settings."""
+    from sagegen.kernels import triton_quant as tq
+
+    fn = tq._quant_q_kernel if kernel == "q" else tq._quant_kv_kernel
+    names = list(inspect.signature(fn.fn).parameters)
+    block = block or SageConfig().blocks(head_dim)[0 if kernel == "q" else 1]
+    const = dict(BLOCK=block, HEAD_DIM=head_dim, PAD_D=False, ROTATE=rotate, **tq._turn(head_dim))
+    const.update(dict(BLOCK_MEAN=False, PER_TOKEN=True) if kernel == "q" else
+                 dict(SMOOTH_K=True, SMOOTH_V=True, K_PER_TOKEN=False, FP8=True, EXACT_FP8_CAST=False,
+                      KEY_MASK=False, PERMUTE_KEYS=True))
+    ptr = {"X": "*bf16", "K": "*bf16", "V": "*bf16", "Y": "*i8", "K8": "*i8", "VQ": "*fp8e4nv"}
+    ints = {"H", "N", "D", "N_PAD"}
+    sig = {n: "constexpr" if n in const else "i32" if n in ints or n.startswith("stride_") else ptr.get(n, "*fp32")
+           for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()})
+    warps = tq.QUANT_WARPS["q" if kernel == "q" else "kv"]
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})

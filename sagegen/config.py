@@ -37,7 +37,7 @@ _CHOICES = {
     "qk_precision": ("int8", "fp8"),
 }
 # Numerics the emulation has and the kernels do not yet (issue 58's study): `choose` runs the emulation for them.
-EMULATION_ONLY = {"pv_accum": "fp22", "qk_rotation": "hadamard", "qk_precision": "fp8"}
+EMULATION_ONLY = {"pv_accum": "fp22", "qk_precision": "fp8"}
 # Fields added after runs were fingerprinted: left out of to_dict() at their defaults, so those runs resume.
 _LATER_FIELDS = {"qk_rotation": "none", "qk_precision": "int8"}
 
@@ -72,7 +72,8 @@ class SageConfig:
             multiplied by the same orthogonal matrix, a fixed random ±1 diagonal times the normalised
             Hadamard matrix, before quantization. Q·Kᵀ is unchanged in exact arithmetic; outlier channels are
             spread over all channels, so the quantization scales fit the bulk better. Head dims 32, 64 and 128
-            (powers of two). Emulation only for now (`EMULATION_ONLY`).
+            (powers of two). The kernels turn Q and K in the quantization pass (a Walsh-Hadamard transform in
+            registers); Gluon's in-kernel Q quantization steps aside for it.
         qk_precision: ``"int8"`` (default, SageAttention2) or ``"fp8"``: Q and K in e4m3 with the same scale
             granularity (FlashAttention-3's FP8 Q·Kᵀ with block scales). Emulation only for now; its Q·Kᵀ sums
             in fp32, where Hopper's FP8 tensor cores keep fewer accumulator bits.

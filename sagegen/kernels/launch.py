@@ -133,7 +133,8 @@ def sage_attention(
         raise RuntimeError(f"{KERNEL_ENV}=gluon but {why_not}")
     use_gluon = why_not is None
     # The Gluon kernel quantizes Q itself (per-token scales only; per-block ones keep the Q pass).
-    q_in_kernel = use_gluon and gluon_quantizes_q() and config.q_granularity == "per_token"
+    q_in_kernel = (use_gluon and gluon_quantizes_q() and config.q_granularity == "per_token"
+                   and config.qk_rotation == "none")  # the rotation is the Q pass's
     qq = quantize(q, k, v, config, block_q, block_k, d_pad, key_bias,
                   permute_v_keys=use_gluon and gluon_permutes_v(), quantize_q=not q_in_kernel)
     out_inv = None

@@ -18,7 +18,7 @@ import torch
 from sagegen.config import SageConfig
 from sagegen.kernels.block_sparse import BlockSparse, tile_layout
 from sagegen.kernels.spec import (EPS, FP8_MAX, FP8_OUT_MARGIN, FP16_V_EXP, INT8_MAX, LN2, LOG2_FP8_MAX, LOG2E,
-                                  REF_WINDOW, SAMPLE_TOKENS, MaskSpec, device_capability)
+                                  REF_WINDOW, SAMPLE_TOKENS, MaskSpec, device_capability, hadamard_signs)
 
 _CHUNK_ELEMS = 1 << 26  # scores materialised per chunk of query rows
 
@@ -70,13 +70,11 @@ def quantize_fp8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.Te
 @functools.lru_cache(maxsize=None)
 def _rotation(d: int) -> torch.Tensor:
     """The orthogonal [d, d] fp64 matrix of ``qk_rotation="hadamard"``: diag(±1) · H_d / sqrt(d), H_d Sylvester's
-    Hadamard matrix and the signs a fixed draw (seed 0), so Q and K of every call turn the same way."""
-    if d < 2 or d & (d - 1):
-        raise ValueError(f"SageConfig.qk_rotation='hadamard' needs a power-of-two head dim (32, 64, 128); got {d}")
+    Hadamard matrix and the signs `spec.hadamard_signs` (a fixed draw), so Q and K of every call turn the same way."""
+    signs = torch.tensor(hadamard_signs(d), dtype=torch.float64)
     h = torch.ones(1, 1, dtype=torch.float64)
     while h.shape[0] < d:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    signs = torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(0)).double() * 2 - 1
     return signs[:, None] * h / math.sqrt(d)
 
 

@@ -57,6 +57,17 @@ FP16_V_EXP = 15
 CAPABILITY_ENV = "SAGEGEN_CAPABILITY"
 
 
+def hadamard_signs(d: int) -> list[float]:
+    """The ±1 diagonal of ``SageConfig.qk_rotation="hadamard"`` for head dim ``d`` (a power of two): a fixed
+    draw (seed 0), the same for Q and K of every call, in the emulation and the kernels."""
+    import torch
+
+    if d < 2 or d & (d - 1):
+        raise ValueError(f"SageConfig.qk_rotation='hadamard' needs a power-of-two head dim (32, 64, 128); got {d}")
+    draw = torch.randint(0, 2, (d,), generator=torch.Generator().manual_seed(0))
+    return [float(2 * int(x) - 1) for x in draw]
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b), for host code: `triton.cdiv` became a ConstexprFunction (~2 us a call from Python), and an
     attention call made a dozen such calls."""

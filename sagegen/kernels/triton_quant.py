@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from sagegen.config import SageConfig
-from sagegen.kernels.spec import EPS, FP8_MAX, FP16_V_EXP, INT8_MAX, SAMPLE_TOKENS, cdiv
+from sagegen.kernels.spec import EPS, FP8_MAX, FP16_V_EXP, INT8_MAX, SAMPLE_TOKENS, cdiv, hadamard_signs
 
 # Kernels may only read module globals that are constexpr.
 _EPS = tl.constexpr(EPS)
@@ -59,6 +59,22 @@ def _load_tile(X, b, h, offs_n, offs_d, stride_xb, stride_xh, stride_xn, stride_
 
 
 @triton.jit
+def _hadamard_rows(x, Signs, offs_d, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, LOG2_D: tl.constexpr,
+                   INV_SQRT_D: tl.constexpr):
+    """x [BLOCK, HEAD_DIM] fp32 times diag(signs) · H / sqrt(HEAD_DIM) (``SageConfig.qk_rotation="hadamard"``):
+    the signs, then a fast Walsh-Hadamard transform of each row in registers, log2(HEAD_DIM) butterfly stages of
+    fp32 adds (exact up to their rounding, unlike a TF32 dot), then the scale."""
+    x = x * tl.load(Signs + offs_d)[None, :]
+    for i in tl.static_range(LOG2_D):  # butterflies of span h = 1, 2, 4, ... HEAD_DIM / 2
+        # pair column j with j + h inside each group of 2h columns: (..., 2, h) -> last axis 2 to split
+        y = tl.permute(tl.reshape(x, (BLOCK, HEAD_DIM >> (i + 1), 2, 1 << i)), (0, 1, 3, 2))
+        a, b = tl.split(y)
+        y = tl.permute(tl.join(a + b, a - b), (0, 1, 3, 2))
+        x = tl.reshape(y, (BLOCK, HEAD_DIM))
+    return x * INV_SQRT_D
+
+
+@triton.jit
 def _min_keep_nan(x, axis):
     """tl.min that returns NaN where the reduced values hold one (tl.min skips NaNs)."""
     return tl.where(tl.max((x != x).to(tl.int32), axis=axis) > 0, float("nan"), tl.min(x, axis=axis))
@@ -88,13 +104,14 @@ def _int8_quantize(x, BLOCK: tl.constexpr, PER_TOKEN: tl.constexpr):
 
 @triton.jit
 def _quant_q_kernel(
-    X, Y, Scale, BlockMean,
+    X, Y, Scale, BlockMean, Signs,
     stride_xb, stride_xh, stride_xn, stride_xd,
     H, N, D, N_PAD,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_MEAN: tl.constexpr, PER_TOKEN: tl.constexpr,
-    PAD_D: tl.constexpr,
+    PAD_D: tl.constexpr, ROTATE: tl.constexpr, LOG2_D: tl.constexpr, INV_SQRT_D: tl.constexpr,
 ):
-    """Q -> int8 [B*H, N_PAD, HEAD_DIM] with per-row scales; with BLOCK_MEAN, smooth by the tile's mean."""
+    """Q -> int8 [B*H, N_PAD, HEAD_DIM] with per-row scales; with BLOCK_MEAN, smooth by the tile's mean (stored
+    unrotated: the kernel's correction pairs it with K unrotated); with ROTATE, turned by `_hadamard_rows`."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
@@ -106,6 +123,8 @@ def _quant_q_kernel(
         mu_blk = tl.sum(x, axis=0) / count
         tl.store(BlockMean + (pid_bh * (N_PAD // BLOCK) + pid_n) * HEAD_DIM + offs_d, mu_blk)
         x = tl.where(valid, x - mu_blk[None, :], 0.0)
+    if ROTATE:
+        x = _hadamard_rows(x, Signs, offs_d, BLOCK, HEAD_DIM, LOG2_D, INV_SQRT_D)
     y, scale = _int8_quantize(x, BLOCK, PER_TOKEN)
     head = pid_bh.to(tl.int64) * N_PAD * HEAD_DIM  # int64: the int8 buffer may pass 2^31 elements
     tl.store(Y + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], y)
@@ -240,13 +259,14 @@ def _kv_stats_finish_kernel(
 
 @triton.jit
 def _quant_kv_kernel(
-    K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ,
+    K, V, KeyBias, KMean, VMean, VInvScale, K8, KScale, VQ, Signs,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     H, N, D, N_PAD,
     BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, SMOOTH_K: tl.constexpr, SMOOTH_V: tl.constexpr,
     K_PER_TOKEN: tl.constexpr, FP8: tl.constexpr, EXACT_FP8_CAST: tl.constexpr, KEY_MASK: tl.constexpr,
-    PERMUTE_KEYS: tl.constexpr, PAD_D: tl.constexpr,
+    PERMUTE_KEYS: tl.constexpr, PAD_D: tl.constexpr, ROTATE: tl.constexpr, LOG2_D: tl.constexpr,
+    INV_SQRT_D: tl.constexpr,
 ):
     """K -> int8 [B*H, N_PAD, HEAD_DIM] (smoothed), V -> fp8 [B*H, HEAD_DIM, N_PAD] (transposed, per-channel
     scale) or fp16 [B*H, N_PAD, HEAD_DIM] (per-channel power-of-two scale, 1 unless fp16 would overflow), in one
@@ -267,6 +287,8 @@ def _quant_kv_kernel(
     if SMOOTH_K:
         k = k - tl.load(KMean + stats)[None, :]
     k = tl.where(valid & live, k, 0.0)
+    if ROTATE:  # after the smoothing, as the emulation (masked keys stay zeros)
+        k = _hadamard_rows(k, Signs, offs_d, BLOCK, HEAD_DIM, LOG2_D, INV_SQRT_D)
     k8, k_scale = _int8_quantize(k, BLOCK, K_PER_TOKEN)
     tl.store(K8 + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], k8)
     tl.store(KScale + pid_bh * N_PAD + offs_n, k_scale)
@@ -288,6 +310,22 @@ def _quant_kv_kernel(
     else:
         y = v * tl.load(VInvScale + stats)[None, :]  # 2^-k: exact
         tl.store(VQ + head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], y.to(tl.float16))
+
+
+_SIGNS: dict = {}
+
+
+def _signs(d: int, device) -> torch.Tensor:
+    """`spec.hadamard_signs(d)` as an fp32 tensor on ``device`` (kept per device)."""
+    key = (d, str(device))
+    if key not in _SIGNS:
+        _SIGNS[key] = torch.tensor(hadamard_signs(d), dtype=torch.float32, device=device)
+    return _SIGNS[key]
+
+
+def _turn(d_pad: int) -> dict:
+    """The rotation's compile-time constants (unused without ROTATE)."""
+    return {"LOG2_D": d_pad.bit_length() - 1, "INV_SQRT_D": d_pad ** -0.5}
 
 
 @dataclass
@@ -367,6 +405,8 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     """
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
+    rotate = config.qk_rotation == "hadamard"
+    signs = _signs(D, q.device) if rotate else None  # (raises for a head dim that is not a power of two)
     nq_pad = cdiv(Nq, block_q) * block_q
     nk_pad = cdiv(Nk, block_k) * block_k
     dev = q.device
@@ -377,9 +417,10 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
         if config.smooth_q:
             q_bm = torch.empty(B, Hq, nq_pad // block_q, d_pad, dtype=torch.float32, device=dev)
         _quant_q_kernel[(nq_pad // block_q, B * Hq)](
-            q, q8, q_scale, q_bm if q_bm is not None else q_scale, *q.stride(), Hq, Nq, D, nq_pad,
-            BLOCK=block_q, HEAD_DIM=d_pad, BLOCK_MEAN=config.smooth_q,
-            PER_TOKEN=config.q_granularity == "per_token", PAD_D=D != d_pad, num_warps=QUANT_WARPS["q"],
+            q, q8, q_scale, q_bm if q_bm is not None else q_scale, signs if rotate else q_scale, *q.stride(), Hq,
+            Nq, D, nq_pad, BLOCK=block_q, HEAD_DIM=d_pad, BLOCK_MEAN=config.smooth_q,
+            PER_TOKEN=config.q_granularity == "per_token", PAD_D=D != d_pad, ROTATE=rotate, **_turn(d_pad),
+            num_warps=QUANT_WARPS["q"],
             enable_fp_fusion=True,
         )
 
@@ -397,10 +438,11 @@ def quantize(q, k, v, config: SageConfig, block_q: int, block_k: int, d_pad: int
     _quant_kv_kernel[(nk_pad // block_k, B * Hkv)](
         k, v, key_bias if key_bias is not None else dummy,
         *(t if t is not None else dummy for t in (k_mean, v_mean, v_inv_scale)), k8, k_scale, vq,
-        *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
+        signs if rotate else dummy, *k.stride(), *v.stride(), Hkv, Nk, D, nk_pad,
         BLOCK=block_k, HEAD_DIM=d_pad, SMOOTH_K=config.smooth_k, SMOOTH_V=config.smooth_v,
         K_PER_TOKEN=config.k_granularity == "per_token", FP8=fp8, EXACT_FP8_CAST=interpreting(),
-        KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8, PAD_D=D != d_pad,
+        KEY_MASK=key_bias is not None, PERMUTE_KEYS=permute_v_keys and fp8, PAD_D=D != d_pad, ROTATE=rotate,
+        **_turn(d_pad),
         num_warps=QUANT_WARPS["kv"],
         enable_fp_fusion=True,
     )

@@ -301,3 +301,22 @@ def test_fp16_pv_with_v_beyond_fp16_range_on_hardware(seed, monkeypatch, cap, sm
     assert torch.isfinite(t).all() and torch.isfinite(t384).all()
     assert err < 1.2 * unit + 1e-3 and rel_l1(t, r) < 4e-3
     assert torch.equal(t384, t24 * 16)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_hadamard_rotation_tracks_emulation_on_hardware(seed, monkeypatch, kernel, d):
+    """`qk_rotation="hadamard"` (the quantization pass turns Q and K; Gluon's in-kernel Q pass steps aside) on
+    outlier channels: the kernels match the emulation, and both beat the unrotated kernel against fp64."""
+    from sagegen.testing.attention_inputs import distribution_qkv
+
+    cfg = _use_kernel(monkeypatch, kernel, SageConfig(smooth_v=True, qk_rotation="hadamard"))
+    q, k, v = (t.cuda() for t in distribution_qkv("channel_bias_outliers", 4096 + 37, heads=8, head_dim=d, seed=5))
+    t, lt = sagegen.sageattn(q, k, v, config=cfg, return_lse=True, backend="triton")
+    r, lr = sagegen.sageattn(q, k, v, config=cfg, return_lse=True, backend="reference")
+    plain = sagegen.sageattn(q, k, v, config=cfg.replace(qk_rotation="none"), backend="triton")
+    ref, _ = attention_fp64(q, k, v, sm_scale=d**-0.5)
+    print(f"{kernel} d={d}: vs emu {rel_l1(t, r):.2e}; vs fp64 rotated {rel_l1(t, ref):.4f}, "
+          f"unrotated {rel_l1(plain, ref):.4f}")
+    assert rel_l1(t, r) < 2e-4 and (lt - lr).abs().max() < 5e-3
+    assert rel_l1(t, ref) < 0.8 * rel_l1(plain, ref)

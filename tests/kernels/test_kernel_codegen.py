@@ -183,3 +183,27 @@ def test_block_sparse_loop_at_head_dim_64_reads_its_list_from_shared_memory():
     assert report["chosen"] == 256, report  # CogVideoX-5b's 139 key tiles
     assert report["True"]["waits"] == 0 and report["False"]["waits"] >= 1, report
     assert 3 * (report["True"]["shared"] + 1024) <= 228 * 1024, report
+
+
+QUANT_SCRIPT = """
+import json, sys
+sys.path.insert(0, "bench")
+from compile_check import compile_quant, summary
+print(json.dumps(summary(compile_quant(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"))))
+"""
+
+
+@pytest.mark.parametrize("kernel", ["q", "kv"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_rotated_quantization_pass_compiles_for_hopper_without_spills(kernel, d):
+    """`SageConfig.qk_rotation="hadamard"`: the Walsh-Hadamard butterflies (reshape / permute / split / join in
+    registers) compile for sm90 with the real backend, not only in the interpreter, and spill nothing."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    reports = {}
+    for rotate in ("0", "1"):
+        done = subprocess.run([sys.executable, "-c", QUANT_SCRIPT, kernel, str(d), rotate], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        reports[rotate] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reports["1"]["ldl/stl"] == 0 and reports["1"]["stack"] == 0, reports
+    print(reports)

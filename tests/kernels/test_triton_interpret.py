@@ -55,7 +55,9 @@ def test_head_dims(seed, d):
     SageConfig(q_granularity="per_block", k_granularity="per_token", smooth_k=False),
     SageConfig(pv_precision="fp16"),
     SageConfig(block_q=64, block_k=32),
-], ids=["smooth_qv", "granularity", "fp16_pv", "blocks"])
+    SageConfig(qk_rotation="hadamard"),
+    SageConfig(qk_rotation="hadamard", smooth_q=True, smooth_v=True, q_granularity="per_block"),
+], ids=["smooth_qv", "granularity", "fp16_pv", "blocks", "hadamard", "hadamard_smooth_q"])
 def test_configs(seed, cfg):
     q, k, v = qkv(1, 2, 1, 100, 90, 64, device=DEVICE)
     v = v + 3.0  # a V bias, so smooth_v has work to do
@@ -495,3 +497,32 @@ def test_rms_norm_matches_torch_rmsnorm(seed):
     diff = (out.float() - ref.float()).abs()
     assert (diff <= ref.float().abs() * 2.0**-7 + 1e-6).all()
     assert (diff > 0).float().mean() < 0.02, float((diff > 0).float().mean())
+
+
+@pytest.mark.parametrize("d", [32, 128])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_hadamard_rotation_in_the_quantization_pass(seed, d, layout):
+    """`qk_rotation="hadamard"`: the Triton quantization pass turns Q and K as the emulation does (GQA, odd sizes,
+    either layout, a key-padding mask with garbage in the padding), and the rotation is really applied: the
+    output moves by the quantization error's size against the unrotated kernel."""
+    q, k, v = qkv(2, 4, 2, 77, 150, d, layout=layout, device=DEVICE)
+    n_dim = 2 if layout == "HND" else 1
+    keep = torch.ones(2, k.shape[n_dim], dtype=torch.bool, device=DEVICE)
+    keep[1, 100:] = False
+    if layout == "HND":
+        k[1, :, 100:] = 1e4
+    else:
+        k[1, 100:] = 1e4
+    mask = keep[:, None, None, :]
+    cfg = SageConfig(qk_rotation="hadamard")
+    (t, lt), (r, lr) = both(q, k, v, tensor_layout=layout, attn_mask=mask, config=cfg, return_lse=True)
+    assert_close(t, r, lt, lr)
+    plain = sagegen.sageattn(q, k, v, tensor_layout=layout, attn_mask=mask, backend="triton")
+    assert rel_l1(t, plain) > 5 * rel_l1(t, r)
+
+
+def test_hadamard_rotation_refuses_a_head_dim_that_is_not_a_power_of_two(seed):
+    q, k, v = qkv(1, 2, 2, 40, 40, 96, device=DEVICE)
+    for backend in ("triton", "reference"):
+        with pytest.raises(ValueError, match="qk_rotation='hadamard' needs a power-of-two head dim"):
+            sagegen.sageattn(q, k, v, backend=backend, config=SageConfig(qk_rotation="hadamard"))
