@@ -32,7 +32,7 @@ sha=$(sha256sum "$work/pkg.tar.zst" | cut -d' ' -f1)
 i=0
 for p in "$work"/part*; do
   mkdir -p "$OUT/p$i" && mv "$p" "$OUT/p$i/"
-  [ $i -eq 0 ] && cp "$work"/zs/zstandard-*.whl "$OUT/p0/"
+  [ $i -eq $((n - 1)) ] && cp "$work"/zs/zstandard-*.whl "$OUT/p$i/"  # the last part unpacks: the lighter one
   cat > "$OUT/p$i/stash.sh" <<STASH
 #!/usr/bin/env bash
 # Keep this part in /tmp/cutedsl; after the last of $n parts, check, unpack and write /tmp/cutedsl/env.sh.
