@@ -1,16 +1,17 @@
-"""SageAttention2-style forward attention for Hopper (sm_90a), head dim 128, in NVIDIA's CuTe DSL.
+"""SageAttention2-style forward attention for Hopper (sm_90a), head dim 64 or 128, in NVIDIA's CuTe DSL.
 
 Research prototype (lab/cute_proto). The kernel does the main loop only; inputs are pre-quantized by
-`quantize_inputs` below (torch):
+`bench.quantize_inputs` (torch); D = 64 or 128 (`Sa2Config.head_dim`, compile-time, taken from the inputs):
 
-  Q  int8 [B, H, N, 128]  + q_scale fp32 [B, H, ceil(N/64)]    (one scale per 64 query rows = one consumer WG tile)
-  K  int8 [B, H, N, 128]  (mean over tokens subtracted) + k_scale fp32 [B, H, ceil(N/128)]  (one per key tile)
-  Vt e4m3 [B, H, 128, Np] (V transposed, Np = N padded to 128, keys permuted within each 32-key chunk,
-                           see `key_perm32`) + v_scale fp32 [B, H, 128]  (per channel amax / 448)
+  Q  int8 [B, H, N, D]  + q_scale fp32 [B, H, >= N]  (q_granularity="per_token", default: one scale per row)
+                          or [B, H, ceil(N/64)]        ("per_block": one per 64 rows = one consumer WG tile)
+  K  int8 [B, H, N, D]  (mean over tokens subtracted) + k_scale fp32 [B, H, ceil(N/128)]  (one per key tile)
+  Vt e4m3 [B, H, D, Np] (V transposed, Np = N padded to 128, keys permuted within each 32-key chunk,
+                         see `key_perm32`) + v_scale fp32 [B, H, D]  (per channel amax / 448)
 
 Kernel numerics (per 64-row query tile, per 128-key block j):
   S_int  = Q·K_jᵀ                      wgmma s8·s8 -> s32
-  s      = float(S_int) · c_j,  c_j = q_scale · k_scale_j · sm_scale · log2(e)      (base-2 logits)
+  s      = float(S_int) · c_j,  c_j = q_scale(row or tile) · k_scale_j · sm_scale · log2(e)   (base-2 logits)
   m_new  = max(m, rowmax(s)) (keys >= N masked to -inf), alpha = exp2(m - m_new)
   P      = exp2(s - m_new + log2 448)   (= 448 · exp2(s - m_new), uses e4m3's full range), l = l·alpha + rowsum(P)
   acc    = acc·alpha + (fp8(P) · V_j)    P·V_j in a fresh fp32 wgmma accumulator (e4m3·e4m3 -> f32), then added
@@ -34,7 +35,7 @@ host helper applies to V's key axis when it writes Vt (free). See `key_perm32`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
@@ -45,7 +46,8 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass._mlir.dialects import llvm
 
-HEAD_DIM = 128
+HEAD_DIM = 128  # default head dim (the kernel also supports 64: Sa2Config.head_dim)
+SUPPORTED_HEAD_DIMS = (64, 128)
 BM_WG = 64  # query rows per consumer warpgroup (= q_scale block)
 BN = 128  # keys per block (= k_scale block)
 LOG2_FP8_MAX = math.log2(448.0)
@@ -84,18 +86,40 @@ def opaque_mov_u32(x, *, loc=None, ip=None):
 class Sa2Config:
     schedule: str = "serial"  # "serial" | "overlap"
     pingpong: bool = False
-    k_stages: int = 3
-    v_stages: int = 3
+    # Q's INT8 scale granularity: "per_token" (sagegen's default: one scale per query row, q_scale [B, H, >= N])
+    # or "per_block" (one per 64-row consumer tile, q_scale [B, H, ceil(N/64)]). Per token costs one FMUL per
+    # row per key block: the row's scale folds into its softmax scale c_row = q_scale[row] * k_scale_j * ...
+    q_granularity: str = "per_token"
+    head_dim: int = 128  # 64 or 128 (set from the inputs by sa2_attention / make_launcher)
+    k_stages: int = 0  # 0: auto (3 at head dim 128, 4 at 64, where a K or V stage is only 8 KB)
+    v_stages: int = 0
     consumer_regs: int = 240
     producer_regs: int = 24
 
+    def __post_init__(self):
+        assert self.schedule in ("serial", "overlap"), self.schedule
+        assert self.q_granularity in ("per_token", "per_block"), self.q_granularity
+        assert self.head_dim in SUPPORTED_HEAD_DIMS, self.head_dim
+
+    def stages(self):
+        auto = 3 if self.head_dim == 128 else 4
+        return (self.k_stages or auto, self.v_stages or auto)
+
+    def with_head_dim(self, d):
+        return self if d == self.head_dim else replace(self, head_dim=d)
+
     def tag(self):
-        return f"{self.schedule}{'_pp' if self.pingpong else ''}_k{self.k_stages}v{self.v_stages}"
+        ks, vs = self.stages()
+        q = "qtok" if self.q_granularity == "per_token" else "qblk"
+        return f"{self.schedule}{'_pp' if self.pingpong else ''}_{q}_d{self.head_dim}_k{ks}v{vs}"
 
 
 class Sa2Fwd:
     def __init__(self, cfg: Sa2Config):
         self.cfg = cfg
+        self.D = cfg.head_dim
+        self.k_stages, self.v_stages = cfg.stages()
+        self.per_token_q = cfg.q_granularity == "per_token"
         self.num_consumer_wg = 2
         self.threads = 128 * (1 + self.num_consumer_wg)
         self.buffer_align_bytes = 1024
@@ -137,36 +161,36 @@ class Sa2Fwd:
             cutlass.Int8, cutlass.Int8, kmaj, kmaj, cutlass.Int32, (1, 1, 1), (BM_WG, BN)
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
-            cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, kmaj, kmaj, cutlass.Float32, (1, 1, 1), (BM_WG, HEAD_DIM),
+            cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, kmaj, kmaj, cutlass.Float32, (1, 1, 1), (BM_WG, self.D),
             warpgroup.OperandSource.RMEM,
         )
-        qk_tiler = (BM_WG, BN, HEAD_DIM)
-        pv_tiler = (BM_WG, HEAD_DIM, BN)
+        qk_tiler = (BM_WG, BN, self.D)
+        pv_tiler = (BM_WG, self.D, BN)
 
         row_major = utils.LayoutEnum.ROW_MAJOR  # K-major for A (M,K) and B (N,K) alike
         sQ_layout = sm90_utils.make_smem_layout_a(row_major, qk_tiler, cutlass.Int8, self.num_consumer_wg)
-        sK_layout = sm90_utils.make_smem_layout_b(row_major, qk_tiler, cutlass.Int8, self.cfg.k_stages)
-        sV_layout = sm90_utils.make_smem_layout_b(row_major, pv_tiler, cutlass.Float8E4M3FN, self.cfg.v_stages)
+        sK_layout = sm90_utils.make_smem_layout_b(row_major, qk_tiler, cutlass.Int8, self.k_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(row_major, pv_tiler, cutlass.Float8E4M3FN, self.v_stages)
 
         g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         tma_q, tma_mQ = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (BM_WG, HEAD_DIM)
+            g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (BM_WG, self.D)
         )
         tma_k, tma_mK = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (BN, HEAD_DIM)
+            g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (BN, self.D)
         )
         tma_v, tma_mV = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (HEAD_DIM, BN)
+            g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (self.D, BN)
         )
-        self.q_bytes = BM_WG * HEAD_DIM
-        self.k_bytes = BN * HEAD_DIM
-        self.v_bytes = HEAD_DIM * BN
+        self.q_bytes = BM_WG * self.D
+        self.k_bytes = BN * self.D
+        self.v_bytes = self.D * BN
 
         @cute.struct
         class SharedStorage:
             q_mbar: cute.struct.MemRange[cutlass.Int64, 2 * 2]
-            k_mbar: cute.struct.MemRange[cutlass.Int64, self.cfg.k_stages * 2]
-            v_mbar: cute.struct.MemRange[cutlass.Int64, self.cfg.v_stages * 2]
+            k_mbar: cute.struct.MemRange[cutlass.Int64, self.k_stages * 2]
+            v_mbar: cute.struct.MemRange[cutlass.Int64, self.v_stages * 2]
             sQ: cute.struct.Align[cute.struct.MemRange[cutlass.Int8, cute.cosize(sQ_layout)], self.buffer_align_bytes]
             sK: cute.struct.Align[cute.struct.MemRange[cutlass.Int8, cute.cosize(sK_layout)], self.buffer_align_bytes]
             sV: cute.struct.Align[
@@ -224,11 +248,11 @@ class Sa2Fwd:
         )
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.num_consumer_wg)
         k_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.k_mbar.data_ptr(), num_stages=cfg.k_stages, producer_group=one_thread,
+            barrier_storage=storage.k_mbar.data_ptr(), num_stages=self.k_stages, producer_group=one_thread,
             consumer_group=consumers, tx_count=self.k_bytes, defer_sync=True,
         )
         v_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.v_mbar.data_ptr(), num_stages=cfg.v_stages, producer_group=one_thread,
+            barrier_storage=storage.v_mbar.data_ptr(), num_stages=self.v_stages, producer_group=one_thread,
             consumer_group=consumers, tx_count=self.v_bytes, defer_sync=True,
         )
         pipeline.pipeline_init_arrive()
@@ -238,9 +262,9 @@ class Sa2Fwd:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         # global tiles: (tile, tile, n_tiles...) for this head
-        gQ = cute.local_tile(mQ[None, None, bh], (BM_WG, HEAD_DIM), (None, 0))  # (64, 128, nQ)
-        gK = cute.local_tile(mK[None, None, bh], (BN, HEAD_DIM), (None, 0))  # (128, 128, nK)
-        gV = cute.local_tile(mV[None, None, bh], (HEAD_DIM, BN), (0, None))  # (128, 128, nK)
+        gQ = cute.local_tile(mQ[None, None, bh], (BM_WG, self.D), (None, 0))  # (64, 128, nQ)
+        gK = cute.local_tile(mK[None, None, bh], (BN, self.D), (None, 0))  # (128, 128, nK)
+        gV = cute.local_tile(mV[None, None, bh], (self.D, BN), (0, None))  # (128, 128, nK)
         tQsQ, tQgQ = cute.nvgpu.cpasync.tma_partition(
             tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
         )
@@ -263,8 +287,8 @@ class Sa2Fwd:
             cute.arch.setmaxregister_decrease(cfg.producer_regs)
             if warp_idx == 0:
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 2)
-                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.k_stages)
-                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.v_stages)
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.k_stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.v_stages)
                 for w in cutlass.range_constexpr(self.num_consumer_wg):
                     q_pipe.producer_acquire(q_state)
                     cute.copy(
@@ -300,7 +324,7 @@ class Sa2Fwd:
             tOrV = pv_mma.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, 1, 4, v_stages)
 
             acc_s_shape = qk_thr.partition_shape_C((BM_WG, BN))
-            acc_o_shape = pv_thr.partition_shape_C((BM_WG, HEAD_DIM))
+            acc_o_shape = pv_thr.partition_shape_C((BM_WG, self.D))
             acc_o = cute.make_rmem_tensor(acc_o_shape, cutlass.Float32)
             acc_o.fill(0.0)
             p_shape = pv_thr.partition_shape_A((BM_WG, BN))  # ((4,2,2), 1, 4)
@@ -313,8 +337,17 @@ class Sa2Fwd:
             row_max.fill(-cutlass.Float32.inf)
             row_sum.fill(0.0)
 
-            # (a CTA's second query tile can lie wholly past N: its rows are computed on TMA zeros, never stored)
-            qs_log2 = q_scale[bh, cutlass.min(q_tile, q_scale.shape[1] - 1)] * sm_scale_log2
+            # Q's scale for this thread's two rows (h = 0, 1: rows r and r + 8 of its warp's 16), times
+            # sm_scale * log2(e). Per block: the tile's one scale; per token: each row's own, clamped to the last
+            # entry for rows >= N (computed on TMA zeros, never stored; a CTA's second query tile can lie wholly
+            # past N too).
+            qs_log2 = cute.make_rmem_tensor((2,), cutlass.Float32)
+            for h in cutlass.range_constexpr(2):
+                if cutlass.const_expr(self.per_token_q):
+                    q_row = q_tile * BM_WG + tScS[2 * h][0]
+                    qs_log2[h] = q_scale[bh, cutlass.min(q_row, q_scale.shape[1] - 1)] * sm_scale_log2
+                else:
+                    qs_log2[h] = q_scale[bh, cutlass.min(q_tile, q_scale.shape[1] - 1)] * sm_scale_log2
 
             # Q tile of this warpgroup
             q_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 2)
@@ -323,8 +356,8 @@ class Sa2Fwd:
             q_pipe.consumer_wait(q_cstate)
             q_stage = q_cstate.index
 
-            k_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.k_stages)
-            v_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.v_stages)
+            k_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.k_stages)
+            v_cstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.v_stages)
 
             if cutlass.const_expr(cfg.schedule == "serial"):
                 for kb in cutlass.range(n_kb, unroll=1):
@@ -339,7 +372,7 @@ class Sa2Fwd:
                     # ---------------- softmax (base 2, online)
                     s_f = self.scores_f32(acc_s, tScS, kb, seqlen)
                     alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
-                    self.softmax_step(s_f, qs_log2 * k_scale[bh, kb], row_max, row_sum, alpha)
+                    self.softmax_step(s_f, qs_log2, k_scale[bh, kb], row_max, row_sum, alpha)
 
                     # ---------------- P (e4m3, A-operand register layout) . V into a fresh accumulator
                     tOrP = cute.make_rmem_tensor(p_shape, cutlass.Float8E4M3FN)
@@ -377,7 +410,7 @@ class Sa2Fwd:
                 k_pipe.consumer_release(k_cstate)
                 k_cstate.advance()
                 s_f = self.scores_f32(acc_s, tScS, 0, seqlen)
-                self.softmax_step(s_f, qs_log2 * k_scale[bh, 0], row_max, row_sum, alpha_prev)
+                self.softmax_step(s_f, qs_log2, k_scale[bh, 0], row_max, row_sum, alpha_prev)
                 self.pack_p(s_f, tOrP_prev, p_shape)
 
                 for kb in cutlass.range(1, n_kb, unroll=1):
@@ -395,7 +428,7 @@ class Sa2Fwd:
                     k_pipe.consumer_release(k_cstate)
                     k_cstate.advance()
                     s_f = self.scores_f32(acc_s, tScS, kb, seqlen)
-                    self.softmax_step(s_f, qs_log2 * k_scale[bh, kb], row_max, row_sum, alpha_cur)
+                    self.softmax_step(s_f, qs_log2, k_scale[bh, kb], row_max, row_sum, alpha_cur)
                     tOrP_cur = cute.make_rmem_tensor(p_shape, cutlass.Float8E4M3FN)
                     self.pack_p(s_f, tOrP_cur, p_shape)
                     cute.nvgpu.warpgroup.wait_group(0)  # PV_{j-1} done
@@ -434,7 +467,7 @@ class Sa2Fwd:
     @cute.jit
     def issue_qk(self, qk_mma, acc_s, tSrQ, tSrK, q_stage, k_stage):
         cute.nvgpu.warpgroup.fence()
-        for kk in cutlass.range_constexpr(HEAD_DIM // 32):
+        for kk in cutlass.range_constexpr(self.D // 32):
             qk_mma.set(warpgroup.Field.ACCUMULATE, kk != 0)
             cute.gemm(qk_mma, acc_s, tSrQ[None, None, kk, q_stage], tSrK[None, None, kk, k_stage], acc_s)
         cute.nvgpu.warpgroup.commit_group()
@@ -473,13 +506,15 @@ class Sa2Fwd:
                     acc_o[v] = acc_o[v] * alpha[h] + acc_pv[v]
 
     @cute.jit
-    def softmax_step(self, s_f, c, row_max, row_sum, alpha):
+    def softmax_step(self, s_f, qs_log2, ks, row_max, row_sum, alpha):
         """Online softmax update for one block. s_f: raw (unscaled) logits, f32, in the C-fragment order
-        v = e + 2h + 4g (h: row half, g: 8-column group, e: column parity); c > 0: the block's logit scale.
+        v = e + 2h + 4g (h: row half, g: 8-column group, e: column parity); the logit scale of row half h is
+        c = qs_log2[h] * ks > 0 (Q's row or tile scale * sm_scale * log2 e, times the block's K scale).
         Overwrites s_f with P*448 = exp2(s*c - m_new + log2 448); updates row_max, row_sum (thread-partial sums,
         quad-reduced in the epilogue); alpha[h] = exp2(m_old - m_new), the rescale for older accumulators."""
         n_groups = cute.size(s_f) // 4
         for h in cutlass.range_constexpr(2):
+            c = qs_log2[h] * ks
             mx = s_f[2 * h]
             for g in cutlass.range_constexpr(n_groups):
                 for e in cutlass.range_constexpr(2):
@@ -509,7 +544,7 @@ class Sa2Fwd:
         """Write P (f32, C-fragment order) into the e4m3 A fragment ((4,2,2),1,4): slot v = i + 4a + 8b of
         k-block s takes C value (i & 1) + 2a + 4(4s + 2b + (i >> 1)) (same row half a; see key_perm32)."""
         tmp = cute.make_rmem_tensor(p_shape, cutlass.Float32)
-        for s in cutlass.range_constexpr(4):
+        for s in cutlass.range_constexpr(BN // 32):
             for b in cutlass.range_constexpr(2):
                 for a in cutlass.range_constexpr(2):
                     for i in cutlass.range_constexpr(4):
@@ -527,9 +562,9 @@ class Sa2Fwd:
             if l > 0.0:
                 r = 1.0 / l
             inv[h] = r
-        gO = cute.local_tile(mO[None, None, bh], (BM_WG, HEAD_DIM), (q_tile, 0))
+        gO = cute.local_tile(mO[None, None, bh], (BM_WG, self.D), (q_tile, 0))
         tOgO = pv_thr.partition_C(gO)
-        tOcO = pv_thr.partition_C(cute.make_identity_tensor((BM_WG, HEAD_DIM)))
+        tOcO = pv_thr.partition_C(cute.make_identity_tensor((BM_WG, self.D)))
         row0 = q_tile * BM_WG
         for i in cutlass.range_constexpr(cute.size(acc_o)):
             h = (i // 2) % 2
@@ -557,7 +592,7 @@ def _prepare_args(q_i8, k_i8, v_fp8_t, q_scale, k_scale, v_scale, o):
     import torch
 
     B, H, N, D = q_i8.shape
-    assert D == HEAD_DIM
+    assert D in SUPPORTED_HEAD_DIMS, D
     q3 = q_i8.reshape(B * H, N, D)
     k3 = k_i8.reshape(B * H, N, D)
     vt = v_fp8_t.reshape(B * H, D, v_fp8_t.shape[-1])
@@ -575,6 +610,17 @@ def _prepare_args(q_i8, k_i8, v_fp8_t, q_scale, k_scale, v_scale, o):
     return args
 
 
+def _check_inputs(cfg, q_i8, v_fp8_t, q_scale, k_scale):
+    B, H, N, D = q_i8.shape
+    assert D == cfg.head_dim, (D, cfg.head_dim)
+    assert v_fp8_t.shape[-1] % BN == 0 and v_fp8_t.shape[-1] >= N and v_fp8_t.shape[-2] == D
+    if cfg.q_granularity == "per_token":  # one per row; a padded buffer (sagegen's [B, H, N_pad]) is fine
+        assert q_scale.shape[-1] >= N, (q_scale.shape, N)
+    else:
+        assert q_scale.shape[-1] == -(-N // BM_WG), (q_scale.shape, N)
+    assert k_scale.shape[-1] == -(-N // BN), (k_scale.shape, N)
+
+
 def compile_variant(cfg: Sa2Config, args, stream):
     key = cfg
     if key not in _COMPILED:
@@ -584,16 +630,16 @@ def compile_variant(cfg: Sa2Config, args, stream):
 
 
 def sa2_attention(q_i8, k_i8, v_fp8_t, q_scale, k_scale, v_scale, sm_scale, cfg: Sa2Config | None = None, out=None):
-    """q_i8, k_i8: int8 [B, H, N, 128]; v_fp8_t: e4m3 (or its uint8 view) [B, H, 128, Np] (keys permuted per
-    32-chunk, Np = ceil(N/128)*128); q_scale [B, H, ceil(N/64)], k_scale [B, H, ceil(N/128)], v_scale [B, H, 128]
-    (fp32). Returns bf16 [B, H, N, 128]."""
+    """q_i8, k_i8: int8 [B, H, N, D] (D = 64 or 128); v_fp8_t: e4m3 (or its uint8 view) [B, H, D, Np] (keys
+    permuted per 32-chunk, Np = ceil(N/128)*128); q_scale [B, H, >= N] (cfg.q_granularity="per_token", the
+    default) or [B, H, ceil(N/64)] ("per_block"), k_scale [B, H, ceil(N/128)], v_scale [B, H, D] (fp32).
+    Returns bf16 [B, H, N, D]. cfg's head_dim is taken from the inputs."""
     import torch
     import cuda.bindings.driver as cuda
 
-    cfg = cfg or Sa2Config()
     B, H, N, D = q_i8.shape
-    assert v_fp8_t.shape[-1] % BN == 0 and v_fp8_t.shape[-1] >= N
-    assert q_scale.shape[-1] == -(-N // BM_WG) and k_scale.shape[-1] == -(-N // BN)
+    cfg = (cfg or Sa2Config()).with_head_dim(D)
+    _check_inputs(cfg, q_i8, v_fp8_t, q_scale, k_scale)
     o = out if out is not None else torch.empty(B, H, N, D, dtype=torch.bfloat16, device=q_i8.device)
     args = _prepare_args(q_i8, k_i8, v_fp8_t, q_scale.float().contiguous(), k_scale.float().contiguous(),
                          v_scale.float().contiguous(), o)
@@ -609,7 +655,8 @@ def make_launcher(q_i8, k_i8, v_fp8_t, q_scale, k_scale, v_scale, sm_scale, out,
     import torch
     import cuda.bindings.driver as cuda
 
-    cfg = cfg or Sa2Config()
+    cfg = (cfg or Sa2Config()).with_head_dim(q_i8.shape[-1])
+    _check_inputs(cfg, q_i8, v_fp8_t, q_scale, k_scale)
     args = _prepare_args(q_i8, k_i8, v_fp8_t, q_scale, k_scale, v_scale, out)
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
     fn = compile_variant(cfg, args, stream)
@@ -617,19 +664,20 @@ def make_launcher(q_i8, k_i8, v_fp8_t, q_scale, k_scale, v_scale, sm_scale, out,
     return lambda: fn(*args, scale, stream)
 
 
-def compile_only(cfg: Sa2Config, N=1000, B=1, H=2):
+def compile_only(cfg: Sa2Config):
     """Compile the kernel without a GPU (fake tensors; dynamic shapes, like the real call)."""
     from cutlass.cute.runtime import make_fake_tensor, make_fake_stream
 
+    D = cfg.head_dim
     sym = cute.sym_int
     s64 = lambda: cute.sym_int(64)  # noqa: E731
-    q = make_fake_tensor(cutlass.Int8, (sym(), sym(), HEAD_DIM), stride=(s64(), s64(), 1), assumed_align=16)
-    k = make_fake_tensor(cutlass.Int8, (sym(), sym(), HEAD_DIM), stride=(s64(), s64(), 1), assumed_align=16)
-    v = make_fake_tensor(cutlass.Float8E4M3FN, (sym(), HEAD_DIM, sym()), stride=(s64(), s64(), 1), assumed_align=16)
+    q = make_fake_tensor(cutlass.Int8, (sym(), sym(), D), stride=(s64(), s64(), 1), assumed_align=16)
+    k = make_fake_tensor(cutlass.Int8, (sym(), sym(), D), stride=(s64(), s64(), 1), assumed_align=16)
+    v = make_fake_tensor(cutlass.Float8E4M3FN, (sym(), D, sym()), stride=(s64(), s64(), 1), assumed_align=16)
     qs = make_fake_tensor(cutlass.Float32, (sym(), sym()), stride=(s64(), 1), assumed_align=16)
     ks = make_fake_tensor(cutlass.Float32, (sym(), sym()), stride=(s64(), 1), assumed_align=16)
-    vs = make_fake_tensor(cutlass.Float32, (sym(), HEAD_DIM), stride=(s64(), 1), assumed_align=16)
-    o = make_fake_tensor(cutlass.BFloat16, (sym(), sym(), HEAD_DIM), stride=(s64(), s64(), 1), assumed_align=16)
+    vs = make_fake_tensor(cutlass.Float32, (sym(), D), stride=(s64(), 1), assumed_align=16)
+    o = make_fake_tensor(cutlass.BFloat16, (sym(), sym(), D), stride=(s64(), s64(), 1), assumed_align=16)
     return cute.compile(Sa2Fwd(cfg), q, k, v, qs, ks, vs, o, cutlass.Float32(1.0), make_fake_stream())
 
 
@@ -637,14 +685,24 @@ VARIANTS = {
     "serial": Sa2Config(schedule="serial"),
     "overlap": Sa2Config(schedule="overlap"),
     "overlap_pp": Sa2Config(schedule="overlap", pingpong=True),
+    "overlap_pp_qblock": Sa2Config(schedule="overlap", pingpong=True, q_granularity="per_block"),
 }
 
 if __name__ == "__main__":
     import sys
     import time
 
-    names = sys.argv[1:] or list(VARIANTS)
-    for name in names:
-        t0 = time.time()
-        compile_only(VARIANTS[name])
-        print(f"compiled {name} in {time.time() - t0:.1f}s", flush=True)
+    # python sa2_fwd.py [variant...] [--d 64|128]  (default: every variant at both head dims)
+    argv = sys.argv[1:]
+    dims = list(SUPPORTED_HEAD_DIMS)
+    if "--d" in argv:
+        i = argv.index("--d")
+        dims = [int(argv[i + 1])]
+        argv = argv[:i] + argv[i + 2:]
+    names = argv or list(VARIANTS)
+    for d in dims:
+        for name in names:
+            t0 = time.time()
+            cfg = VARIANTS[name].with_head_dim(d)
+            compile_only(cfg)
+            print(f"compiled {name} ({cfg.tag()}) in {time.time() - t0:.1f}s", flush=True)
