@@ -81,6 +81,18 @@ def test_hunyuanvideo_ulysses_2_with_sagegen_plan(tmp_path, seed):
     _check(cp_support.run_model(tmp_path, "hunyuanvideo", ulysses=2, ring=1, seed=seed), identical=True)
 
 
+@pytest.mark.slow
+def test_hunyuanvideo_ulysses_2_over_two_key_blocks(tmp_path, seed):
+    """256 video tokens (two K quantization blocks) through diffusers' backend route: the all-to-all hands the
+    joint call its keys in chunk order ([video 0, text 0, video 1, text 1]), so some keys sit in other INT8 blocks
+    than on one process: measured 0.44x sagegen's error from one process, as accurate against exact attention.
+    (The case above fits in one block and cannot see this; docs/context-parallel.md says which calls are
+    bit-identical.)"""
+    res = cp_support.run_model(tmp_path, "hunyuanvideo_long", ulysses=2, ring=1, seed=seed)
+    _check(res)
+    assert res["rel_l1_vs_single"] > 0, res  # a different draw, not the same blocks
+
+
 def test_hunyuanvideo_ring_2_text_padding(tmp_path, seed):
     _check(cp_support.run_model(tmp_path, "hunyuanvideo", ulysses=1, ring=2, seed=seed))
 
