@@ -34,11 +34,8 @@ def _div(a: float, t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, a) / t
 
 
-def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """INT8-quantize x [B, H, N, D] (fp32) with one scale per token or per `block` tokens.
-
-    Returns the int8 values (as fp32, for exact fp32 matmuls) and a per-token scale [B, H, N].
-    """
+def _amax(x: torch.Tensor, block: int, per_token: bool) -> torch.Tensor:
+    """|x|'s maximum per token, or per `block` tokens repeated for each token, of x [B, H, N, D]; at least EPS."""
     B, H, N, D = x.shape
     if per_token:
         amax = x.abs().amax(dim=-1)
@@ -47,22 +44,22 @@ def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.T
         padded = torch.nn.functional.pad(x.abs(), (0, 0, 0, n_blocks * block - N))
         amax = padded.reshape(B, H, n_blocks, block * D).amax(dim=-1)
         amax = amax.repeat_interleave(block, dim=-1)[..., :N]
-    amax = torch.clamp(amax, min=EPS)
-    scale = amax / INT8_MAX
+    return torch.clamp(amax, min=EPS)
+
+
+def quantize_int8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """INT8-quantize x [B, H, N, D] (fp32) with one scale per token or per `block` tokens.
+
+    Returns the int8 values (as fp32, for exact fp32 matmuls) and a per-token scale [B, H, N].
+    """
+    amax = _amax(x, block, per_token)
     q = round_half_away(x * _div(INT8_MAX, amax)[..., None]).clamp_(-INT8_MAX, INT8_MAX)
-    return q, scale
+    return q, amax / INT8_MAX
 
 
 def quantize_fp8(x: torch.Tensor, block: int, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """As `quantize_int8`, to e4m3 (values as fp32, exactly the e4m3 grid) with scale amax / 448."""
-    B, H, N, D = x.shape
-    if per_token:
-        amax = x.abs().amax(dim=-1)
-    else:
-        n_blocks = -(-N // block)
-        padded = torch.nn.functional.pad(x.abs(), (0, 0, 0, n_blocks * block - N))
-        amax = padded.reshape(B, H, n_blocks, block * D).amax(dim=-1).repeat_interleave(block, dim=-1)[..., :N]
-    amax = torch.clamp(amax, min=EPS)
+    amax = _amax(x, block, per_token)
     q = (x * _div(FP8_MAX, amax)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
     return q, amax / FP8_MAX
 
