@@ -157,16 +157,12 @@ def _eval_against(path: Path, against: Path, metric, lpips_weights, console, err
         other = resolve_run_dir(against)
     except RunDirError as e:
         raise typer.BadParameter(str(e), param_hint="--against") from e
-    lpips = {}
-
-    def load_lpips():
+    lpips = None
+    if "lpips" in names:
         from sagegen.eval import fidelity, weights
 
-        return fidelity.load_lpips(weights.resolve_lpips(lpips_weights))
-
-    if "lpips" in names:
         try:
-            lpips["model"] = load_lpips()
+            lpips = fidelity.load_lpips(weights.resolve_lpips(lpips_weights))
         except (WeightsMissing, ModuleNotFoundError) as e:
             names.remove("lpips")
             console.print(f"lpips skipped: {e}", style="yellow", highlight=False, soft_wrap=True, markup=False)
@@ -175,7 +171,7 @@ def _eval_against(path: Path, against: Path, metric, lpips_weights, console, err
         raise typer.Exit(1)
     console.print(f"Evaluating [bold]{escape(str(path))}[/] against [bold]{escape(str(other))}[/]: {', '.join(names)}")
     try:
-        entry = evaluate_against(path, other, names, lambda: lpips["model"],
+        entry = evaluate_against(path, other, names, lambda: lpips,
                                  log=lambda s: console.print(s, style="dim", highlight=False, markup=False))
     except BadOption as e:
         raise typer.BadParameter(str(e).split(": ", 1)[-1], param_hint="--against") from e
